@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The local CPU wheel here; on a GPU host the same pin resolves to the CUDA build from PyPI.
+TORCH_SPEC ?= torch==2.13.0
+export PREFECT_HOME := $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export MPLBACKEND := Agg
+
+.PHONY: setup test demo bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+demo: setup
+	$(VENV)/bin/fedauc demo
+
+bench: setup
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .prefect mlruns.db mlartifacts .cache build *.egg-info

@@ -1,0 +1,53 @@
+"""The quarantine list: every input record that does not reach a shard, with its reason.
+
+Nothing is dropped silently. Each stage (scan, split, decode) appends rows here, and the QC report
+proves ``input rows = kept + quarantined``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import pandas as pd
+
+
+class Reason(str, Enum):
+    # scan stage: the metadata row itself
+    MISSING_FIELD = "missing_field"  # no patient id, no image path...
+    UNPARSABLE_LABEL = "unparsable_label"
+    DUPLICATE_ROW = "duplicate_row"
+    EXCLUDED_VIEW = "excluded_view"  # the site's view filter (e.g. laterals), accounted, not an error
+    PATIENT_IN_TWO_SPLITS = "patient_in_two_splits"
+    # decode stage: the image file
+    MISSING_FILE = "missing_file"
+    UNREADABLE_FILE = "unreadable_file"  # truncated, corrupt, not a DICOM/PNG/JPEG
+    NOT_AN_IMAGE = "not_an_image"  # a DICOM object without pixel data (SR, presentation state...)
+    UNSUPPORTED_TRANSFER_SYNTAX = "unsupported_transfer_syntax"
+    WRONG_MODALITY = "wrong_modality"
+    IMAGE_TOO_SMALL = "image_too_small"
+
+
+STAGES = ("scan", "split", "decode")
+
+QUARANTINE_COLUMNS: tuple[str, ...] = ("record_id", "source_row", "image_path", "stage", "reason", "detail")
+
+
+def empty_quarantine() -> pd.DataFrame:
+    return pd.DataFrame({column: pd.Series(dtype="object") for column in QUARANTINE_COLUMNS})
+
+
+def quarantine_rows(records: pd.DataFrame, stage: str, reason: Reason, detail: str | pd.Series) -> pd.DataFrame:
+    """Quarantine rows for ``records`` (canonical records, or raw rows carrying the same id columns)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown quarantine stage {stage!r}; expected one of {STAGES}")
+    rows = pd.DataFrame(
+        {
+            "record_id": records["record_id"].astype("object").to_numpy(),
+            "source_row": records["source_row"].astype("object").to_numpy(),
+            "image_path": records["image_path"].astype("object").to_numpy(),
+        }
+    )
+    rows["stage"] = stage
+    rows["reason"] = reason.value
+    rows["detail"] = detail.to_numpy() if isinstance(detail, pd.Series) else detail
+    return rows[list(QUARANTINE_COLUMNS)]
