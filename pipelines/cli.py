@@ -11,3 +11,45 @@ app = typer.Typer(
 )
 sites_app = typer.Typer(help="Declare, validate and report on hospital sites.", no_args_is_help=True)
 app.add_typer(sites_app, name="sites")
+
+
+@app.command()
+def inspect(
+    file: str = typer.Argument(..., help="A DICOM, PNG or JPEG file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of lines."),
+) -> None:
+    """Decode FILE the way preprocessing does and print what it found (exit code 1 when it cannot)."""
+    import json
+
+    from preprocessing.decode import inspect_file
+
+    summary = inspect_file(file)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            typer.echo(f"{key:>16}: {value}")
+    if summary["error"] is not None:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def preprocess(
+    site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
+    out: str = typer.Option(..., "--out", help="Output directory; shards go to OUT/<site>/."),
+    workers: int = typer.Option(2, "--workers", min=0, help="Decoding processes (0: in this process)."),
+) -> None:
+    """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines.preprocess_flow import preprocess_site
+
+    summary = preprocess_site(site_yaml, out, workers)
+    state = "unchanged, nothing to do" if summary["reused"] else "written"
+    typer.echo(f"{summary['site']}: shards {state} in {summary['site_dir']}")
+    typer.echo(f"  counts per split: {summary['counts']}")
+    typer.echo(
+        f"  input rows {summary['input_rows']} = kept {summary['kept']} + quarantined {summary['quarantined']}"
+    )
+    typer.echo(f"  QC report: {summary['report_md']}")
