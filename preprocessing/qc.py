@@ -1,0 +1,204 @@
+"""The QC report of a site's shards: label table, image statistics, quarantine, and the accounting identity.
+
+Built from what is on disk (``shard.json``, the manifests, ``quarantine.parquet``, ``qc/image_stats.parquet``),
+so it describes exactly what training will read. Written as ``qc/report.json`` and ``qc/report.md``; the
+Prefect flow also publishes the Markdown as an artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from preprocessing.records import SPLITS
+from preprocessing.shards import IMAGE_STATS_FILE, QUARANTINE_FILE, load_shard_info
+
+
+class AccountingError(RuntimeError):
+    """``input rows != kept + quarantined``: a record was lost or counted twice somewhere."""
+
+
+def build_report(site_dir: Path) -> dict:
+    site_dir = Path(site_dir)
+    info = load_shard_info(site_dir)
+    if info is None:
+        raise FileNotFoundError(f"{site_dir}: no shard.json; run the shard writer first")
+    manifests = {
+        split: pd.read_parquet(site_dir / split / "manifest.parquet") for split in SPLITS if info["counts"][split]
+    }
+    quarantine = pd.read_parquet(site_dir / QUARANTINE_FILE)
+    stats = pd.read_parquet(site_dir / IMAGE_STATS_FILE)
+
+    kept = sum(len(frame) for frame in manifests.values())
+    accounting = {
+        "input_rows": int(info["input_rows"]),
+        "kept": int(kept),
+        "quarantined": int(len(quarantine)),
+    }
+    accounting["holds"] = accounting["input_rows"] == accounting["kept"] + accounting["quarantined"]
+    return {
+        "site": info["site"],
+        "task": info["task"],
+        "content_hash": info["content_hash"],
+        "image_size": info["image_size"],
+        "counts": info["counts"],
+        "accounting": accounting,
+        "labels": _label_table(manifests, info["diseases"]),
+        "images": _image_statistics(stats),
+        "quarantine": _quarantine_summary(quarantine),
+    }
+
+
+def check_accounting(report: dict) -> None:
+    """Raise ``AccountingError`` unless ``input rows = kept + quarantined``."""
+    counts = report["accounting"]
+    if not counts["holds"]:
+        raise AccountingError(
+            f"site {report['site']}: input rows {counts['input_rows']} != kept {counts['kept']} "
+            f"+ quarantined {counts['quarantined']}"
+        )
+
+
+def write_report(site_dir: Path, report: dict) -> tuple[Path, Path]:
+    """Write ``qc/report.json`` and ``qc/report.md``; returns their paths."""
+    qc_dir = Path(site_dir) / "qc"
+    qc_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = qc_dir / "report.json", qc_dir / "report.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(render_markdown(report))
+    return json_path, md_path
+
+
+def _label_table(manifests: dict[str, pd.DataFrame], diseases: list[str]) -> list[dict]:
+    rows = []
+    for split, frame in manifests.items():
+        for disease in diseases:
+            labels = frame[disease]
+            positives, negatives = int((labels == 1.0).sum()), int((labels == 0.0).sum())
+            rows.append(
+                {
+                    "split": split,
+                    "disease": disease,
+                    "positives": positives,
+                    "negatives": negatives,
+                    "missing": int(labels.isna().sum()),
+                    # Prevalence among labelled images: missing labels are masked in training, not negatives.
+                    "prevalence": positives / (positives + negatives) if positives + negatives else None,
+                }
+            )
+    return rows
+
+
+def _intensity(frame: pd.DataFrame) -> dict:
+    """Mean and standard deviation of 0-255 intensities over images, each image weighted equally.
+
+    The pooled variance is E[std_i^2 + mean_i^2] - (E[mean_i])^2 over the per-image content statistics.
+    """
+    mean = float(frame["mean"].mean())
+    second_moment = float((frame["std"] ** 2 + frame["mean"] ** 2).mean())
+    return {"count": int(len(frame)), "mean": mean, "std": math.sqrt(max(second_moment - mean**2, 0.0))}
+
+
+def _image_statistics(stats: pd.DataFrame) -> dict:
+    if stats.empty:
+        return {"count": 0}
+    sizes = stats[["rows", "columns"]].astype(int)
+    return {
+        **_intensity(stats),
+        "inverted": int(stats["inverted"].astype(bool).sum()),
+        "size_before_resize": {
+            axis: {"min": int(sizes[axis].min()), "median": float(sizes[axis].median()), "max": int(sizes[axis].max())}
+            for axis in ("rows", "columns")
+        },
+        "by_view": {str(view): _intensity(group) for view, group in stats.groupby("view", dropna=False)},
+        "by_split": {str(split): _intensity(group) for split, group in stats.groupby("split")},
+        "formats": _counts(stats["format"]),
+        "modalities": _counts(stats["modality"]),
+        "photometric": _counts(stats["photometric"]),
+        "intensity_transform": _counts(stats["intensity"]),
+        "transfer_syntaxes": _counts(stats["transfer_syntax"]),
+    }
+
+
+def _counts(column: pd.Series) -> dict[str, int]:
+    return {str(key): int(value) for key, value in column.fillna("none").value_counts().sort_index().items()}
+
+
+def _quarantine_summary(quarantine: pd.DataFrame) -> dict:
+    return {
+        "count": int(len(quarantine)),
+        "by_stage_and_reason": [
+            {"stage": stage, "reason": reason, "count": int(count)}
+            for (stage, reason), count in quarantine.groupby(["stage", "reason"]).size().items()
+        ],
+        "rows": quarantine.astype(object).where(quarantine.notna(), None).to_dict(orient="records"),
+    }
+
+
+def render_markdown(report: dict) -> str:
+    accounting = report["accounting"]
+    verdict = "holds" if accounting["holds"] else "**DOES NOT HOLD**"
+    lines = [
+        f"# QC report: site `{report['site']}` ({report['task']})",
+        "",
+        f"Content hash `{report['content_hash'][:16]}`, images {report['image_size']}x{report['image_size']}.",
+        "",
+        f"**input rows {accounting['input_rows']} = kept {accounting['kept']} + quarantined "
+        f"{accounting['quarantined']}**: {verdict}.",
+        "",
+        "Kept per split: " + ", ".join(f"{split} {count}" for split, count in report["counts"].items()) + ".",
+        "",
+        "## Labels",
+        "",
+        "| split | disease | positives | negatives | missing | prevalence |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in report["labels"]:
+        prevalence = "n/a" if row["prevalence"] is None else f"{row['prevalence']:.3f}"
+        lines.append(
+            f"| {row['split']} | {row['disease']} | {row['positives']} | {row['negatives']} | "
+            f"{row['missing']} | {prevalence} |"
+        )
+    lines += ["", "## Images", ""]
+    images = report["images"]
+    if images["count"]:
+        size = images["size_before_resize"]
+        lines += [
+            f"{images['count']} images; intensity (0-255) mean {images['mean']:.1f}, std {images['std']:.1f}; "
+            f"{images['inverted']} inverted from MONOCHROME1.",
+            "",
+            f"Size before resize: rows {size['rows']['min']}-{size['rows']['max']} "
+            f"(median {size['rows']['median']:.0f}), columns {size['columns']['min']}-{size['columns']['max']} "
+            f"(median {size['columns']['median']:.0f}).",
+            "",
+            "| view | images | mean | std |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {view} | {group['count']} | {group['mean']:.1f} | {group['std']:.1f} |"
+            for view, group in images["by_view"].items()
+        ]
+        lines.append("")
+        for key in ("formats", "modalities", "photometric", "intensity_transform", "transfer_syntaxes"):
+            lines.append(f"- {key.replace('_', ' ')}: " + ", ".join(f"{k} {v}" for k, v in images[key].items()))
+    else:
+        lines.append("No image was kept.")
+    quarantine = report["quarantine"]
+    lines += ["", f"## Quarantine ({quarantine['count']})", ""]
+    if quarantine["count"]:
+        lines += ["| stage | reason | count |", "|---|---|---:|"]
+        lines += [f"| {r['stage']} | {r['reason']} | {r['count']} |" for r in quarantine["by_stage_and_reason"]]
+        lines += ["", "| record | source row | image | stage | reason | detail |", "|---|---|---|---|---|---|"]
+        columns = ("record_id", "source_row", "image_path", "stage", "reason", "detail")
+        lines += ["| " + " | ".join(_cell(row[column]) for column in columns) + " |" for row in quarantine["rows"]]
+    else:
+        lines.append("Nothing quarantined.")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    """A Markdown table cell: a '|' inside a file name or error message would split the row."""
+    return str(value).replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,511 @@
+"""Write a site's shards (``docs/shards.md``): decode and resize in worker processes, the parent writes.
+
+Memory stays bounded whatever the site size: images go from workers to disk one chunk at a time
+(``chunk_size`` images, at most two chunks per worker in flight), written with ``os.pwrite`` into a
+preallocated ``.npy`` rather than through a memory map, so written pages are page cache, not resident
+memory of this process.
+
+Keeping ``manifest row i == images.npy[i]`` when some files fail to decode: every record of a split first
+gets a slot in a staging array ``.staging/<hash>/<split>.npy`` (N slots). Once all are done, the kept
+slots are compacted in order into ``<split>/images.npy`` block by block; when nothing failed the staging
+file is simply renamed. Failed records go to ``quarantine.parquet`` with their decode reason.
+
+Resume: each finished chunk appends one line per record to ``.staging/<hash>/<split>.jsonl`` after its
+images are written, so an interrupted run (Ctrl-C, a killed worker, a crash) redoes only the chunks whose
+lines are missing. ``shard.json`` is written last; when it holds the same content hash, a re-run does no work.
+The resume survives a process interruption; after a power loss, delete ``.staging`` and run again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeError, decode_image
+from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
+from preprocessing.records import RECORD_COLUMNS, SPLITS, TASK_CHANNELS, label_columns
+from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
+
+SHARD_FORMAT_VERSION = 1
+SHARD_FILE = "shard.json"
+QUARANTINE_FILE = "quarantine.parquet"
+IMAGE_STATS_FILE = "qc/image_stats.parquet"
+STAGING_DIR = ".staging"
+
+# Per-image facts kept for the QC report (qc/image_stats.parquet, row order = manifest order per split).
+STAT_COLUMNS: tuple[str, ...] = (
+    "format",
+    "modality",
+    "photometric",
+    "bits_stored",
+    "transfer_syntax",
+    "intensity",
+    "inverted",
+    "rows",
+    "columns",
+    "mean",
+    "std",
+)
+
+
+@dataclass(frozen=True)
+class TransformSettings:
+    """Everything that changes pixels for the same file; part of the content hash."""
+
+    task: str
+    image_size: int = 224
+    min_image_size: int = 64
+    resize_mode: str = RESIZE_MODE
+    interpolation: str = INTERPOLATION
+    decoder_version: str = DECODER_VERSION
+
+    def __post_init__(self) -> None:
+        label_columns(self.task)  # rejects an unknown task with the list of known ones
+        if self.image_size < 1 or self.min_image_size < 0:
+            raise ValueError(
+                f"image_size must be >= 1 and min_image_size >= 0, got {self.image_size}, {self.min_image_size}"
+            )
+
+    @property
+    def channels(self) -> int:
+        return TASK_CHANNELS[self.task]
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        size = self.image_size
+        return (size, size) if self.channels == 1 else (size, size, 3)
+
+
+@dataclass(frozen=True)
+class ShardSummary:
+    site: str
+    site_dir: Path
+    content_hash: str
+    counts: dict[str, int]  # kept images per split, 0 for an absent split
+    input_rows: int
+    kept: int
+    quarantined: int
+    reused: bool  # True when the shards on disk already had this content hash: no work was done
+
+
+def content_hash(
+    records: pd.DataFrame,
+    metadata_files: Sequence[Path],
+    data_root: Path,
+    label_contract: Mapping,
+    transform: TransformSettings,
+) -> str:
+    """SHA-256 over the inputs, the label contract and the transform settings (``docs/shards.md``).
+
+    Inputs: each metadata file's bytes, the records themselves (so an adapter change that alters them
+    counts), and each image file's identity (relative path, size, mtime): statting 200,000 files takes
+    seconds where hashing their bytes would take hours.
+    """
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"format": SHARD_FORMAT_VERSION, "transform": asdict(transform)}, sort_keys=True).encode())
+    digest.update(json.dumps(label_contract, sort_keys=True, default=str).encode())
+    for path in sorted(Path(p) for p in metadata_files):
+        digest.update(f"\0metadata:{path.name}\0".encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    digest.update(pd.util.hash_pandas_object(records, index=False).to_numpy().tobytes())
+    for image_path in records["image_path"]:
+        try:
+            stat = (data_root / image_path).stat()
+            identity = f"{image_path}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+        except OSError:
+            identity = f"{image_path}\0missing\n"
+        digest.update(identity.encode())
+    return digest.hexdigest()
+
+
+def load_shard_info(site_dir: Path) -> dict | None:
+    """The parsed ``shard.json`` of a finished run, or None when there is none."""
+    path = site_dir / SHARD_FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def write_site_shards(
+    records: pd.DataFrame,
+    scan_quarantine: pd.DataFrame,
+    *,
+    site: str,
+    data_root: Path,
+    out_dir: Path,
+    transform: TransformSettings,
+    content_hash: str,
+    input_rows: int,
+    workers: int = 1,
+    chunk_size: int = 32,
+    progress: bool = True,
+) -> ShardSummary:
+    """Decode, resize and write every record of ``records`` into ``out_dir/<site>/`` (``docs/shards.md``).
+
+    ``records``: canonical records (``RECORD_COLUMNS`` + the task's label columns) with ``split`` set.
+    ``scan_quarantine``: rows already quarantined by the scan; written to ``quarantine.parquet`` together
+    with this stage's decode failures. ``workers``: decoding processes; 0 decodes in this process.
+    """
+    _validate_records(records, transform.task)
+    if workers < 0 or chunk_size < 1:
+        raise ValueError(f"workers must be >= 0 and chunk_size >= 1, got {workers}, {chunk_size}")
+    site_dir = Path(out_dir) / site
+    info = load_shard_info(site_dir)
+    if info is not None and info.get("content_hash") == content_hash:
+        return _summary_from_info(site, site_dir, info, reused=True)
+
+    site_dir.mkdir(parents=True, exist_ok=True)
+    # From here the shards on disk are stale: without shard.json they cannot be mistaken for a finished run.
+    (site_dir / SHARD_FILE).unlink(missing_ok=True)
+    staging = site_dir / STAGING_DIR / content_hash[:16]
+    _remove_other_staging(site_dir / STAGING_DIR, keep=staging)
+    staging.mkdir(parents=True, exist_ok=True)
+
+    splits = {name: part.reset_index(drop=True) for name in SPLITS if len(part := records[records["split"] == name])}
+    stages = {name: _SplitStaging(staging, name, len(part), transform.tile_shape) for name, part in splits.items()}
+    _decode_pending(splits, stages, data_root, transform, workers, chunk_size, progress, site)
+
+    decode_failures, stats, counts = [], [], {name: 0 for name in SPLITS}
+    for name, part in splits.items():
+        kept, failures, split_stats = _finalize_split(part, stages[name], site_dir / name, chunk_size)
+        counts[name] = kept
+        decode_failures.append(failures)
+        stats.append(split_stats)
+    for name in SPLITS:
+        if name not in splits:
+            shutil.rmtree(site_dir / name, ignore_errors=True)
+
+    quarantine = pd.concat([_as_quarantine(scan_quarantine), *decode_failures], ignore_index=True)
+    _write_parquet(quarantine, site_dir / QUARANTINE_FILE)
+    image_stats = pd.concat(stats, ignore_index=True) if stats else _empty_stats()
+    (site_dir / "qc").mkdir(exist_ok=True)
+    _write_parquet(image_stats, site_dir / IMAGE_STATS_FILE)
+
+    info = {
+        "format_version": SHARD_FORMAT_VERSION,
+        "site": site,
+        "task": transform.task,
+        "diseases": list(label_columns(transform.task)),
+        "image_size": transform.image_size,
+        "channels": transform.channels,
+        "content_hash": content_hash,
+        "counts": counts,
+        "input_rows": int(input_rows),
+        "kept": int(sum(counts.values())),
+        "quarantined": int(len(quarantine)),
+        "transform": asdict(transform),
+    }
+    _write_atomic(site_dir / SHARD_FILE, json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(site_dir / STAGING_DIR, ignore_errors=True)
+    return _summary_from_info(site, site_dir, info, reused=False)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    split: str
+    start: int  # first record index within the split; the chunk covers start .. start + len(paths) - 1
+    paths: tuple[str, ...]
+
+
+@dataclass
+class _ChunkResult:
+    split: str
+    start: int
+    tiles: np.ndarray  # uint8 (len(paths), *tile_shape); zeros where decoding failed
+    outcomes: list[dict] = field(default_factory=list)
+
+
+def process_chunk(chunk: _Chunk, transform: TransformSettings) -> _ChunkResult:
+    """Decode and resize one chunk; runs in a worker process. A failure is an outcome, never an exception."""
+    tiles = np.zeros((len(chunk.paths),) + transform.tile_shape, dtype=np.uint8)
+    outcomes = []
+    allowed = ALLOWED_MODALITIES[transform.task]
+    for offset, path in enumerate(chunk.paths):
+        index = chunk.start + offset
+        try:
+            decoded = decode_image(
+                path, channels=transform.channels, allowed_modalities=allowed, min_size=transform.min_image_size
+            )
+        except DecodeError as err:
+            outcomes.append({"i": index, "ok": False, "reason": err.reason.value, "detail": err.detail})
+            continue
+        tile = resize_to_square(decoded.pixels, transform.image_size)
+        tiles[offset] = tile.pixels
+        top, left, height, width = tile.content
+        content = tile.pixels[top : top + height, left : left + width]
+        info = decoded.info
+        outcomes.append(
+            {
+                "i": index,
+                "ok": True,
+                "format": info.format,
+                "modality": info.modality,
+                "photometric": info.photometric,
+                "bits_stored": info.bits_stored,
+                "transfer_syntax": info.transfer_syntax,
+                "intensity": info.intensity,
+                "inverted": info.inverted,
+                "rows": info.rows,
+                "columns": info.columns,
+                "mean": float(content.mean()),
+                "std": float(content.std()),
+            }
+        )
+    return _ChunkResult(chunk.split, chunk.start, tiles, outcomes)
+
+
+def _decode_pending(
+    splits: dict[str, pd.DataFrame],
+    stages: dict[str, "_SplitStaging"],
+    data_root: Path,
+    transform: TransformSettings,
+    workers: int,
+    chunk_size: int,
+    progress: bool,
+    site: str,
+) -> None:
+    total = sum(len(part) for part in splits.values())
+    done = sum(stage.done_count for stage in stages.values())
+    chunks = (
+        _Chunk(name, start, tuple(str(data_root / p) for p in splits[name]["image_path"].iloc[start:stop]))
+        for name, stage in stages.items()
+        for start, stop in stage.pending_ranges(chunk_size)
+    )
+    with tqdm(total=total, initial=done, desc=f"{site}: images", unit="img", disable=not progress) as bar:
+        for result in _run_chunks(chunks, transform, workers):
+            stages[result.split].record(result)
+            bar.update(len(result.outcomes))
+
+
+def _run_chunks(chunks: Iterator[_Chunk], transform: TransformSettings, workers: int) -> Iterator[_ChunkResult]:
+    if workers == 0:
+        for chunk in chunks:
+            yield process_chunk(chunk, transform)
+        return
+    # spawn, not fork: the parent may run Prefect's threads, and forking a threaded process can deadlock.
+    context = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        in_flight: set[cf.Future] = set()
+        for chunk in chunks:
+            in_flight.add(pool.submit(process_chunk, chunk, transform))
+            if len(in_flight) >= 2 * workers:
+                finished, in_flight = cf.wait(in_flight, return_when=cf.FIRST_COMPLETED)
+                for future in finished:
+                    yield future.result()
+        for future in cf.as_completed(in_flight):
+            yield future.result()
+
+
+# --------------------------------------------------------------------------- staging and finalization
+
+
+class _SplitStaging:
+    """One split's staging array (a slot per record) and its progress log (a JSON line per record done)."""
+
+    def __init__(self, staging: Path, split: str, size: int, tile_shape: tuple[int, ...]):
+        self.images = staging / f"{split}.npy"
+        self.log = staging / f"{split}.jsonl"
+        self.size = size
+        self.tile_shape = tile_shape
+        self.row_bytes = int(np.prod(tile_shape))
+        self.finalized = not self.images.exists() and self.log.exists()
+        if not self.images.exists() and not self.finalized:
+            # open_memmap writes the .npy header and sizes the file (sparse); rows are then pwritten.
+            np.lib.format.open_memmap(self.images, mode="w+", dtype=np.uint8, shape=(size,) + tile_shape)
+            self.log.unlink(missing_ok=True)
+        self.header_bytes = _npy_header_bytes(self.images) if self.images.exists() else 0
+        self.outcomes = self._read_log()
+
+    @property
+    def done_count(self) -> int:
+        return len(self.outcomes)
+
+    def pending_ranges(self, chunk_size: int) -> Iterator[tuple[int, int]]:
+        if self.finalized:
+            return
+        done = np.zeros(self.size, dtype=bool)
+        done[list(self.outcomes)] = True
+        start = 0
+        while start < self.size:
+            while start < self.size and done[start]:
+                start += 1
+            stop = start
+            while stop < self.size and not done[stop] and stop - start < chunk_size:
+                stop += 1
+            if stop > start:
+                yield start, stop
+            start = stop
+
+    def record(self, result: _ChunkResult) -> None:
+        # Images first, then the log: a record is "done" only once its pixels are on disk.
+        with self.images.open("r+b") as handle:
+            os.pwrite(handle.fileno(), result.tiles.tobytes(), self.header_bytes + result.start * self.row_bytes)
+        lines = "".join(json.dumps(outcome) + "\n" for outcome in result.outcomes)
+        with self.log.open("a") as handle:
+            handle.write(lines)
+        for outcome in result.outcomes:
+            self.outcomes[outcome["i"]] = outcome
+
+    def _read_log(self) -> dict[int, dict]:
+        outcomes: dict[int, dict] = {}
+        if not self.log.exists():
+            return outcomes
+        with self.log.open() as handle:
+            for line in handle:
+                try:
+                    outcome = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # the last line of a run killed mid-write; its chunk is redone
+                outcomes[outcome["i"]] = outcome
+        return outcomes
+
+
+def _finalize_split(
+    part: pd.DataFrame, stage: _SplitStaging, split_dir: Path, chunk_size: int
+) -> tuple[int, pd.DataFrame, pd.DataFrame]:
+    missing = set(range(len(part))) - set(stage.outcomes)
+    if missing:
+        raise RuntimeError(f"{stage.log}: {len(missing)} records were never decoded (first: {min(missing)})")
+    outcomes = pd.DataFrame([stage.outcomes[i] for i in range(len(part))]).reindex(
+        columns=["i", "ok", "reason", "detail", *STAT_COLUMNS]
+    )
+    ok = outcomes["ok"].to_numpy(dtype=bool)
+
+    failed = part.loc[~ok]
+    failures = pd.DataFrame(
+        {
+            "record_id": failed["record_id"].astype("object").to_numpy(),
+            "source_row": failed["source_row"].astype("object").to_numpy(),
+            "image_path": failed["image_path"].astype("object").to_numpy(),
+            "stage": "decode",
+            "reason": outcomes.loc[~ok, "reason"].to_numpy(),
+            "detail": outcomes.loc[~ok, "detail"].to_numpy(),
+        },
+        columns=list(QUARANTINE_COLUMNS),
+    )
+    stats = outcomes.loc[ok, list(STAT_COLUMNS)].reset_index(drop=True)
+    stats.insert(0, "view", part.loc[ok, "view"].to_numpy())
+    stats.insert(0, "split", split_dir.name)
+    stats.insert(0, "record_id", part.loc[ok, "record_id"].to_numpy())
+
+    split_dir.mkdir(parents=True, exist_ok=True)
+    _write_parquet(part.loc[ok].reset_index(drop=True), split_dir / "manifest.parquet")
+    final = split_dir / "images.npy"
+    if not stage.finalized:
+        if ok.all():
+            os.replace(stage.images, final)
+        else:
+            _compact(stage, np.flatnonzero(ok), final, chunk_size)
+    return int(ok.sum()), failures, stats
+
+
+def _compact(stage: _SplitStaging, kept: np.ndarray, final: Path, chunk_size: int) -> None:
+    """Copy the kept staging rows, in order, into ``final``; reads and writes ``chunk_size`` rows at a time."""
+    temporary = final.with_suffix(".npy.partial")
+    np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=(len(kept),) + stage.tile_shape)
+    target_header = _npy_header_bytes(temporary)
+    with stage.images.open("rb") as source, temporary.open("r+b") as target:
+        for block_start in range(0, len(kept), chunk_size):
+            rows = kept[block_start : block_start + chunk_size]
+            data = b"".join(
+                os.pread(source.fileno(), stage.row_bytes, stage.header_bytes + int(row) * stage.row_bytes)
+                for row in rows
+            )
+            os.pwrite(target.fileno(), data, target_header + block_start * stage.row_bytes)
+    os.replace(temporary, final)
+    stage.images.unlink()
+
+
+def _npy_header_bytes(path: Path) -> int:
+    return int(np.load(path, mmap_mode="r").offset)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _validate_records(records: pd.DataFrame, task: str) -> None:
+    expected = list(RECORD_COLUMNS) + list(label_columns(task))
+    missing = [column for column in expected if column not in records.columns]
+    if missing:
+        raise ValueError(f"records lack columns {missing}; expected {expected}")
+    bad_split = ~records["split"].isin(SPLITS)
+    if bad_split.any():
+        row = records.loc[bad_split].iloc[0]
+        raise ValueError(
+            f"{int(bad_split.sum())} records have no split in {SPLITS} "
+            f"(first: record_id={row['record_id']!r}, source_row={row['source_row']!r}, split={row['split']!r})"
+        )
+    duplicated = records["record_id"].duplicated()
+    if duplicated.any():
+        raise ValueError(f"record_id is not unique: {records.loc[duplicated, 'record_id'].iloc[0]!r} repeats")
+    uncertain = records[list(label_columns(task))].eq(-1.0).any(axis=1)
+    if uncertain.any():
+        row = records.loc[uncertain].iloc[0]
+        raise ValueError(
+            f"records still hold uncertain (-1) labels; harmonize them first "
+            f"(first: record_id={row['record_id']!r}, source_row={row['source_row']!r})"
+        )
+
+
+def _as_quarantine(rows: pd.DataFrame) -> pd.DataFrame:
+    if rows is None or rows.empty:
+        return empty_quarantine()
+    missing = [column for column in QUARANTINE_COLUMNS if column not in rows.columns]
+    if missing:
+        raise ValueError(f"scan quarantine lacks columns {missing}; expected {list(QUARANTINE_COLUMNS)}")
+    unknown = set(rows["reason"]) - {reason.value for reason in Reason}
+    if unknown:
+        raise ValueError(f"scan quarantine has unknown reasons {sorted(unknown)}")
+    return rows[list(QUARANTINE_COLUMNS)].astype("object")
+
+
+def _empty_stats() -> pd.DataFrame:
+    return pd.DataFrame(columns=["record_id", "split", "view", *STAT_COLUMNS])
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    temporary = path.with_suffix(".parquet.partial")
+    frame.to_parquet(temporary, index=False)
+    os.replace(temporary, path)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    temporary = path.with_suffix(path.suffix + ".partial")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _remove_other_staging(root: Path, keep: Path) -> None:
+    if root.exists():
+        for stale in root.iterdir():
+            if stale != keep:
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def _summary_from_info(site: str, site_dir: Path, info: dict, reused: bool) -> ShardSummary:
+    return ShardSummary(
+        site=site,
+        site_dir=site_dir,
+        content_hash=info["content_hash"],
+        counts=dict(info["counts"]),
+        input_rows=int(info["input_rows"]),
+        kept=int(info["kept"]),
+        quarantined=int(info["quarantined"]),
+        reused=reused,
+    )
