@@ -1,0 +1,129 @@
+"""The algorithm contract (algorithms.md section 3) and the per-site object algorithms act on.
+
+An algorithm is a class with
+
+* ``name`` (registry key) and ``Params`` (a pydantic model of its hyperparameters, defaults documented),
+* ``state_spec(site)``: its own per-site tensors and their communication kind (the network's parameters
+  and buffers are declared by the engine),
+* ``init_site_state(site)``: those tensors' initial values,
+* ``local_step(site, batch) -> loss``: one local iteration, written like the paper's pseudocode,
+* optional hooks: ``before_communication(site)`` (fill tensors that the round sends),
+  ``round_end(site)`` (after communication: control variates, extrapolation), and stages:
+  ``stage_length`` iterations, ``stage_statistics(site)`` (tensors averaged over sites at a stage
+  boundary, e.g. per-site sums and counts) and ``stage_start(site, stats)``.
+
+Every hook sees one site; the engine runs it for each site in this process and does all
+communication in between, so the same class runs in-process and one-site-per-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from federated.data import Batch, SiteData, SiteLoader
+from federated.state import Comm
+
+
+@dataclass
+class Federation:
+    """What every site knows about the federation (aggregate statistics only, no site's data)."""
+
+    num_sites: int
+    local_steps: int  # I
+    lr: float
+    diseases: tuple[str, ...]
+    prior: torch.Tensor  # (C,) positive prior per disease (global by default, section 0)
+    positives: torch.Tensor  # (C,) number of positive labels over all sites
+    negatives: torch.Tensor  # (C,) number of negative labels over all sites
+    device: torch.device
+    amp: bool  # bfloat16 autocast (CUDA only)
+    channels_last: bool
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.diseases)
+
+
+@dataclass
+class Site:
+    index: int
+    data: SiteData
+    model: nn.Module
+    loader: SiteLoader
+    weight: float  # aggregation weight (sums to 1 over all sites)
+    prior: torch.Tensor  # the prior this site's loss uses (the global one unless config.prior = "local")
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    iteration: int = 0  # local steps taken so far (= global iteration t: all sites step together)
+    rng_state: torch.Tensor | None = None  # this site's torch RNG (dropout, augmentation)
+    cuda_rng_state: torch.Tensor | None = None
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Algorithm:
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]] = NoParams
+    stage_length: int | None = None
+
+    def __init__(self, params: dict, fed: Federation):
+        self.p = self.Params(**params)
+        self.fed = fed
+
+    # --- the contract -------------------------------------------------------------------------
+    def state_spec(self, site: Site) -> dict[str, Comm]:
+        return {}
+
+    def init_site_state(self, site: Site) -> dict[str, torch.Tensor]:
+        return {}
+
+    def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement local_step")
+
+    def before_communication(self, site: Site) -> None:
+        """Runs after the round's I local steps, before communication."""
+
+    def round_end(self, site: Site) -> None:
+        """Runs after communication."""
+
+    def stage_statistics(self, site: Site) -> dict[str, torch.Tensor]:
+        return {}
+
+    def stage_start(self, site: Site, stats: dict[str, torch.Tensor]) -> None:
+        """Runs at every stage boundary after the first, with ``stage_statistics`` averaged over sites."""
+
+    # --- shared helpers -----------------------------------------------------------------------
+    def autocast(self):
+        if self.fed.amp and self.fed.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def logits(self, site: Site, batch: Batch) -> torch.Tensor:
+        """Forward pass in float32 logits (autocast on CUDA), shape (B, C)."""
+        x = batch.x
+        if self.fed.channels_last and x.ndim == 4 and x.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.autocast():
+            out = site.model(x)
+        return out.float().reshape(len(x), -1)
+
+    @staticmethod
+    def params(site: Site) -> list[torch.Tensor]:
+        return [p for p in site.model.parameters()]
+
+    @staticmethod
+    def grads(site: Site) -> list[torch.Tensor]:
+        """Gradients of the network parameters (zeros where a parameter got none)."""
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in site.model.parameters()]
+
+    @staticmethod
+    def zero_grad(site: Site) -> None:
+        for p in site.model.parameters():
+            p.grad = None

@@ -1,0 +1,64 @@
+"""CoDA (Guo, Liu, Yuan, Shen, Liu, Yang, "Communication-efficient distributed stochastic AUC
+maximization with deep neural networks", ICML 2020), as CODASCA's baseline (algorithms.md section 5).
+
+CODA+ plus one step at every stage start: alpha is reset from the primal through pooled class means
+of the scores over all sites,
+    alpha <- max(0, m + mean(s | y=0) - mean(s | y=1)),
+the maximiser of the AUC-M objective in alpha at a = E[s|y=1], b = E[s|y=0]. Sites share only
+aggregate statistics: per-disease sums and counts of their scores by class over the stage's local
+steps (averaged over sites, so the ratio is the pooled mean). A disease without positives or
+negatives anywhere keeps its alpha.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from federated.algorithms.base import Site
+from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
+from federated.data import Batch
+from federated.registry import register
+from federated.state import Comm
+
+_CLASS_STATS = ("pos_sum", "pos_count", "neg_sum", "neg_count")
+
+
+class CoDAParams(CODAPlusParams):
+    T0: int = 1000  # CoDA's alpha reset needs stages
+
+
+@register
+class CoDA(CODAPlus):
+    name = "coda"
+    Params = CoDAParams
+
+    def state_spec(self, site: Site):
+        return {**super().state_spec(site), **{k: Comm.LOCAL for k in _CLASS_STATS}}
+
+    def init_site_state(self, site: Site):
+        state = super().init_site_state(site)
+        state.update({k: torch.zeros(self.fed.num_classes, device=self.fed.device) for k in _CLASS_STATS})
+        return state
+
+    def scores(self, site: Site, batch: Batch) -> torch.Tensor:
+        s = super().scores(site, batch)
+        with torch.no_grad():
+            pos, neg = batch.y * batch.mask, (1 - batch.y) * batch.mask
+            site.state["pos_sum"] += (s.detach() * pos).sum(0)
+            site.state["pos_count"] += pos.sum(0)
+            site.state["neg_sum"] += (s.detach() * neg).sum(0)
+            site.state["neg_count"] += neg.sum(0)
+        return s
+
+    def stage_statistics(self, site: Site):
+        return {**super().stage_statistics(site), **{k: site.state[k].clone() for k in _CLASS_STATS}}
+
+    def stage_start(self, site: Site, stats) -> None:
+        super().stage_start(site, stats)
+        known = (stats["pos_count"] > 0) & (stats["neg_count"] > 0)
+        mean_pos = stats["pos_sum"] / stats["pos_count"].clamp_min(1e-12)
+        mean_neg = stats["neg_sum"] / stats["neg_count"].clamp_min(1e-12)
+        reset = (self.p.margin + mean_neg - mean_pos).clamp_min(0.0)
+        site.state["alpha"].copy_(torch.where(known, reset, site.state["alpha"]))
+        for k in _CLASS_STATS:
+            site.state[k].zero_()

@@ -1,0 +1,136 @@
+"""CODA+ (Yuan, Guo, Xu, Ying, Yang: "Federated Deep AUC Maximization for Heterogeneous Data with a
+Constant Communication Complexity", ICML 2021), algorithms.md sections 1.2 and 5.
+
+Objective: the AUC-margin min-max (1.2) with the global prior p per disease, primal v = (w, a, b),
+dual alpha >= 0, plus the proximal term (1/(2 gamma)) ||v - v_ref||^2 of the stagewise framework.
+Per site, local step t with minibatch xi (g = stochastic gradient of the AUC-M loss):
+    w     <- w - lr (clip(g_w) + prox (w - w_ref)) - lr wd w      clip: element-wise at ``clip``
+    a, b  <- the same, unclipped
+    alpha <- clamp(alpha + lr d_alpha, 0, 999)                    d_alpha = 2(m + b - a) - 2 alpha,
+                                                                  at the updated a, b (closed form),
+                                                                  or the stochastic gradient
+Every I steps: average (w, a, b, alpha) and BN running statistics (section 9).
+Every T0 steps (a stage): lr <- lr / lr_decay; v_ref <- mean over sites and over the stage's iterates.
+For a disease without both classes in the batch, its loss term and its alpha step are 0.
+Plain SGD, no PESG momentum (section 9).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from federated.algorithms.base import Algorithm, Site
+from federated.data import Batch
+from federated.registry import register
+from federated.state import Comm
+from models.objectives import auc_margin_dual_direction, auc_margin_loss, clamp_alpha, defined_diseases
+
+
+class CODAPlusParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    margin: float = Field(default=1.0, gt=0)  # m of AUC-M
+    gamma: float | None = Field(default=500.0, gt=0)  # prox = 1/gamma; None drops the proximal term
+    T0: int | None = Field(default=None, gt=0)  # stage length in iterations; None: one stage, constant lr
+    lr_decay: float = Field(default=3.0, ge=1)  # lr divisor at each stage boundary
+    clip: float | None = Field(default=1.0, gt=0)  # element-wise clip of g_w; None: no clipping
+    weight_decay: float = Field(default=1e-5, ge=0)
+    dual: Literal["closed_form", "gradient"] = "closed_form"
+    # "identity" feeds raw logits to the loss: the linear-score AUC regression (convex-concave) of the
+    # drift tests; "sigmoid" is the deep AUC setting (algorithms.md section 0).
+    score: Literal["sigmoid", "identity"] = "sigmoid"
+
+
+@register
+class CODAPlus(Algorithm):
+    name = "codaplus"
+    Params = CODAPlusParams
+
+    def __init__(self, params, fed):
+        super().__init__(params, fed)
+        self.stage_length = self.p.T0
+
+    # --- state --------------------------------------------------------------------------------
+    def primal_names(self, site: Site) -> list[str]:
+        return [f"w.{n}" for n, _ in site.model.named_parameters()] + ["a", "b"]
+
+    def primal(self, site: Site) -> list[torch.Tensor]:
+        return self.params(site) + [site.state["a"], site.state["b"]]
+
+    def group(self, site: Site, kind: str) -> list[torch.Tensor]:
+        return [site.state[f"{kind}.{n}"] for n in self.primal_names(site)]
+
+    def state_spec(self, site: Site):
+        spec = {"a": Comm.MEAN, "b": Comm.MEAN, "alpha": Comm.MEAN, "lr": Comm.LOCAL}
+        for n in self.primal_names(site):
+            spec[f"ref.{n}"] = Comm.LOCAL
+            if self.p.T0:
+                spec[f"stage_sum.{n}"] = Comm.LOCAL
+        if self.p.T0:
+            spec["stage_count"] = Comm.LOCAL
+        return spec
+
+    def init_site_state(self, site: Site):
+        C, dev = self.fed.num_classes, self.fed.device
+        state = {"a": torch.zeros(C, device=dev), "b": torch.zeros(C, device=dev),
+                 "alpha": torch.zeros(C, device=dev), "lr": torch.tensor(self.fed.lr, dtype=torch.float64)}
+        site.state = state  # primal() reads a and b from here
+        for n, v in zip(self.primal_names(site), self.primal(site)):
+            state[f"ref.{n}"] = v.detach().clone()  # v_ref starts at v0 (section 5)
+            if self.p.T0:
+                state[f"stage_sum.{n}"] = torch.zeros_like(v)
+        if self.p.T0:
+            state["stage_count"] = torch.zeros((), dtype=torch.float64)
+        return state
+
+    # --- one local step -----------------------------------------------------------------------
+    def scores(self, site: Site, batch: Batch) -> torch.Tensor:
+        logits = self.logits(site, batch)
+        return torch.sigmoid(logits) if self.p.score == "sigmoid" else logits
+
+    def primal_direction(self, site: Site, v: list[torch.Tensor], g: list[torch.Tensor]) -> list[torch.Tensor]:
+        n_w = len(v) - 2
+        d = list(g)
+        if self.p.clip is not None:
+            d[:n_w] = [x.clamp(-self.p.clip, self.p.clip) for x in d[:n_w]]
+        if self.p.gamma is not None:
+            d = torch._foreach_add(d, torch._foreach_sub(v, self.group(site, "ref")), alpha=1.0 / self.p.gamma)
+        if self.p.weight_decay:
+            d = torch._foreach_add(d, v, alpha=self.p.weight_decay)
+        return d
+
+    def dual_direction(self, site: Site, d_alpha: torch.Tensor) -> torch.Tensor:
+        return d_alpha
+
+    def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
+        st, lr = site.state, float(site.state["lr"])
+        a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
+        params = self.params(site)
+        loss = auc_margin_loss(self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin,
+                               mask=batch.mask)
+        grads = torch.autograd.grad(loss, params + [a, b, alpha], allow_unused=True, materialize_grads=True)
+        defined = defined_diseases(batch.y, batch.mask).to(alpha.dtype)
+        with torch.no_grad():
+            v = self.primal(site)
+            torch._foreach_add_(v, self.primal_direction(site, v, list(grads[:-1])), alpha=-lr)
+            d_alpha = (auc_margin_dual_direction(st["a"], st["b"], st["alpha"], self.p.margin)
+                       if self.p.dual == "closed_form" else grads[-1])
+            st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * self.dual_direction(site, d_alpha * defined)))
+            if self.p.T0:
+                torch._foreach_add_(self.group(site, "stage_sum"), v)
+                st["stage_count"] += 1
+        return loss.detach()
+
+    # --- stages -------------------------------------------------------------------------------
+    def stage_statistics(self, site: Site):
+        count = float(site.state["stage_count"])
+        return {f"ref.{n}": s / count for n, s in zip(self.primal_names(site), self.group(site, "stage_sum"))}
+
+    def stage_start(self, site: Site, stats) -> None:
+        for n in self.primal_names(site):
+            site.state[f"ref.{n}"].copy_(stats[f"ref.{n}"])
+        torch._foreach_zero_(self.group(site, "stage_sum"))
+        site.state["stage_count"].zero_()
+        site.state["lr"] /= self.p.lr_decay

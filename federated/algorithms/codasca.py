@@ -1,0 +1,91 @@
+"""CODASCA (Yuan, Guo, Xu, Ying, Yang, ICML 2021, Algorithm 2), algorithms.md section 5.
+
+CODA+ plus SCAFFOLD-style control variates on primal v = (w, a, b) and dual alpha, and a global
+extrapolation step eta_g. Per site k, local step:
+    v     <- v - lr (grad_v F + prox (v - v_ref) - c_k,v + c_v)       (grad_v F clipped as in CODA+)
+    alpha <- clamp(alpha + lr (d_alpha - c_k,alpha + c_alpha), 0, 999)
+Round end:
+    c_k   <- mean of the round's raw (unclipped) gradients grad_v F and of d_alpha;  c <- mean_k c_k
+    v_bar <- mean_k v_k;  v <- v_prev + eta_g (v_bar - v_prev)     (same for alpha; v_prev = the global
+                                                                    model after the previous round)
+eta_g = 1 is plain averaging (the authors' code default). With c = c_k = 0 the first round is CODA+.
+A site sends v, alpha and c_k: twice CODA+'s bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from federated.algorithms.base import Site
+from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
+from federated.registry import register
+from federated.state import Comm
+from models.objectives import clamp_alpha
+
+
+class CODASCAParams(CODAPlusParams):
+    eta_g: float = Field(default=1.0, gt=0)  # global step; > 1 extrapolates past the site mean
+
+
+@register
+class CODASCA(CODAPlus):
+    name = "codasca"
+    Params = CODASCAParams
+
+    def variate_names(self, site: Site) -> list[str]:
+        return self.primal_names(site) + ["alpha"]
+
+    def variates(self, site: Site, kind: str) -> list[torch.Tensor]:
+        return [site.state[f"{kind}.{n}"] for n in self.variate_names(site)]
+
+    def state_spec(self, site: Site):
+        spec = super().state_spec(site)
+        for n in self.variate_names(site):
+            spec[f"c_site.{n}"] = Comm.LOCAL
+            spec[f"c.{n}"] = Comm.MEAN  # holds c_k when sent; the mean received is the new c
+            spec[f"grad_sum.{n}"] = Comm.LOCAL
+            if self.p.eta_g != 1.0:
+                spec[f"prev_global.{n}"] = Comm.LOCAL
+        return spec
+
+    def init_site_state(self, site: Site):
+        state = super().init_site_state(site)
+        site.state = state
+        values = self.primal(site) + [state["alpha"]]
+        for n, v in zip(self.variate_names(site), values):
+            for kind in ("c_site", "c", "grad_sum"):
+                state[f"{kind}.{n}"] = torch.zeros_like(v)
+            if self.p.eta_g != 1.0:
+                state[f"prev_global.{n}"] = v.detach().clone()
+        return state
+
+    def primal_direction(self, site, v, g):
+        n = len(g)
+        torch._foreach_add_(self.variates(site, "grad_sum")[:n], g)
+        d = super().primal_direction(site, v, g)
+        d = torch._foreach_sub(d, self.variates(site, "c_site")[:n])
+        return torch._foreach_add(d, self.variates(site, "c")[:n])
+
+    def dual_direction(self, site, d_alpha):
+        site.state["grad_sum.alpha"] += d_alpha
+        return d_alpha - site.state["c_site.alpha"] + site.state["c.alpha"]
+
+    def before_communication(self, site: Site) -> None:
+        grad_sum = self.variates(site, "grad_sum")
+        torch._foreach_mul_(grad_sum, 1.0 / self.fed.local_steps)
+        torch._foreach_copy_(self.variates(site, "c_site"), grad_sum)
+        torch._foreach_copy_(self.variates(site, "c"), grad_sum)
+        torch._foreach_zero_(grad_sum)
+
+    def round_end(self, site: Site) -> None:
+        if self.p.eta_g == 1.0:
+            return
+        with torch.no_grad():
+            current = self.primal(site) + [site.state["alpha"]]
+            prev = self.variates(site, "prev_global")
+            step = torch._foreach_sub(current, prev)
+            torch._foreach_add_(prev, step, alpha=self.p.eta_g)
+            torch._foreach_copy_(current, prev)
+            site.state["alpha"].copy_(clamp_alpha(site.state["alpha"]))
+            site.state["prev_global.alpha"].copy_(site.state["alpha"])

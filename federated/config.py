@@ -1,0 +1,127 @@
+"""The training configuration: one validated pydantic model, serializable to JSON for torchrun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from federated.data import SiteData, SplitData, load_shard, synthetic_site
+
+
+class ShardSite(BaseModel):
+    """A site shard directory written by ``fedauc preprocess`` (docs/shards.md)."""
+
+    kind: Literal["shard"] = "shard"
+    path: Path
+
+    def load(self, index: int) -> SiteData:
+        return load_shard(self.path)
+
+
+class SyntheticSite(BaseModel):
+    """Gaussian multi-label data generated from seeds (tests, benchmarks, the distributed backend)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    n_train: int = Field(gt=0)
+    n_valid: int = Field(default=0, ge=0)
+    n_test: int = Field(default=0, ge=0)
+    shape: tuple[int, ...] = (16,)
+    num_classes: int = Field(default=1, gt=0)
+    pos_rate: float | list[float] = 0.3
+    shift: float = 0.0
+    signal: float = 1.0
+    task_seed: int = 0
+    site_seed: int | None = None  # default: task_seed + 1000 + site index
+
+    def load(self, index: int) -> SiteData:
+        seed = self.task_seed + 1000 + index if self.site_seed is None else self.site_seed
+        n = {"train": self.n_train, "valid": self.n_valid, "test": self.n_test}
+        return synthetic_site(f"synthetic{index}", n, self.shape, self.num_classes, self.pos_rate,
+                              self.shift, self.signal, self.task_seed, seed)
+
+
+class TensorSite(BaseModel):
+    """In-memory data (Python API only: not serializable, so not usable with the distributed backend)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    kind: Literal["tensor"] = "tensor"
+    name: str = ""
+    diseases: tuple[str, ...] | None = None
+    train: tuple[Any, Any]
+    valid: tuple[Any, Any] | None = None
+    test: tuple[Any, Any] | None = None
+
+    def load(self, index: int) -> SiteData:
+        splits = {}
+        for split in ("train", "valid", "test"):
+            pair = getattr(self, split)
+            if pair is None:
+                continue
+            x, y = pair
+            x = x if isinstance(x, (np.ndarray, torch.Tensor)) else np.asarray(x)
+            y = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float32)
+            splits[split] = SplitData(x, y.reshape(len(y), -1))
+        num_classes = splits["train"].labels.shape[1]
+        diseases = self.diseases or tuple(f"class{c}" for c in range(num_classes))
+        return SiteData(self.name or f"site{index}", tuple(diseases), splits)
+
+
+SiteSpec = Annotated[Union[ShardSite, SyntheticSite, TensorSite], Field(discriminator="kind")]
+
+
+class TrainConfig(BaseModel):
+    """Everything one federated run needs. ``params`` is validated by the algorithm's own model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    sites: list[SiteSpec] = Field(min_length=1)
+    network: str = "small_resnet"  # models.networks.build_network name, or "linear" (logistic/AUC regression)
+    network_kwargs: dict[str, Any] = Field(default_factory=dict)
+    rounds: int = Field(gt=0)
+    local_steps: int = Field(default=1, gt=0)  # I: local steps between communications
+    batch_size: int = Field(default=32, gt=0)  # per site
+    lr: float = Field(default=0.1, gt=0)
+    seed: int = 0
+    eval_every: int = Field(default=0, ge=0)  # rounds between evaluations; 0: only after the last round
+    device: str = "auto"  # "auto" = cuda when available; in the distributed backend cuda:<local rank>
+    amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
+    channels_last: bool = True  # CUDA only
+    backend: Literal["inprocess", "distributed"] = "inprocess"
+    timeout_s: float = Field(default=300.0, gt=0)  # distributed: a silent site fails the job after this
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    bn_stats: Literal["mean", "local"] = "mean"
+    aggregation: Literal["uniform", "weighted"] = "uniform"  # weighted = by number of training samples
+    prior: Literal["global", "local"] = "global"  # algorithms.md section 0
+    guarantee_positives: bool = False
+    loader_workers: int = Field(default=2, ge=0)
+    progress: bool = True
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v != "auto":
+            torch.device(v)  # raises with a clear message on an unknown device string
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=True needs checkpoint_dir")
+        if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):
+            raise ValueError("sites of kind 'tensor' live in this process; the distributed backend needs "
+                             "'shard' or 'synthetic' sites")
+        return self
+
+    def resolve_device(self, local_rank: int = 0) -> torch.device:
+        if self.device != "auto":
+            return torch.device(self.device)
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cpu")

@@ -1,0 +1,233 @@
+"""Site data: memory-mapped shards (docs/shards.md) or in-memory tensors, and the per-site batch loader.
+
+Images stay uint8 on the host (memory-mapped, so a site's data set never has to fit in RAM) and are
+converted to float on the training device, where the division costs nothing next to the network.
+Missing labels (NaN) become ``mask = 0``; they are never read as negatives. Every batch carries the
+dataset indices of its samples (KL-OPAUC keeps one state value per positive sample, algorithms.md 1.5).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor  # float, (B, channels, H, W) for images or (B, D) for feature vectors
+    y: torch.Tensor  # float {0, 1}, (B, C); missing labels are 0 here and 0 in ``mask``
+    mask: torch.Tensor  # float {0, 1}, (B, C): 1 where the label is known
+    index: torch.Tensor  # int64 (B,): row of each sample in its split
+
+
+@dataclass
+class SplitData:
+    """One split of one site. ``images`` is uint8 (N, H, W) / (N, H, W, 3) or float features (N, ...)."""
+
+    images: np.ndarray | torch.Tensor
+    labels: np.ndarray  # float32 (N, C), NaN = missing
+
+    def __post_init__(self):
+        if len(self.images) != len(self.labels):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} label rows")
+        if self.labels.ndim != 2:
+            raise ValueError(f"labels must be (N, C), got shape {self.labels.shape}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class SiteData:
+    name: str
+    diseases: tuple[str, ...]
+    splits: dict[str, SplitData]  # "train" always; "valid", "test" when the site has them
+
+    @property
+    def train(self) -> SplitData:
+        return self.splits["train"]
+
+
+def load_shard(site_dir: str | Path) -> SiteData:
+    """Open a site shard written by ``fedauc preprocess`` (docs/shards.md), images memory-mapped."""
+    site_dir = Path(site_dir)
+    meta_path = site_dir / "shard.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: not a site shard (no shard.json)")
+    meta = json.loads(meta_path.read_text())
+    try:
+        diseases = tuple(meta["diseases"])
+    except KeyError:
+        raise ValueError(f"{meta_path}: field 'diseases' is missing") from None
+    splits: dict[str, SplitData] = {}
+    for split in ("train", "valid", "test"):
+        images_path = site_dir / split / "images.npy"
+        manifest_path = site_dir / split / "manifest.parquet"
+        if not images_path.exists() and not manifest_path.exists():
+            continue
+        for p in (images_path, manifest_path):
+            if not p.is_file():
+                raise FileNotFoundError(f"{p}: missing while the other file of split {split!r} exists")
+        images = np.load(images_path, mmap_mode="r")
+        if images.dtype != np.uint8:
+            raise ValueError(f"{images_path}: expected uint8 images, got {images.dtype}")
+        manifest = pd.read_parquet(manifest_path, columns=None)
+        missing = [d for d in diseases if d not in manifest.columns]
+        if missing:
+            raise ValueError(f"{manifest_path}: label columns {missing} missing (diseases from {meta_path})")
+        labels = manifest[list(diseases)].to_numpy(dtype=np.float32)
+        bad = ~(np.isnan(labels) | (labels == 0.0) | (labels == 1.0))
+        if bad.any():
+            row, col = map(int, np.argwhere(bad)[0])
+            raise ValueError(
+                f"{manifest_path}: row {row}, column {diseases[col]!r}: label {labels[row, col]!r} "
+                "is not 0, 1 or NaN"
+            )
+        if len(images) != len(labels):
+            raise ValueError(f"{images_path}: {len(images)} images but {manifest_path} has {len(labels)} rows")
+        splits[split] = SplitData(images, labels)
+    if "train" not in splits:
+        raise ValueError(f"{site_dir}: the shard has no train split")
+    return SiteData(str(meta.get("site", site_dir.name)), diseases, splits)
+
+
+def to_model_input(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host rows -> float model input on ``device``: uint8 images become (B, ch, H, W) in [0, 1]."""
+    if isinstance(images, np.ndarray):
+        images = torch.from_numpy(np.ascontiguousarray(images))
+    if images.dtype != torch.uint8:
+        return images.to(device, dtype=torch.float32, non_blocking=True)
+    if device.type == "cuda":
+        images = images.pin_memory()
+    x = images.to(device, non_blocking=True)
+    # (N, H, W) is single-channel, (N, H, W, 3) is RGB in channels-last order.
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    return x.float().div_(255.0)
+
+
+def labels_to_targets(labels: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    lab = torch.from_numpy(np.asarray(labels, dtype=np.float32))
+    known = ~torch.isnan(lab)
+    return torch.nan_to_num(lab, nan=0.0).to(device), known.float().to(device)
+
+
+class SiteLoader:
+    """Endless seeded minibatches of one split; the state (RNG and queue) is checkpointable.
+
+    Sampling is without replacement within an epoch; the tail of an epoch is completed by the next
+    epoch's permutation, so every sample is visited once per epoch. ``guarantee_positives`` replaces a
+    random slot by a random positive of every disease that has positives at the site but none in the
+    batch (for heavily imbalanced tasks, where AUC losses need both classes in a batch).
+    ``workers`` threads read the next batches from the memory map while the current one trains.
+    """
+
+    def __init__(self, split: SplitData, batch_size: int, seed: int, device: torch.device,
+                 guarantee_positives: bool = False, workers: int = 2, prefetch: int = 4):
+        self.split = split
+        self.batch_size = min(batch_size, len(split))
+        self.device = device
+        self.guarantee_positives = guarantee_positives
+        self.rng = np.random.default_rng(seed)
+        self.queue = np.empty(0, dtype=np.int64)
+        self.positives = [np.flatnonzero(split.labels[:, c] == 1.0) for c in range(split.labels.shape[1])]
+        self.workers = workers
+        self.prefetch = prefetch
+        self._pool = ThreadPoolExecutor(workers) if workers > 0 else None
+
+    def next_indices(self) -> np.ndarray:
+        while len(self.queue) < self.batch_size:
+            self.queue = np.concatenate([self.queue, self.rng.permutation(len(self.split))])
+        idx, self.queue = self.queue[: self.batch_size].copy(), self.queue[self.batch_size :]
+        if self.guarantee_positives:
+            protected = np.zeros(len(idx), dtype=bool)
+            for c, pos in enumerate(self.positives):
+                if len(pos) == 0:
+                    continue
+                hits = self.split.labels[idx, c] == 1.0
+                if hits.any():
+                    protected |= hits
+                    continue
+                free = np.flatnonzero(~protected)
+                if len(free) == 0:
+                    continue  # every slot already holds a positive that another disease needed
+                slot = free[self.rng.integers(len(free))]
+                idx[slot] = pos[self.rng.integers(len(pos))]
+                protected[slot] = True
+        return idx
+
+    def _read(self, idx: np.ndarray):
+        # Sorted reads are sequential in the memory map; the batch keeps the sampled order.
+        order = np.argsort(idx, kind="stable")
+        rows = np.empty_like(order)
+        rows[order] = np.arange(len(idx))
+        images = np.asarray(self.split.images[idx[order]])[rows] if isinstance(self.split.images, np.ndarray) \
+            else self.split.images[torch.from_numpy(idx)]
+        return images, self.split.labels[idx], idx
+
+    def _to_batch(self, host) -> Batch:
+        images, labels, idx = host
+        y, mask = labels_to_targets(labels, self.device)
+        return Batch(to_model_input(images, self.device), y, mask, torch.from_numpy(idx).to(self.device))
+
+    def batches(self, n: int):
+        """The next ``n`` batches; indices are drawn up front (deterministic), reads run ahead in threads."""
+        indices = [self.next_indices() for _ in range(n)]
+        if self._pool is None:
+            for idx in indices:
+                yield self._to_batch(self._read(idx))
+            return
+        pending: deque[Future] = deque()
+        it = iter(indices)
+        for idx in it:
+            pending.append(self._pool.submit(self._read, idx))
+            if len(pending) >= self.prefetch:
+                break
+        while pending:
+            host = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(self._pool.submit(self._read, nxt))
+            yield self._to_batch(host)
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "queue": self.queue.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.queue = np.asarray(state["queue"], dtype=np.int64)
+
+
+def label_counts(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per disease: number of positives and number of known labels (NaN excluded)."""
+    known = ~np.isnan(labels)
+    return (labels == 1.0).sum(axis=0).astype(np.float64), known.sum(axis=0).astype(np.float64)
+
+
+def synthetic_site(name: str, n: dict[str, int], shape: tuple[int, ...], num_classes: int,
+                   pos_rate: float | list[float], shift: float, signal: float, task_seed: int,
+                   site_seed: int) -> SiteData:
+    """A Gaussian multi-label site: x = noise + shift * u_site + signal * sum_c y_c w_c.
+
+    ``w_c`` come from ``task_seed`` (shared by all sites: one task), ``u_site`` and the noise from
+    ``site_seed`` (heterogeneous inputs, as FeDXL's site-specific input shift, algorithms.md 10b).
+    """
+    dim = int(np.prod(shape))
+    w = np.random.default_rng(task_seed).standard_normal((num_classes, dim)).astype(np.float32) / np.sqrt(dim)
+    rng = np.random.default_rng(site_seed)
+    u = rng.standard_normal(dim).astype(np.float32) / np.sqrt(dim)
+    rates = np.broadcast_to(np.asarray(pos_rate, dtype=np.float64), (num_classes,))
+    splits = {}
+    for split, count in n.items():
+        if count <= 0:
+            continue
+        y = (rng.random((count, num_classes)) < rates).astype(np.float32)
+        x = rng.standard_normal((count, dim)).astype(np.float32) + shift * np.sqrt(dim) * u + signal * y @ w * np.sqrt(dim)
+        splits[split] = SplitData(torch.from_numpy(x.reshape(count, *shape)), y)
+    return SiteData(name, tuple(f"class{c}" for c in range(num_classes)), splits)

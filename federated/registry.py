@@ -1,0 +1,36 @@
+"""Algorithms by name. An algorithm module registers its class with ``@register``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+_ALGORITHMS: dict[str, type] = {}
+
+
+def register(cls):
+    name = cls.name
+    if name in _ALGORITHMS and _ALGORITHMS[name] is not cls:
+        raise ValueError(f"algorithm name {name!r} registered twice ({_ALGORITHMS[name]} and {cls})")
+    _ALGORITHMS[name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    import federated.algorithms as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{mod.name}")
+
+
+def get_algorithm(name: str) -> type:
+    _load_all()
+    try:
+        return _ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(_ALGORITHMS)}") from None
+
+
+def algorithm_names() -> list[str]:
+    _load_all()
+    return sorted(_ALGORITHMS)
