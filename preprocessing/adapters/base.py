@@ -1,0 +1,158 @@
+"""What every adapter shares: the adapter description, metadata reading with clear errors, record assembly.
+
+An adapter turns one dataset layout into canonical records (``preprocessing/records.py``): one row per
+image, labels in {1, 0, -1, NaN} (-1 = uncertain, resolved later by the site's policy). It reads metadata
+only and never opens an image. Rows it cannot turn into a record go to its quarantine list, so that
+``input_rows == len(records) + len(quarantine)`` holds for every adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+from preprocessing.quarantine import Reason, empty_quarantine, quarantine_rows
+from preprocessing.records import RECORD_COLUMNS, VIEWS, label_columns
+
+
+class AdapterOptions(BaseModel):
+    """Base of every adapter's ``options:`` block in a site YAML; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetadataError(ValueError):
+    """A metadata file is missing or lacks a column; the message names the file and the column."""
+
+
+@dataclass
+class AdapterOutput:
+    records: pd.DataFrame  # RECORD_COLUMNS + task label columns, labels may still hold -1
+    quarantine: pd.DataFrame  # QUARANTINE_COLUMNS, stage "scan"
+    input_rows: int
+    metadata_files: list[Path]
+
+
+@dataclass(frozen=True)
+class MetadataFile:
+    """One metadata file an adapter reads: the option naming it and the columns it must have."""
+
+    option: str  # the field of the adapter's options that holds the file name
+    columns: tuple[str, ...]
+    required: bool = True  # an optional file (an official split list) is used only when present
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    tasks: tuple[str, ...]
+    options: type[AdapterOptions]
+    files: Callable[[AdapterOptions], tuple[MetadataFile, ...]]
+    read: Callable[..., AdapterOutput]  # read(config) -> AdapterOutput
+    # folders under the root that must exist for images to be found (spot-checked by validate_site)
+    image_dirs: Callable[[AdapterOptions], tuple[str, ...]] = field(default=lambda options: ())
+
+
+def resolve_metadata(root: Path, name: str) -> Path:
+    """The path of a metadata file under ``root``; public releases ship some as ``.gz``, accept both."""
+    path = root / name
+    if not path.exists() and not name.endswith(".gz") and (root / f"{name}.gz").exists():
+        return root / f"{name}.gz"
+    return path
+
+
+def read_metadata(path: Path, columns: tuple[str, ...] | list[str]) -> pd.DataFrame:
+    """Read the given columns of a CSV as strings, failing with the file and the missing column names."""
+    if not path.is_file():
+        raise MetadataError(f"{path}: metadata file not found")
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        raise MetadataError(f"{path}: cannot read as CSV: {err}") from err
+    missing = [column for column in columns if column not in header]
+    if missing:
+        raise MetadataError(f"{path}: missing column(s) {missing}; found {list(header)}")
+    # Everything as text: ids such as PadChest's StudyID mix digits and letters and must not become floats.
+    return pd.read_csv(path, usecols=list(columns), dtype=str, keep_default_na=False, na_values=[""])
+
+
+def missing_columns(path: Path, columns: tuple[str, ...]) -> list[str]:
+    """Columns absent from a CSV header (reads the header only)."""
+    header = pd.read_csv(path, nrows=0).columns
+    return [column for column in columns if column not in header]
+
+
+def source_rows(path: Path, count: int) -> np.ndarray:
+    """``"<file>:row <n>"`` for each data row, n counted from 1 after the header.
+
+    Rows, not text lines: PadChest's Report column holds line breaks inside quotes, so lines drift.
+    """
+    return (f"{path.name}:row " + pd.Series(np.arange(1, count + 1)).astype(str)).to_numpy(dtype=object)
+
+
+def normalize_views(values: pd.Series, mapping: dict[str, str]) -> pd.Series:
+    """Map source view codes to canonical VIEWS; anything unmapped or blank is "unknown"."""
+    assert set(mapping.values()) <= set(VIEWS), mapping
+    return values.str.strip().str.upper().map({k.upper(): v for k, v in mapping.items()}).fillna("unknown")
+
+
+def normalize_sex(values: pd.Series, female: tuple[str, ...], male: tuple[str, ...]) -> pd.Series:
+    lowered = values.str.strip().str.lower()
+    mapping = {v.lower(): "F" for v in female} | {v.lower(): "M" for v in male}
+    return lowered.map(mapping).fillna("unknown")
+
+
+def to_age(values: pd.Series) -> pd.Series:
+    """Ages as float years; blank or non-numeric is NaN (unknown), never an error."""
+    return pd.to_numeric(values, errors="coerce").astype("float64")
+
+
+def build_records(task: str, columns: dict[str, object], labels: dict[str, object], length: int) -> pd.DataFrame:
+    """Assemble canonical records; a task disease absent from ``labels`` is missing (NaN), never negative."""
+    frame = pd.DataFrame({column: columns.get(column) for column in RECORD_COLUMNS}, index=range(length))
+    for column in RECORD_COLUMNS:
+        if column != "age":
+            frame[column] = frame[column].astype(object)
+    frame["age"] = pd.to_numeric(frame["age"], errors="coerce").astype("float64")
+    for disease in label_columns(task):
+        values = labels.get(disease, np.nan)
+        frame[disease] = np.asarray(values, dtype=np.float32) if not np.isscalar(values) else np.float32(values)
+    return frame
+
+
+def finish(
+    records: pd.DataFrame,
+    problems: list[tuple[np.ndarray, Reason, pd.Series | str]],
+    input_rows: int,
+    metadata_files: list[Path],
+) -> AdapterOutput:
+    """Quarantine the rows flagged by ``problems`` (mask, reason, detail aligned with ``records``).
+
+    A row flagged twice is quarantined once, for the first problem listed.
+    """
+    taken = np.zeros(len(records), dtype=bool)
+    parts = [empty_quarantine()]
+    for mask, reason, detail in problems:
+        rows = np.asarray(mask, dtype=bool) & ~taken
+        if rows.any():
+            if isinstance(detail, pd.Series):
+                detail = detail.reset_index(drop=True)[rows]
+            parts.append(quarantine_rows(records[rows], "scan", reason, detail))
+            taken |= rows
+    quarantine = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return AdapterOutput(records[~taken].reset_index(drop=True), quarantine, input_rows, metadata_files)
+
+
+def concat_outputs(outputs: list[AdapterOutput]) -> AdapterOutput:
+    """One output from several metadata files read the same way (CheXpert train + valid)."""
+    return AdapterOutput(
+        pd.concat([o.records for o in outputs], ignore_index=True),
+        pd.concat([o.quarantine for o in outputs], ignore_index=True),
+        sum(o.input_rows for o in outputs),
+        [path for o in outputs for path in o.metadata_files],
+    )

@@ -1,0 +1,116 @@
+"""A hospital's own export: one CSV row per image, a path column, a patient column, declared label columns.
+
+Input row: one CSV row = one image. ``label_columns`` maps canonical diseases to source columns holding
+1 / 0 / -1 (uncertain) / blank; a task disease without a mapping is missing (never negative), and blank
+cells are missing unless ``blank: zeros``. Optional columns (study, view, sex, age, official split)
+fill the record when declared. ``generic-dicom`` reads its labels CSV through the same code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from preprocessing.adapters.base import (
+    Adapter,
+    AdapterOptions,
+    AdapterOutput,
+    MetadataFile,
+    build_records,
+    finish,
+    normalize_sex,
+    normalize_views,
+    read_metadata,
+    resolve_metadata,
+    source_rows,
+    to_age,
+)
+from preprocessing.labels import parse_label_codes
+from preprocessing.quarantine import Reason
+
+VIEW_CODES = {"PA": "PA", "AP": "AP", "LATERAL": "LATERAL", "LAT": "LATERAL", "L": "LATERAL", "LL": "LATERAL", "RL": "LATERAL"}
+SPLIT_NAMES = {"train": "train", "valid": "valid", "validate": "valid", "validation": "valid", "val": "valid", "test": "test"}
+
+
+class LabelTableOptions(AdapterOptions):
+    """The labels CSV of a generic layout."""
+
+    labels_csv: str
+    patient_column: str
+    label_columns: dict[str, str]  # canonical disease -> source column
+    study_column: str | None = None  # default: one study per image
+    view_column: str | None = None
+    default_view: Literal["PA", "AP", "LATERAL", "unknown"] = "unknown"  # when there is no view column
+    sex_column: str | None = None
+    age_column: str | None = None
+    split_column: str | None = None  # an official split (train / valid / test), kept when use_official
+    blank: Literal["zeros", "ignore"] = "ignore"
+
+
+class GenericCsvOptions(LabelTableOptions):
+    path_column: str
+    image_dir: str = ""  # prefix of the path column's values, relative to the root
+
+
+def table_columns(options: LabelTableOptions, key_column: str) -> tuple[str, ...]:
+    optional = (options.study_column, options.view_column, options.sex_column, options.age_column, options.split_column)
+    listed = [key_column, options.patient_column, *options.label_columns.values(), *(c for c in optional if c)]
+    return tuple(dict.fromkeys(listed))
+
+
+def files(options: GenericCsvOptions) -> tuple[MetadataFile, ...]:
+    return (MetadataFile("labels_csv", table_columns(options, options.path_column)),)
+
+
+def read_label_table(
+    config, options: LabelTableOptions, key_column: str
+) -> tuple[pd.DataFrame, pd.DataFrame, list, Path]:
+    """Records of a generic labels CSV (image_path = the key column's value) and their label problems."""
+    path = resolve_metadata(config.root, options.labels_csv)
+    table = read_metadata(path, table_columns(options, key_column)).apply(lambda c: c.str.strip())
+    values, bad_labels, label_detail = parse_label_codes(
+        table, options.label_columns, blank=0.0 if options.blank == "zeros" else np.nan
+    )
+    key = table[key_column]
+    column = lambda name, default: table[name].to_numpy(dtype=object) if name else default  # noqa: E731
+    records = build_records(
+        config.task,
+        {
+            "record_id": key.to_numpy(dtype=object),
+            "source_row": source_rows(path, len(table)),
+            "patient_id": table[options.patient_column].to_numpy(dtype=object),
+            "study_id": column(options.study_column, key.to_numpy(dtype=object)),
+            "image_path": key.to_numpy(dtype=object),
+            "view": normalize_views(table[options.view_column], VIEW_CODES).to_numpy(dtype=object)
+            if options.view_column else options.default_view,
+            "sex": normalize_sex(table[options.sex_column], ("F", "female"), ("M", "male")).to_numpy(dtype=object)
+            if options.sex_column else "unknown",
+            "age": to_age(table[options.age_column]).to_numpy() if options.age_column else np.nan,
+            "split": table[options.split_column].str.lower().map(SPLIT_NAMES).to_numpy(dtype=object)
+            if options.split_column else None,
+        },
+        values,
+        len(table),
+    )
+    return table, records, [(bad_labels, Reason.UNPARSABLE_LABEL, label_detail)], path
+
+
+def read(config) -> AdapterOutput:
+    options: GenericCsvOptions = config.adapter_options
+    table, records, problems, path = read_label_table(config, options, options.path_column)
+    if options.image_dir:
+        records["image_path"] = options.image_dir.rstrip("/") + "/" + records["image_path"].astype(str)
+    return finish(records, problems, len(records), [path])
+
+
+ADAPTER = Adapter(
+    name="generic-csv",
+    tasks=("chest-xray", "melanoma"),
+    options=GenericCsvOptions,
+    files=files,
+    read=read,
+    image_dirs=lambda options: (options.image_dir,) if options.image_dir else (),
+)

@@ -1,0 +1,95 @@
+"""Look at labels before images: per split and per disease, positives / negatives / missing / prevalence.
+
+``label_report`` is a pure function of a ``ScanResult`` (metadata only, seconds on 200k rows);
+``render_label_report`` draws it as rich tables. ``fedauc sites report x.yaml --labels-only [--json]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from preprocessing.records import RECORD_COLUMNS, SPLITS, VIEWS
+
+
+def _counts(records: pd.DataFrame, diseases: list[str]) -> dict:
+    labels = {}
+    for disease in diseases:
+        values = records[disease].to_numpy()
+        positives = int(np.sum(values == 1.0))
+        negatives = int(np.sum(values == 0.0))
+        labeled = positives + negatives
+        labels[disease] = {
+            "positives": positives,
+            "negatives": negatives,
+            "missing": int(np.isnan(values).sum()),
+            "prevalence": positives / labeled if labeled else None,  # among labeled images
+        }
+    views = records["view"].value_counts()
+    return {
+        "images": len(records),
+        "patients": int(records["patient_id"].nunique()),
+        "studies": int(records["study_id"].nunique()),
+        "views": {view: int(views.get(view, 0)) for view in VIEWS},
+        "labels": labels,
+    }
+
+
+def label_report(scan_result) -> dict:
+    """Counts per split (train / valid / test) and overall, and the quarantine summary.
+
+    ``input_rows == kept + quarantined`` is stated in the report (``balanced``) so a reader can check it.
+    """
+    records = scan_result.records
+    diseases = [c for c in records.columns if c not in RECORD_COLUMNS]
+    quarantine = scan_result.quarantine
+    kept, quarantined = len(records), len(quarantine)
+    return {
+        "input_rows": scan_result.input_rows,
+        "kept": kept,
+        "quarantined": quarantined,
+        "balanced": scan_result.input_rows == kept + quarantined,
+        "quarantine_by_reason": {str(k): int(v) for k, v in quarantine["reason"].value_counts().sort_index().items()},
+        "diseases": diseases,
+        "splits": {split: _counts(records[records["split"] == split], diseases) for split in SPLITS},
+        "all": _counts(records, diseases),
+        "metadata_files": [str(p) for p in scan_result.metadata_files],
+    }
+
+
+def render_label_report(report: dict, console: Console, title: str = "labels") -> None:
+    console.print(
+        f"[bold]{title}[/]: {report['input_rows']} input rows = {report['kept']} kept + "
+        f"{report['quarantined']} quarantined" + ("" if report["balanced"] else "  [red]UNBALANCED[/]")
+    )
+    columns = [*SPLITS, "all"]
+    sections = {**report["splits"], "all": report["all"]}
+    table = Table(title="Labels (prevalence among labeled images)")
+    for name in ("split", "disease", "positives", "negatives", "missing", "prevalence"):
+        table.add_column(name, justify="left" if name in ("split", "disease") else "right")
+    for split in columns:
+        for disease in report["diseases"]:
+            c = sections[split]["labels"][disease]
+            prevalence = "-" if c["prevalence"] is None else f"{100 * c['prevalence']:.1f}%"
+            first = split if disease == report["diseases"][0] else ""
+            table.add_row(first, disease, str(c["positives"]), str(c["negatives"]), str(c["missing"]), prevalence,
+                          end_section=disease == report["diseases"][-1])
+    console.print(table)
+    counts = Table(title="Images, patients, studies, views")
+    counts.add_column("")
+    for split in columns:
+        counts.add_column(split, justify="right")
+    for key in ("images", "patients", "studies"):
+        counts.add_row(key, *(str(sections[s][key]) for s in columns))
+    for view in VIEWS:
+        counts.add_row(f"view {view}", *(str(sections[s]["views"][view]) for s in columns))
+    console.print(counts)
+    if report["quarantine_by_reason"]:
+        reasons = Table(title="Quarantined")
+        reasons.add_column("reason")
+        reasons.add_column("rows", justify="right")
+        for reason, count in report["quarantine_by_reason"].items():
+            reasons.add_row(reason, str(count))
+        console.print(reasons)

@@ -1,0 +1,219 @@
+"""A site: one hospital's dataset, declared once in ``sites/<name>.yaml``.
+
+Example (``sites/chexpert.yaml``)::
+
+    name: stanford
+    format: chexpert            # a registered adapter: preprocessing/adapters/
+    root: /data/CheXpert-v1.0-small   # relative paths are relative to the YAML's folder
+    task: chest-xray            # or melanoma
+    uncertain_policy: {Edema: ones, Atelectasis: ones}   # the rest default per datasets.md
+    views: [PA, AP]
+    split: {seed: 0, valid: 0.1, test: 0.2, use_official: true}
+    image_size: 224
+    options: {train_csv: train.csv, valid_csv: valid.csv}   # adapter-specific, real names by default
+
+``load_site`` fails on the first unreadable file and reports every field problem of the YAML at once;
+``validate_site`` also checks the data: root, metadata files, their columns, image folders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from preprocessing.adapters import ADAPTERS
+from preprocessing.adapters.base import AdapterOptions, resolve_metadata
+from preprocessing.labels import UncertainPolicy, default_uncertain_policy
+from preprocessing.records import TASK_DISEASES, VIEWS
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    field: str  # dotted path in the YAML ("split.valid"), or the data file/column concerned
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
+
+
+class SiteConfigError(ValueError):
+    """The site YAML is unusable; the message names the file and each offending field."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class SplitPolicy(BaseModel):
+    """Split by patient, seeded. ``valid`` and ``test`` are fractions of patients; with an official split
+    (use_official) the official test is kept and ``valid`` is carved out of the official train patients."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = 0
+    valid: float = Field(0.1, ge=0.0, lt=1.0)
+    test: float = Field(0.2, ge=0.0, lt=1.0)
+    use_official: bool = True
+
+    @model_validator(mode="after")
+    def _leaves_a_train_split(self) -> SplitPolicy:
+        if self.valid + self.test >= 1.0:
+            raise ValueError(f"valid + test must be below 1 to leave patients for train (got {self.valid} + {self.test})")
+        return self
+
+
+class SiteConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # becomes a folder name
+    format: str
+    root: Path
+    task: Literal["chest-xray", "melanoma"]
+    uncertain_policy: dict[str, UncertainPolicy] = Field(default_factory=dict)
+    views: list[str] = Field(default_factory=lambda: ["PA", "AP"])  # melanoma ignores views
+    split: SplitPolicy = Field(default_factory=SplitPolicy)
+    image_size: int = Field(224, ge=8)
+    min_image_size: int = Field(64, ge=1)  # smaller source images are quarantined by the decoder
+    options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
+
+    _adapter_options: AdapterOptions = PrivateAttr()
+    _path: Path | None = PrivateAttr(default=None)  # the YAML it came from, for messages
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in ADAPTERS:
+            raise ValueError(f"unknown format {value!r}; expected one of {sorted(ADAPTERS)}")
+        return value
+
+    @field_validator("views")
+    @classmethod
+    def _known_views(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in VIEWS]
+        if unknown:
+            raise ValueError(f"unknown view(s) {unknown}; expected some of {list(VIEWS)}")
+        if not value:
+            raise ValueError("no view allowed: every image would be excluded")
+        return value
+
+    @model_validator(mode="after")
+    def _task_fits(self) -> SiteConfig:
+        # Model-level problems, one "field: message" per line (load_site splits them back per field).
+        problems = []
+        diseases = TASK_DISEASES[self.task]
+        unknown = sorted(set(self.uncertain_policy) - set(diseases))
+        if unknown:
+            problems.append(
+                f"uncertain_policy: unknown disease(s) {unknown} for task {self.task}; expected some of {list(diseases)}"
+            )
+        adapter = ADAPTERS[self.format]
+        if self.task not in adapter.tasks:
+            problems.append(f"task: format {self.format!r} serves {list(adapter.tasks)}, not {self.task!r}")
+        try:
+            self._adapter_options = adapter.options.model_validate(self.options)
+        except ValidationError as err:
+            for error in err.errors():
+                where = ".".join(str(part) for part in ("options", *error["loc"]))
+                problems.append(f"{where}: {_message(error)}")
+        mapped = getattr(getattr(self, "_adapter_options", None), "label_columns", {})
+        for disease in sorted(set(mapped) - set(diseases)):
+            problems.append(f"options.label_columns.{disease}: unknown disease for task {self.task}; expected some of {list(diseases)}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        self.uncertain_policy = default_uncertain_policy(self.task) | self.uncertain_policy
+        return self
+
+    @property
+    def adapter_options(self) -> AdapterOptions:
+        """The ``options:`` block parsed by the adapter's own model (defaults are the real file names)."""
+        return self._adapter_options
+
+    @property
+    def diseases(self) -> tuple[str, ...]:
+        return TASK_DISEASES[self.task]
+
+
+def _message(error: dict) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field is missing"
+    return error["msg"].removeprefix("Value error, ")
+
+
+def _problems(shown: str, err: ValidationError) -> list[Problem]:
+    problems = []
+    for error in err.errors():
+        if error["loc"]:
+            problems.append(Problem(shown, ".".join(str(part) for part in error["loc"]), _message(error)))
+            continue
+        for line in _message(error).splitlines():
+            where, _, message = line.partition(": ")
+            problems.append(Problem(shown, where, message))
+    return problems
+
+
+def load_site(path: str | Path) -> SiteConfig:
+    """Read and check a site YAML; relative ``root`` is resolved against the YAML's folder."""
+    path = Path(path)
+    shown = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SiteConfigError([Problem(shown, "", "site file not found")]) from None
+    except yaml.YAMLError as err:
+        raise SiteConfigError([Problem(shown, "", f"malformed YAML: {err}")]) from None
+    if not isinstance(raw, dict):
+        raise SiteConfigError([Problem(shown, "", f"expected a mapping of fields, got {type(raw).__name__}")])
+    if isinstance(raw.get("root"), str) and not Path(raw["root"]).expanduser().is_absolute():
+        raw["root"] = str((path.parent / raw["root"]).resolve())
+    elif isinstance(raw.get("root"), str):
+        raw["root"] = str(Path(raw["root"]).expanduser())
+    try:
+        config = SiteConfig.model_validate(raw)
+    except ValidationError as err:
+        raise SiteConfigError(_problems(shown, err)) from None
+    config._path = path
+    return config
+
+
+def validate_site(config_or_path: SiteConfig | str | Path) -> list[Problem]:
+    """Every problem with a site: the YAML's fields, then the data root, metadata files and columns."""
+    if isinstance(config_or_path, SiteConfig):
+        config = config_or_path
+        shown = str(config._path) if config._path else f"site {config.name!r}"
+    else:
+        shown = str(config_or_path)
+        try:
+            config = load_site(config_or_path)
+        except SiteConfigError as err:
+            return err.problems
+    if not config.root.is_dir():
+        return [Problem(shown, "root", f"data root not found: {config.root}")]
+    adapter = ADAPTERS[config.format]
+    options = config.adapter_options
+    problems = []
+    for metadata in adapter.files(options):
+        name = getattr(options, metadata.option)
+        file = resolve_metadata(config.root, name)
+        if not file.is_file():
+            if metadata.required:
+                problems.append(Problem(shown, f"options.{metadata.option}", f"metadata file not found: {file}"))
+            continue
+        try:
+            header = pd.read_csv(file, nrows=0).columns
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+            problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: cannot read as CSV: {err}"))
+            continue
+        for column in metadata.columns:
+            if column not in header:
+                problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: missing column {column!r}"))
+    for folder in adapter.image_dirs(options):
+        if not (config.root / folder).is_dir():
+            problems.append(Problem(shown, "root", f"image folder not found: {config.root / folder}"))
+    return problems
