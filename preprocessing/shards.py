@@ -509,3 +509,26 @@ def _summary_from_info(site: str, site_dir: Path, info: dict, reused: bool) -> S
         quarantined=int(info["quarantined"]),
         reused=reused,
     )
+
+
+def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = True) -> ShardSummary:
+    """Write the shards of a scanned site: ``config`` is a ``SiteConfig``, ``scan`` its ``ScanResult``.
+
+    The label contract in the content hash is the whole site declaration except its name and data root
+    (those move the output and the files, whose identities are hashed on their own).
+    """
+    transform = TransformSettings(task=config.task, image_size=config.image_size, min_image_size=config.min_image_size)
+    contract = config.model_dump(mode="json", exclude={"name", "root"})
+    digest = content_hash(scan.records, scan.metadata_files, config.root, contract, transform)
+    return write_site_shards(
+        scan.records,
+        scan.quarantine,
+        site=config.name,
+        data_root=config.root,
+        out_dir=Path(out_dir),
+        transform=transform,
+        content_hash=digest,
+        input_rows=scan.input_rows,
+        workers=workers,
+        progress=progress,
+    )

@@ -1,0 +1,35 @@
+"""Prefect settings for running fedauc on a laptop or a hospital server without a Prefect server.
+
+Call ``configure_prefect_env()`` before the first ``import prefect``: Prefect reads its settings from the
+environment when it is imported. Values already set (by the Makefile, CI or the user) win.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def prefect_env_defaults() -> dict[str, str]:
+    return {
+        # Keep Prefect's database and logs inside the project instead of ~/.prefect.
+        "PREFECT_HOME": str(PROJECT_ROOT / ".prefect"),
+        # Hospital machines are often offline; analytics would only add timeouts.
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The ephemeral server needs ~20 s to start on a loaded 2-core machine; the default gives up sooner.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        # Task-level INFO lines would interleave with the progress bar; warnings and errors still show.
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+
+
+def configure_prefect_env() -> dict[str, str]:
+    """Set each default that is unset in ``os.environ``; returns what was set."""
+    applied = {}
+    for name, value in prefect_env_defaults().items():
+        if name not in os.environ:
+            os.environ[name] = value
+            applied[name] = value
+    return applied

@@ -1,0 +1,63 @@
+"""The Prefect flow ``preprocess_site``: scan -> write shards (decode, resize in parallel) -> QC report.
+
+Thin by design: each task calls one package function (``preprocessing.scan``, ``preprocessing.shards``,
+``preprocessing.qc``), which run and are tested without Prefect. Tasks do not use Prefect's cache: the
+shard writer's content hash decides whether there is work, and covers more than the task inputs do.
+Import this module after ``pipelines.prefect_env.configure_prefect_env()``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from preprocessing.qc import build_report, check_accounting, render_markdown, write_report
+from preprocessing.scan import ScanResult, scan_site
+from preprocessing.shards import ShardSummary, shard_site
+from preprocessing.sites import SiteConfig, load_site
+
+
+@task(name="scan", cache_policy=NO_CACHE)
+def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
+    config = load_site(site_yaml)
+    return config, scan_site(config)
+
+
+@task(name="write-shards", cache_policy=NO_CACHE)
+def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: int) -> ShardSummary:
+    return shard_site(config, result, Path(out_dir), workers=workers)
+
+
+@task(name="qc-report", cache_policy=NO_CACHE)
+def report(summary: ShardSummary) -> dict:
+    qc = build_report(summary.site_dir)
+    json_path, md_path = write_report(summary.site_dir, qc)
+    create_markdown_artifact(
+        key="qc-" + re.sub(r"[^a-z0-9-]+", "-", summary.site.lower()),
+        markdown=render_markdown(qc),
+        description=f"QC report of site {summary.site}",
+    )
+    check_accounting(qc)  # after writing, so a broken identity can be read in the report itself
+    return {"report_json": str(json_path), "report_md": str(md_path)}
+
+
+@flow(name="preprocess_site")
+def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
+    config, result = scan(str(site_yaml))
+    summary = write_shards(config, result, str(out_dir), workers)
+    paths = report(summary)
+    return {
+        "site": summary.site,
+        "site_dir": str(summary.site_dir),
+        "content_hash": summary.content_hash,
+        "counts": summary.counts,
+        "input_rows": summary.input_rows,
+        "kept": summary.kept,
+        "quarantined": summary.quarantined,
+        "reused": summary.reused,
+        **paths,
+    }
