@@ -13,6 +13,50 @@ sites_app = typer.Typer(help="Declare, validate and report on hospital sites.", 
 app.add_typer(sites_app, name="sites")
 
 
+@sites_app.command("validate")
+def sites_validate(site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml.")) -> None:
+    """Check SITE_YAML and its data root; print every problem (exit code 1 when there is one)."""
+    from preprocessing.sites import validate_site
+
+    problems = validate_site(site_yaml)
+    for problem in problems:
+        typer.echo(str(problem), err=True)
+    if problems:
+        raise typer.Exit(code=1)
+    typer.echo(f"{site_yaml}: ok")
+
+
+@sites_app.command("report")
+def sites_report(
+    site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
+    labels_only: bool = typer.Option(False, "--labels-only", help="Read the metadata only, never the images."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+) -> None:
+    """Labels per split and disease (positives / negatives / missing, prevalence), patients, studies, views."""
+    import json
+
+    from rich.console import Console
+
+    from preprocessing.label_report import label_report, render_label_report
+    from preprocessing.scan import scan_site
+    from preprocessing.sites import SiteConfigError, load_site
+
+    if not labels_only:
+        typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
+                   "pass --labels-only for the metadata report", err=True)
+        raise typer.Exit(code=2)
+    try:
+        config = load_site(site_yaml)
+    except SiteConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=1) from None
+    report = label_report(scan_site(config))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        render_label_report(report, Console(), title=f"{config.name} ({config.format})")
+
+
 @app.command()
 def inspect(
     file: str = typer.Argument(..., help="A DICOM, PNG or JPEG file."),

@@ -1,0 +1,159 @@
+"""Site YAMLs: loading, defaults, every problem named by file and field, data checks, the CLI."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from preprocessing.sites import SiteConfigError, load_site, validate_site
+
+CHEXPERT_HEADER = (
+    "Path,Sex,Age,Frontal/Lateral,AP/PA,No Finding,Enlarged Cardiomediastinum,Cardiomegaly,Lung Opacity,"
+    "Lung Lesion,Edema,Consolidation,Pneumonia,Atelectasis,Pneumothorax,Pleural Effusion,Pleural Other,"
+    "Fracture,Support Devices\n"
+)
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def chexpert_root(tmp_path):
+    root = tmp_path / "data" / "CheXpert-v1.0-small"
+    (root / "train").mkdir(parents=True)
+    (root / "train.csv").write_text(CHEXPERT_HEADER + "train/patient00001/study1/view1_frontal.jpg,Male,50,Frontal,PA" + ",1.0" * 14 + "\n")
+    (root / "valid.csv").write_text(CHEXPERT_HEADER)
+    return root
+
+
+def test_defaults_and_relative_root(tmp_path, chexpert_root):
+    (tmp_path / "sites").mkdir()
+    site = write(tmp_path / "sites" / "stanford.yaml", """\
+        name: stanford
+        format: chexpert
+        root: ../data/CheXpert-v1.0-small
+        task: chest-xray
+        uncertain_policy: {Consolidation: ignore}
+    """)
+    config = load_site(site)
+    assert config.root == chexpert_root.resolve()
+    assert config.uncertain_policy == {"Cardiomegaly": "zeros", "Edema": "ones", "Consolidation": "ignore",
+                                       "Atelectasis": "ones", "Pleural Effusion": "zeros"}
+    assert config.views == ["PA", "AP"]
+    assert (config.split.seed, config.split.valid, config.split.test, config.split.use_official) == (0, 0.1, 0.2, True)
+    assert (config.image_size, config.min_image_size) == (224, 64)
+    assert config.adapter_options.train_csv == "train.csv" and config.adapter_options.valid_csv == "valid.csv"
+    assert validate_site(site) == []
+
+
+def test_every_field_problem_is_reported_with_file_and_field(tmp_path):
+    site = write(tmp_path / "bad.yaml", """\
+        name: bad site
+        format: chexpert
+        root: .
+        task: chest-xray
+        uncertain_policy: {Edema: maybe}
+        views: [PA, OBLIQUE]
+        split: {valid: 0.5, test: 0.6}
+        colour: blue
+    """)
+    with pytest.raises(SiteConfigError) as err:
+        load_site(site)
+    problems = {p.field: p.message for p in err.value.problems}
+    assert set(problems) == {"name", "uncertain_policy.Edema", "views", "split", "colour"}
+    assert problems["colour"] == "unknown field"
+    assert "unknown view(s) ['OBLIQUE']" in problems["views"]
+    assert "valid + test must be below 1" in problems["split"]
+    assert str(err.value).startswith(f"{site}: ")
+    assert all(p.file == str(site) for p in err.value.problems)
+
+
+def test_unknown_format_and_unknown_disease(tmp_path):
+    with pytest.raises(SiteConfigError, match=r"bad\.yaml: format: unknown format 'dicomdir'; expected one of \["):
+        load_site(write(tmp_path / "bad.yaml", "name: a\nformat: dicomdir\nroot: .\ntask: chest-xray\n"))
+    with pytest.raises(SiteConfigError) as err:
+        load_site(write(tmp_path / "bad.yaml", "name: a\nformat: nih-cxr14\nroot: .\ntask: chest-xray\n"
+                        "uncertain_policy: {Pneumonia: ones}\noptions: {data_entry: x.csv}\n"))
+    problems = {p.field: p.message for p in err.value.problems}
+    assert problems["uncertain_policy"].startswith("unknown disease(s) ['Pneumonia'] for task chest-xray")
+    assert problems["options.data_entry"] == "unknown field"
+
+
+def test_format_for_another_task_and_required_options(tmp_path):
+    with pytest.raises(SiteConfigError) as err:
+        load_site(write(tmp_path / "x.yaml", "name: a\nformat: generic-csv\nroot: .\ntask: melanoma\n"
+                        "options: {labels_csv: l.csv, label_columns: {Edema: e}}\n"))
+    problems = {p.field: p.message for p in err.value.problems}
+    assert problems == {"options.patient_column": "required field is missing",
+                        "options.path_column": "required field is missing"}
+    with pytest.raises(SiteConfigError, match=r"task: format 'siim-isic-2020' serves \['melanoma'\], not 'chest-xray'"):
+        load_site(write(tmp_path / "x.yaml", "name: a\nformat: siim-isic-2020\nroot: .\ntask: chest-xray\n"))
+
+
+def test_generic_label_mapping_must_name_task_diseases(tmp_path):
+    with pytest.raises(SiteConfigError, match=r"options\.label_columns\.Pneumonia: unknown disease for task chest-xray"):
+        load_site(write(tmp_path / "x.yaml", "name: a\nformat: generic-csv\nroot: .\ntask: chest-xray\noptions:\n"
+                        "  {labels_csv: l.csv, path_column: p, patient_column: q, label_columns: {Pneumonia: pn}}\n"))
+
+
+@pytest.mark.parametrize("text,message", [
+    ("name: [unclosed\n", "malformed YAML"),
+    ("- a list\n", "expected a mapping of fields, got list"),
+    ("name: a\nroot: .\ntask: chest-xray\n", "format: required field is missing"),
+])
+def test_malformed_yaml(tmp_path, text, message):
+    site = write(tmp_path / "x.yaml", text)
+    with pytest.raises(SiteConfigError, match=message) as err:
+        load_site(site)
+    assert str(err.value).startswith(str(site))
+
+
+def test_missing_site_file(tmp_path):
+    with pytest.raises(SiteConfigError, match="site file not found"):
+        load_site(tmp_path / "nope.yaml")
+
+
+def test_validate_checks_the_data(tmp_path, chexpert_root):
+    site = write(tmp_path / "s.yaml", f"name: s\nformat: chexpert\nroot: {tmp_path / 'absent'}\ntask: chest-xray\n")
+    assert [str(p) for p in validate_site(site)] == [f"{site}: root: data root not found: {tmp_path / 'absent'}"]
+    (chexpert_root / "valid.csv").unlink()
+    (chexpert_root / "train.csv").write_text("Path,Sex,Age,Frontal/Lateral,Cardiomegaly\n")
+    (chexpert_root / "train").rmdir()
+    site = write(tmp_path / "s.yaml", f"name: s\nformat: chexpert\nroot: {chexpert_root}\ntask: chest-xray\n")
+    problems = [str(p) for p in validate_site(site)]
+    train = chexpert_root / "train.csv"
+    assert problems == [
+        f"{site}: options.train_csv: {train}: missing column 'AP/PA'",
+        f"{site}: options.train_csv: {train}: missing column 'Edema'",
+        f"{site}: options.train_csv: {train}: missing column 'Consolidation'",
+        f"{site}: options.train_csv: {train}: missing column 'Atelectasis'",
+        f"{site}: options.train_csv: {train}: missing column 'Pleural Effusion'",
+        f"{site}: options.valid_csv: metadata file not found: {chexpert_root / 'valid.csv'}",
+        f"{site}: root: image folder not found: {chexpert_root / 'train'}",
+    ]
+
+
+def test_cli_validate(tmp_path, chexpert_root):
+    runner = CliRunner()
+    good = write(tmp_path / "good.yaml", f"name: s\nformat: chexpert\nroot: {chexpert_root}\ntask: chest-xray\n")
+    result = runner.invoke(app, ["sites", "validate", str(good)])
+    assert result.exit_code == 0 and result.output.strip() == f"{good}: ok"
+    bad = write(tmp_path / "bad.yaml", f"name: s\nformat: padchest\nroot: {chexpert_root}\ntask: chest-xray\n")
+    result = runner.invoke(app, ["sites", "validate", str(bad)])
+    assert result.exit_code == 1
+    assert "options.labels_csv: metadata file not found" in result.output
+
+
+def test_example_sites_load():
+    from pathlib import Path
+
+    examples = sorted(p for p in (Path(__file__).parents[1] / "sites").glob("*.yaml"))
+    assert examples, "sites/ holds one example YAML per real layout"
+    formats = {load_site(p).format for p in examples}
+    assert formats == {"chexpert", "mimic-cxr-jpg", "nih-cxr14", "padchest", "vindr-cxr", "siim-isic-2020",
+                       "generic-csv", "generic-dicom"}
