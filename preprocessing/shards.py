@@ -25,67 +25,22 @@ import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeError, decode_image
 from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
-from preprocessing.records import RECORD_COLUMNS, SPLITS, TASK_CHANNELS, label_columns
-from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
+from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
+from preprocessing.tiles import STAT_COLUMNS, Chunk, ChunkResult, TransformSettings, process_chunk
 
 SHARD_FORMAT_VERSION = 1
 SHARD_FILE = "shard.json"
 QUARANTINE_FILE = "quarantine.parquet"
 IMAGE_STATS_FILE = "qc/image_stats.parquet"
 STAGING_DIR = ".staging"
-
-# Per-image facts kept for the QC report (qc/image_stats.parquet, row order = manifest order per split).
-STAT_COLUMNS: tuple[str, ...] = (
-    "format",
-    "modality",
-    "photometric",
-    "bits_stored",
-    "transfer_syntax",
-    "intensity",
-    "inverted",
-    "rows",
-    "columns",
-    "mean",
-    "std",
-)
-
-
-@dataclass(frozen=True)
-class TransformSettings:
-    """Everything that changes pixels for the same file; part of the content hash."""
-
-    task: str
-    image_size: int = 224
-    min_image_size: int = 64
-    resize_mode: str = RESIZE_MODE
-    interpolation: str = INTERPOLATION
-    decoder_version: str = DECODER_VERSION
-
-    def __post_init__(self) -> None:
-        label_columns(self.task)  # rejects an unknown task with the list of known ones
-        if self.image_size < 1 or self.min_image_size < 0:
-            raise ValueError(
-                f"image_size must be >= 1 and min_image_size >= 0, got {self.image_size}, {self.min_image_size}"
-            )
-
-    @property
-    def channels(self) -> int:
-        return TASK_CHANNELS[self.task]
-
-    @property
-    def tile_shape(self) -> tuple[int, ...]:
-        size = self.image_size
-        return (size, size) if self.channels == 1 else (size, size, 3)
-
 
 @dataclass(frozen=True)
 class ShardSummary:
@@ -213,61 +168,7 @@ def write_site_shards(
     return _summary_from_info(site, site_dir, info, reused=False)
 
 
-# --------------------------------------------------------------------------- workers
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    split: str
-    start: int  # first record index within the split; the chunk covers start .. start + len(paths) - 1
-    paths: tuple[str, ...]
-
-
-@dataclass
-class _ChunkResult:
-    split: str
-    start: int
-    tiles: np.ndarray  # uint8 (len(paths), *tile_shape); zeros where decoding failed
-    outcomes: list[dict] = field(default_factory=list)
-
-
-def process_chunk(chunk: _Chunk, transform: TransformSettings) -> _ChunkResult:
-    """Decode and resize one chunk; runs in a worker process. A failure is an outcome, never an exception."""
-    tiles = np.zeros((len(chunk.paths),) + transform.tile_shape, dtype=np.uint8)
-    outcomes = []
-    allowed = ALLOWED_MODALITIES[transform.task]
-    for offset, path in enumerate(chunk.paths):
-        index = chunk.start + offset
-        try:
-            decoded = decode_image(
-                path, channels=transform.channels, allowed_modalities=allowed, min_size=transform.min_image_size
-            )
-        except DecodeError as err:
-            outcomes.append({"i": index, "ok": False, "reason": err.reason.value, "detail": err.detail})
-            continue
-        tile = resize_to_square(decoded.pixels, transform.image_size)
-        tiles[offset] = tile.pixels
-        top, left, height, width = tile.content
-        content = tile.pixels[top : top + height, left : left + width]
-        info = decoded.info
-        outcomes.append(
-            {
-                "i": index,
-                "ok": True,
-                "format": info.format,
-                "modality": info.modality,
-                "photometric": info.photometric,
-                "bits_stored": info.bits_stored,
-                "transfer_syntax": info.transfer_syntax,
-                "intensity": info.intensity,
-                "inverted": info.inverted,
-                "rows": info.rows,
-                "columns": info.columns,
-                "mean": float(content.mean()),
-                "std": float(content.std()),
-            }
-        )
-    return _ChunkResult(chunk.split, chunk.start, tiles, outcomes)
+# --------------------------------------------------------------------------- decoding
 
 
 def _decode_pending(
@@ -283,7 +184,7 @@ def _decode_pending(
     total = sum(len(part) for part in splits.values())
     done = sum(stage.done_count for stage in stages.values())
     chunks = (
-        _Chunk(name, start, tuple(str(data_root / p) for p in splits[name]["image_path"].iloc[start:stop]))
+        Chunk(name, start, tuple(str(data_root / p) for p in splits[name]["image_path"].iloc[start:stop]))
         for name, stage in stages.items()
         for start, stop in stage.pending_ranges(chunk_size)
     )
@@ -293,7 +194,7 @@ def _decode_pending(
             bar.update(len(result.outcomes))
 
 
-def _run_chunks(chunks: Iterator[_Chunk], transform: TransformSettings, workers: int) -> Iterator[_ChunkResult]:
+def _run_chunks(chunks: Iterator[Chunk], transform: TransformSettings, workers: int) -> Iterator[ChunkResult]:
     if workers == 0:
         for chunk in chunks:
             yield process_chunk(chunk, transform)
@@ -352,7 +253,7 @@ class _SplitStaging:
                 yield start, stop
             start = stop
 
-    def record(self, result: _ChunkResult) -> None:
+    def record(self, result: ChunkResult) -> None:
         # Images first, then the log: a record is "done" only once its pixels are on disk.
         with self.images.open("r+b") as handle:
             os.pwrite(handle.fileno(), result.tiles.tobytes(), self.header_bytes + result.start * self.row_bytes)
