@@ -18,8 +18,8 @@ UncertainPolicy = Literal["ones", "zeros", "ignore"]
 UNCERTAIN_RESOLUTION: dict[str, float] = {"ones": 1.0, "zeros": 0.0, "ignore": np.nan}
 U_ONES_BY_DEFAULT = ("Edema", "Atelectasis")
 
-# Label codes as written by CheXpert, MIMIC-CXR and hospitals exporting in their style.
-_CODES: dict[str, float] = {"1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "-1": UNCERTAIN, "-1.0": UNCERTAIN}
+# Label codes as written by CheXpert, MIMIC-CXR and hospitals exporting in their style ("1.0", "-1", ...).
+_CODES = (1.0, 0.0, UNCERTAIN)
 
 
 def default_uncertain_policy(task: str) -> dict[str, UncertainPolicy]:
@@ -39,13 +39,14 @@ def parse_label_codes(
     detail = pd.Series("", index=range(len(table)), dtype=object)
     for disease, column in columns.items():
         text = table[column].reset_index(drop=True).str.strip()
-        parsed = text.map(_CODES)
+        parsed = pd.to_numeric(text, errors="coerce")
         blank_cell = text.isna() | (text == "")
-        unparsable = (parsed.isna() & ~blank_cell).to_numpy()
+        unparsable = (~parsed.isin(_CODES) & ~blank_cell).to_numpy()
         new = unparsable & ~bad
         detail[new] = f"{column}=" + text[new].astype(str) + " is not one of 1, 0, -1 or blank"
         bad |= unparsable
-        values[disease] = parsed.where(~blank_cell, blank).to_numpy(dtype=np.float32)
+        # a code outside 1 / 0 / -1 ("2") is NaN here; its row is quarantined anyway
+        values[disease] = parsed.where(~unparsable, np.nan).where(~blank_cell, blank).to_numpy(dtype=np.float32)
     return values, bad, detail
 
 

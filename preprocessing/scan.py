@@ -68,7 +68,7 @@ def scan_site(config) -> ScanResult:
     records = apply_uncertain_policy(records, config.uncertain_policy)
     records, split_quarantine = assign_splits(records, config.split)
     quarantined.append(split_quarantine)
-    quarantine = pd.concat([q for q in quarantined if len(q)], ignore_index=True) if any(len(q) for q in quarantined) else output.quarantine
+    quarantine = pd.concat(quarantined, ignore_index=True)
     records = records[list(RECORD_COLUMNS) + list(config.diseases)]
     if output.input_rows != len(records) + len(quarantine):
         raise AssertionError(

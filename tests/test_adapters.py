@@ -83,11 +83,13 @@ def test_chexpert_layout(tmp_path):
     assert result.quarantine.set_index("reason")["source_row"]["duplicate_row"] == "train.csv:row 5"
 
 
-def test_chexpert_blank_can_mean_missing(tmp_path):
+def test_chexpert_blank_can_mean_missing_and_bad_paths_are_quarantined(tmp_path):
     (tmp_path / "train.csv").write_text(
         CHEXPERT_HEADER + "\ntrain/patient00001/study1/view1_frontal.jpg,Female,68,Frontal,AP,1.0,,,,,,,,,0.0,,,,1.0\n"
+        "CheXpert-v1.0/train/view1_frontal.jpg,Female,68,Frontal,AP,1.0,,,,,,,,,0.0,,,,1.0\n"
     )
     result = scan_site(site(tmp_path, "chexpert", options={"valid_csv": None, "blank": "ignore"}))
+    assert reasons(result) == {"train/view1_frontal.jpg": "missing_field"}
     # only No Finding, Pneumothorax and Support Devices are filled in this row
     assert result.records[list(result.records.columns[len(RECORD_COLUMNS):])].isna().all(axis=None)
 

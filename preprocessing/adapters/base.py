@@ -81,12 +81,6 @@ def read_metadata(path: Path, columns: tuple[str, ...] | list[str]) -> pd.DataFr
     return pd.read_csv(path, usecols=list(columns), dtype=str, keep_default_na=False, na_values=[""])
 
 
-def missing_columns(path: Path, columns: tuple[str, ...]) -> list[str]:
-    """Columns absent from a CSV header (reads the header only)."""
-    header = pd.read_csv(path, nrows=0).columns
-    return [column for column in columns if column not in header]
-
-
 def source_rows(path: Path, count: int) -> np.ndarray:
     """``"<file>:row <n>"`` for each data row, n counted from 1 after the header.
 

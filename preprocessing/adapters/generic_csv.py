@@ -75,14 +75,13 @@ def read_label_table(
         table, options.label_columns, blank=0.0 if options.blank == "zeros" else np.nan
     )
     key = table[key_column]
-    column = lambda name, default: table[name].to_numpy(dtype=object) if name else default  # noqa: E731
     records = build_records(
         config.task,
         {
             "record_id": key.to_numpy(dtype=object),
             "source_row": source_rows(path, len(table)),
             "patient_id": table[options.patient_column].to_numpy(dtype=object),
-            "study_id": column(options.study_column, key.to_numpy(dtype=object)),
+            "study_id": table[options.study_column or key_column].to_numpy(dtype=object),
             "image_path": key.to_numpy(dtype=object),
             "view": normalize_views(table[options.view_column], VIEW_CODES).to_numpy(dtype=object)
             if options.view_column else options.default_view,
