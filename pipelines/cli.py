@@ -37,6 +37,7 @@ def sites_report(
 
     from rich.console import Console
 
+    from preprocessing.adapters import MetadataError
     from preprocessing.label_report import label_report, render_label_report
     from preprocessing.scan import scan_site
     from preprocessing.sites import SiteConfigError, load_site
@@ -47,10 +48,10 @@ def sites_report(
         raise typer.Exit(code=2)
     try:
         config = load_site(site_yaml)
-    except SiteConfigError as err:
+        report = label_report(scan_site(config))
+    except (SiteConfigError, MetadataError) as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=1) from None
-    report = label_report(scan_site(config))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

@@ -55,3 +55,7 @@ def test_cli_report_json_and_table(tmp_path):
     assert table.exit_code == 0 and "51 input rows = 50 kept + 1 quarantined" in table.output
     assert "unparsable_label" in table.output
     assert runner.invoke(app, ["sites", "report", str(site)]).exit_code == 2
+    (tmp_path / "train.csv").write_text("image_name,patient_id,sex,age_approx\nISIC_0,IP_0,female,40\n")
+    missing = runner.invoke(app, ["sites", "report", str(site), "--labels-only"])
+    assert missing.exit_code == 1
+    assert f"{tmp_path / 'train.csv'}: missing column(s) ['target']" in missing.output
