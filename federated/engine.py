@@ -179,18 +179,18 @@ class Engine:
     def _tensors(self, site: Site) -> dict[str, torch.Tensor]:
         return {**model_tensors(site.model), **site.state}
 
-    def communicate(self) -> tuple[list[int], list[int]]:
-        """Do what the declaration says; bytes sent and received by each site in this process."""
+    def communicate(self, kinds: tuple[Comm, ...] = (Comm.MEAN, Comm.GATHER)) -> tuple[list[int], list[int]]:
+        """Do what the declaration says for tensors of ``kinds``; bytes sent and received by each site here."""
         sent = [0] * len(self.sites)
         received = [0] * len(self.sites)
         tensors = [self._tensors(s) for s in self.sites]
-        mean_names = [n for n, c in self.spec.items() if c is Comm.MEAN]
+        mean_names = [n for n, c in self.spec.items() if c is Comm.MEAN and c in kinds]
         self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights)
         for i, t in enumerate(tensors):
             b = sum(nbytes(t[n]) for n in mean_names)
             sent[i] += b
             received[i] += b
-        for name in (n for n, c in self.spec.items() if c is Comm.GATHER):
+        for name in (n for n, c in self.spec.items() if c is Comm.GATHER and c in kinds):
             own = [s.state[name] for s in self.sites]
             result = self.backend.gather(own)
             for i, site in enumerate(self.sites):
@@ -272,6 +272,11 @@ class Engine:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
+        initial = ([0] * len(self.sites), [0] * len(self.sites))
+        if start_round == 0 and self.algorithm.initial_gather:
+            initial = self.communicate((Comm.GATHER,))
+            for site in self.sites:
+                self.algorithm.round_end(site)
         for r in range(start_round, cfg.rounds):
             t0 = time.perf_counter()
             losses = []
@@ -292,6 +297,9 @@ class Engine:
                 extra = self.stage_boundary()
                 sent = [b + extra for b in sent]
                 received = [b + extra for b in received]
+            if r == 0:
+                sent = [b + extra for b, extra in zip(sent, initial[0])]
+                received = [b + extra for b, extra in zip(received, initial[1])]
             per_site = torch.tensor([[float(site.index), b_s, b_r, float(loss)] for site, b_s, b_r, loss
                                      in zip(self.sites, sent, received, losses)], dtype=torch.float64)
             per_site = self.backend.gather([per_site.to(self.device) if self.device.type == "cuda" and

@@ -72,6 +72,9 @@ class Algorithm:
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
     stage_length: int | None = None
+    # True: before round 0 the engine gathers the GATHER tensors that init_site_state filled, then runs
+    # round_end (FeDXL's pools from an initial scoring pass, algorithms.md 7); the bytes count in round 0.
+    initial_gather: ClassVar[bool] = False
 
     def __init__(self, params: dict, fed: Federation):
         self.p = self.Params(**params)

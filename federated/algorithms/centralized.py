@@ -1,0 +1,50 @@
+"""Centralized: all sites' data at one site, the upper reference of FeDXL (Guo et al., ICML 2023, section 7).
+
+The Local Pair estimator (KL-OPAUC over the batch's pairs, u per positive, gradient EMA) run by a single
+site that holds the union of every site's data: every pair is a current pair and no pool is needed.
+``centralize(config)`` builds that one-site run from a federated config, with a batch of K * B rows so
+an iteration sees as many samples as one federated iteration does over all sites.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from federated.algorithms.localpair import LocalPair
+from federated.config import TensorSite, TrainConfig
+from federated.registry import register
+
+
+@register
+class Centralized(LocalPair):
+    name = "centralized"
+
+    def __init__(self, params: dict, fed):
+        super().__init__(params, fed)
+        if fed.num_sites != 1:
+            raise ValueError(f"algorithm 'centralized' needs exactly one site holding all data, got "
+                             f"{fed.num_sites} sites; build the config with "
+                             "federated.algorithms.centralized.centralize(config)")
+
+
+def _concat(parts: list) -> np.ndarray | torch.Tensor:
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts)
+    return np.concatenate([np.asarray(p) for p in parts])
+
+
+def centralize(config: TrainConfig) -> TrainConfig:
+    """The same run with every site's splits concatenated into one in-memory site (loads all data)."""
+    datas = [site.load(k) for k, site in enumerate(config.sites)]
+    for d in datas[1:]:
+        if d.diseases != datas[0].diseases:
+            raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {datas[0].name!r} has {datas[0].diseases}")
+    splits = {}
+    for split in ("train", "valid", "test"):
+        present = [d.splits[split] for d in datas if split in d.splits]
+        if present:
+            splits[split] = (_concat([p.images for p in present]), np.concatenate([p.labels for p in present]))
+    site = TensorSite(name="centralized", diseases=datas[0].diseases, **splits)
+    return config.model_copy(update={"algorithm": "centralized", "sites": [site], "backend": "inprocess",
+                                     "batch_size": config.batch_size * len(datas)})

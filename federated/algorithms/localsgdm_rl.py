@@ -1,0 +1,27 @@
+"""LocalSGDM_RL: LocalSGDM with the ratio loss (Wang et al., AAAI 2021). algorithms.md sections 1.6 and 4.
+
+LocalSGDM (heavy-ball local SGD, momentum averaged with the model every I steps) whose loss is the
+class-weighted BCE with positive weight ``1 + 0.1 * min(R, 5000)`` per disease.
+
+Deviation from the paper: R is estimated on a balanced auxiliary set held by the server there;
+hospitals share no such data, so R = n_neg / n_pos per disease comes from the federation's global
+label counts (``Federation.positives`` / ``negatives``, aggregate statistics only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from federated.algorithms.base import Site
+from federated.algorithms.localsgdm import LocalSGDM
+from federated.data import Batch
+from federated.registry import register
+from models.objectives import ratio_loss
+
+
+@register
+class LocalSGDMRatioLoss(LocalSGDM):
+    name = "localsgdm_rl"
+
+    def loss(self, site: Site, batch: Batch) -> torch.Tensor:
+        return ratio_loss(self.logits(site, batch), batch.y, self.fed.positives, self.fed.negatives, batch.mask)
