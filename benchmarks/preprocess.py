@@ -41,8 +41,9 @@ def make_films(root: Path, count: int, size: int = 1024) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:size, 0:size] / size
     body = 120 + 80 * np.exp(-((x - 0.5) ** 2 / 0.08 + (y - 0.55) ** 2 / 0.2))
+    noise = rng.normal(0, 6, (size, size))  # rolled per film: distinct files without a fresh draw each
     for k in range(count):
-        film = body + 25 * np.sin(6 * np.pi * x + k) * (y > 0.3) + rng.normal(0, 6, (size, size))
+        film = body + 25 * np.sin(6 * np.pi * x + k) * (y > 0.3) + np.roll(noise, 37 * k, axis=(0, 1))
         Image.fromarray(np.clip(film, 0, 255).astype(np.uint8)).save(root / f"{k:06d}.png", compress_level=6)
     records = pd.DataFrame(
         {

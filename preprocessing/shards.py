@@ -217,7 +217,10 @@ def _run_chunks(chunks: Iterator[Chunk], transform: TransformSettings, workers: 
 
 
 class _SplitStaging:
-    """One split's staging array (a slot per record) and its progress log (a JSON line per record done)."""
+    """One split's staging array (a slot per record) and its progress log (a JSON line per record done).
+
+    In memory only a bitmap of the records done: the outcomes stay in the log until finalization.
+    """
 
     def __init__(self, staging: Path, split: str, size: int, tile_shape: tuple[int, ...]):
         self.images = staging / f"{split}.npy"
@@ -231,23 +234,23 @@ class _SplitStaging:
             np.lib.format.open_memmap(self.images, mode="w+", dtype=np.uint8, shape=(size,) + tile_shape)
             self.log.unlink(missing_ok=True)
         self.header_bytes = _npy_header_bytes(self.images) if self.images.exists() else 0
-        self.outcomes = self._read_log()
+        self.done = np.zeros(size, dtype=bool)
+        for outcome in self._complete_lines():
+            self.done[json.loads(outcome)["i"]] = True
 
     @property
     def done_count(self) -> int:
-        return len(self.outcomes)
+        return int(self.done.sum())
 
     def pending_ranges(self, chunk_size: int) -> Iterator[tuple[int, int]]:
         if self.finalized:
             return
-        done = np.zeros(self.size, dtype=bool)
-        done[list(self.outcomes)] = True
         start = 0
         while start < self.size:
-            while start < self.size and done[start]:
+            while start < self.size and self.done[start]:
                 start += 1
             stop = start
-            while stop < self.size and not done[stop] and stop - start < chunk_size:
+            while stop < self.size and not self.done[stop] and stop - start < chunk_size:
                 stop += 1
             if stop > start:
                 yield start, stop
@@ -261,31 +264,36 @@ class _SplitStaging:
         with self.log.open("a") as handle:
             handle.write(lines)
         for outcome in result.outcomes:
-            self.outcomes[outcome["i"]] = outcome
+            self.done[outcome["i"]] = True
 
-    def _read_log(self) -> dict[int, dict]:
-        outcomes: dict[int, dict] = {}
+    def outcomes(self) -> pd.DataFrame:
+        """One row per record of the split, in record order; raises if any record is missing."""
+        frame = pd.read_json(self.log, lines=True, dtype=False, convert_dates=False)
+        frame = frame.reindex(columns=["i", "ok", "reason", "detail", *STAT_COLUMNS]).sort_values("i")
+        if not np.array_equal(frame["i"].to_numpy(), np.arange(self.size)):
+            undone = np.setdiff1d(np.arange(self.size), frame["i"].to_numpy())
+            raise RuntimeError(
+                f"{self.log}: the log does not hold each of the {self.size} records exactly once "
+                f"({len(frame)} lines, {len(undone)} records missing)"
+            )
+        return frame.reset_index(drop=True)
+
+    def _complete_lines(self) -> list[str]:
+        """The log's lines, after cutting a last line that a killed run left half-written (its chunk is redone)."""
         if not self.log.exists():
-            return outcomes
-        with self.log.open() as handle:
-            for line in handle:
-                try:
-                    outcome = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # the last line of a run killed mid-write; its chunk is redone
-                outcomes[outcome["i"]] = outcome
-        return outcomes
+            return []
+        data = self.log.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            with self.log.open("r+b") as handle:
+                handle.truncate(len(complete))
+        return complete.decode().splitlines()
 
 
 def _finalize_split(
     part: pd.DataFrame, stage: _SplitStaging, split_dir: Path, chunk_size: int
 ) -> tuple[int, pd.DataFrame, pd.DataFrame]:
-    missing = set(range(len(part))) - set(stage.outcomes)
-    if missing:
-        raise RuntimeError(f"{stage.log}: {len(missing)} records were never decoded (first: {min(missing)})")
-    outcomes = pd.DataFrame([stage.outcomes[i] for i in range(len(part))]).reindex(
-        columns=["i", "ok", "reason", "detail", *STAT_COLUMNS]
-    )
+    outcomes = stage.outcomes()
     ok = outcomes["ok"].to_numpy(dtype=bool)
 
     failed = part.loc[~ok]

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
+from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.encaps import encapsulate
 from pydicom.sequence import Sequence
@@ -126,6 +127,21 @@ def test_compressed_transfer_syntaxes_decode_losslessly(tmp_path, syntax):
     packed = decode_image(write_dicom(tmp_path / "packed.dcm", stored, compress=syntax))
     np.testing.assert_array_equal(packed.pixels, plain.pixels)
     assert packed.info.transfer_syntax == syntax.name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_bigendian.dcm"],
+)
+def test_real_compressed_files_from_other_encoders_match_the_uncompressed_original(name):
+    # Files written by other toolkits (shipped with pydicom): JPEG-LS needs pylibjpeg-libjpeg.
+    reference = decode_image(get_testdata_file("MR_small.dcm"))
+    decoded = decode_image(get_testdata_file(name))
+    np.testing.assert_array_equal(decoded.pixels, reference.pixels)
+    assert decoded.info.intensity == "window" and decoded.info.modality == "MR"
+    with pytest.raises(DecodeError) as err:
+        decode_image(get_testdata_file(name), allowed_modalities=CHEST)
+    assert err.value.reason is Reason.WRONG_MODALITY
 
 
 def _smooth_rgb(rows=64, columns=96) -> np.ndarray:

@@ -145,8 +145,10 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(site, tmp_path
     with pytest.raises(KeyboardInterrupt):
         _write(site, tmp_path / "resumed")
     assert not (tmp_path / "resumed" / "demo" / "shard.json").exists()
-    logged = (next((tmp_path / "resumed" / "demo" / ".staging").iterdir()) / "train.jsonl").read_text()
-    assert len(logged.splitlines()) == 6  # two chunks of three records are on disk
+    log = next((tmp_path / "resumed" / "demo" / ".staging").iterdir()) / "train.jsonl"
+    assert len(log.read_text().splitlines()) == 6  # two chunks of three records are on disk
+    with log.open("a") as handle:
+        handle.write('{"i": 6, "ok": tr')  # a kill in the middle of writing the third chunk's lines
 
     redone = []
 
