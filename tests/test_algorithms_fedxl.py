@@ -109,7 +109,7 @@ def kl_brute(pos_s, neg_s, u_old, gamma, lam=1.0):
         u_new.append(u)
         for n in neg_s:
             l_ij = pair_loss("squared_hinge", pos_s[i] - n)
-            loss = loss + math.exp(float(l_ij) / lam) / u * l_ij
+            loss = loss + math.exp(float(l_ij.detach()) / lam) / u * l_ij
     return u_new, loss / (len(pos_s) * len(neg_s))
 
 

@@ -85,7 +85,7 @@ class LocalSCGDAM(Algorithm):
         with self.autocast():
             g_w = inner_ce_step(site.model, batch.x, batch.y, self.p.rho, batch.mask, create_graph=exact,
                                 update_buffers=True)
-        g = [t.detach().float() for t in g_w.values()] + [site.state["a"], site.state["b"]]
+        g = [t.detach() for t in g_w.values()] + [site.state["a"], site.state["b"]]
         h = self.tracked(site, "h")
         torch._foreach_lerp_(h, g, 1.0 if first else self.p.h_rate)
 
