@@ -209,11 +209,12 @@ def clamp_alpha(alpha: Tensor) -> Tensor:
 # 1.4 Pairwise surrogates and the pairwise X-risk
 # ---------------------------------------------------------------------------------------------------
 
-# Default temperatures. Logistic: log(1 + exp(-t/T)) with T = 1. Sigmoid: 1/(1 + exp(k t)); k = 5 keeps a
-# usable gradient over the whole score-difference range (-1, 1) (k/4 at t = 0, k e^-k at |t| = 1 is
-# 0.03) while being step-like enough to bound each flipped pair's loss by 1; chosen by the
-# flipped-label experiment recorded in tests/test_objectives.py::test_sigmoid_surrogate_default_is_robust.
-DEFAULT_TEMPERATURE = {"logistic": 1.0, "sigmoid": 5.0}
+# Default temperatures. Logistic: log(1 + exp(-t/T)) with T = 1. Sigmoid: 1/(1 + exp(k t)) with k = 2,
+# chosen by benchmarks/sigmoid_surrogate_temperature.py (pairwise training of a small MLP, 20% flipped
+# labels, test AUC on clean labels, mean of 3 seeds): k = 1: 0.984, 2: 0.985, 5: 0.975, 10: 0.936,
+# 20: 0.884, squared hinge 0.960; without flips every k from 1 to 5 reaches 0.998. Large k approaches
+# the 0-1 step and its gradient vanishes away from t = 0; small k is close to the linear loss.
+DEFAULT_TEMPERATURE = {"logistic": 1.0, "sigmoid": 2.0}
 
 
 def _squared_hinge(t: Tensor, margin: float) -> Tensor:
