@@ -1,0 +1,108 @@
+"""A federation: the hospitals that train one model together, declared in one YAML.
+
+Example (``sites/demo/chest.yaml``)::
+
+    name: demo-chest
+    task: chest-xray
+    sites:
+      - config: stanford.yaml            # a site YAML (preprocessing/sites.py), relative to this file
+        synth: {format: chexpert, n: 800, profile: stanford}   # optional: how the demo generates it
+      - config: nih.yaml
+
+``synth`` is read only by ``preprocessing.synth.generate_federation``: it says which synthetic hospital
+stands in for the site (format, number of images at scale 1, acquisition profile). Real federations
+leave it out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from preprocessing.sites import Problem, SiteConfig, SiteConfigError, load_site
+
+
+class SynthSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    n: int = Field(ge=1)
+    profile: str | None = None  # a name in preprocessing.synth.profiles; None: the format's default
+    image_format: Literal["dicom", "jpeg"] | None = None  # SIIM-ISIC only
+
+
+class FederationSite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: Path
+    synth: SynthSpec | None = None
+
+
+class FederationSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    task: Literal["chest-xray", "melanoma"]
+    sites: list[FederationSite] = Field(min_length=1)
+
+
+class Federation:
+    """A loaded federation: its spec and every site's ``SiteConfig``, in the YAML's order."""
+
+    def __init__(self, path: Path, spec: FederationSpec, sites: list[SiteConfig]):
+        self.path = path
+        self.spec = spec
+        self.sites = sites
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    def synth_specs(self) -> list[tuple[SiteConfig, SynthSpec]]:
+        """The sites that declare a synthetic stand-in, with their spec."""
+        return [(site, entry.synth) for site, entry in zip(self.sites, self.spec.sites) if entry.synth is not None]
+
+    def __repr__(self) -> str:
+        return f"Federation({self.name!r}, task={self.task!r}, sites={[s.name for s in self.sites]})"
+
+
+def load_federation(path: str | Path) -> Federation:
+    """Read a federation YAML and every site YAML it lists; all problems are reported at once."""
+    path = Path(path)
+    shown = str(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SiteConfigError([Problem(shown, "", "federation file not found")]) from None
+    except yaml.YAMLError as err:
+        raise SiteConfigError([Problem(shown, "", f"malformed YAML: {err}")]) from None
+    try:
+        spec = FederationSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SiteConfigError([
+            Problem(shown, ".".join(str(part) for part in error["loc"]), error["msg"]) for error in err.errors()
+        ]) from None
+    problems, sites = [], []
+    for index, entry in enumerate(spec.sites):
+        site_path = entry.config if entry.config.is_absolute() else path.parent / entry.config
+        try:
+            site = load_site(site_path)
+        except SiteConfigError as err:
+            problems.extend(err.problems)
+            continue
+        if site.task != spec.task:
+            problems.append(Problem(shown, f"sites.{index}.config", f"{site_path} is a {site.task} site, the federation is {spec.task}"))
+        if entry.synth is not None and entry.synth.format != site.format:
+            problems.append(Problem(shown, f"sites.{index}.synth.format",
+                                    f"{entry.synth.format!r} but {site_path} declares format {site.format!r}"))
+        sites.append(site)
+    names = [site.name for site in sites]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(Problem(shown, "sites", f"site name {name!r} is used twice"))
+    if problems:
+        raise SiteConfigError(problems)
+    return Federation(path, spec, sites)
