@@ -79,6 +79,41 @@ def inspect(
 
 
 @app.command()
+def synth(
+    out: str = typer.Option(None, "--out", help="Output folder (with --federation: OUT/<site>; default: the sites' roots)."),
+    fmt: str = typer.Option(None, "--format", help="chexpert, mimic-cxr-jpg, nih-cxr14, padchest, vindr-cxr or siim-isic-2020."),
+    n: int = typer.Option(200, "--n", min=1, help="Images to write (--format)."),
+    seed: int = typer.Option(0, "--seed"),
+    federation: str = typer.Option(None, "--federation", help="A federation YAML: generate every site's synth: entry."),
+    scale: float = typer.Option(1.0, "--scale", min=0.001, help="Multiply every site's size (--federation)."),
+    profile: str = typer.Option(None, "--profile", help="Acquisition profile (default: the format's own)."),
+    image_format: str = typer.Option(None, "--image-format", help="siim-isic-2020: dicom (default) or jpeg."),
+    corrupt: float = typer.Option(0.0, "--corrupt", min=0.0, max=0.99, help="Fraction of image files to damage."),
+    workers: int = typer.Option(None, "--workers", min=0, help="Rendering processes (default: CPU count, up to 4)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (--format)."),
+) -> None:
+    """Write synthetic hospitals in the real dataset layouts (phantom images, real public metadata)."""
+    from preprocessing.synth import generate_federation, generate_site
+
+    if (fmt is None) == (federation is None):
+        typer.echo("give exactly one of --format (with --out) or --federation", err=True)
+        raise typer.Exit(code=2)
+    if fmt is not None:
+        if out is None:
+            typer.echo("--format needs --out", err=True)
+            raise typer.Exit(code=2)
+        results = {fmt: generate_site(fmt, out, n, seed, profile=profile, corrupt=corrupt, workers=workers,
+                                      overwrite=overwrite, image_format=image_format)}
+    else:
+        results = generate_federation(federation, out, scale=scale, seed=seed, workers=workers)
+    for name, result in results.items():
+        source = "real public metadata" if result.real_metadata else "fallback label model"
+        typer.echo(f"{name}: {result.images} images ({result.format}, {source}) in {result.root} [{result.seconds:.1f} s]")
+        for row in result.corrupted.itertuples():
+            typer.echo(f"  damaged {row.image_path} ({row.damage}): expect {row.expected_reason}")
+
+
+@app.command()
 def preprocess(
     site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
     out: str = typer.Option(..., "--out", help="Output directory; shards go to OUT/<site>/."),
