@@ -18,6 +18,7 @@ from pydicom.uid import (
     ExplicitVRLittleEndian,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
+    MPEG2MPML,
     RLELossless,
     SecondaryCaptureImageStorage,
     generate_uid,
@@ -169,6 +170,19 @@ def test_jpeg_ybr_full_422_dermoscopy_dicom_becomes_rgb(tmp_path):
     assert decoded.info.transfer_syntax == JPEGBaseline8Bit.name
     gray = decode_image(tmp_path / "derm.dcm", channels=1).pixels
     np.testing.assert_allclose(gray, decoded.pixels @ np.array([0.299, 0.587, 0.114]), atol=1e-5)
+
+
+def test_transfer_syntax_without_a_decoder_is_unsupported(tmp_path):
+    ds = _dataset()
+    ds.file_meta.TransferSyntaxUID = MPEG2MPML  # video: no pixel data decoder exists for it
+    ds.Rows, ds.Columns, ds.SamplesPerPixel, ds.PhotometricInterpretation = 64, 64, 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.PixelData = encapsulate([b"\x00\x00\x01\xb3" + b"\x00" * 60])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(tmp_path / "video.dcm", enforce_file_format=True)
+    with pytest.raises(DecodeError) as err:
+        decode_image(tmp_path / "video.dcm")
+    assert err.value.reason is Reason.UNSUPPORTED_TRANSFER_SYNTAX and "MPEG2" in err.value.detail
 
 
 def test_truncated_dicom_is_unreadable(tmp_path):

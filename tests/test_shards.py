@@ -241,3 +241,35 @@ def test_qc_report_counts_labels_and_proves_accounting(site, tmp_path):
     with pytest.raises(AccountingError, match="input rows 18 != kept 13 \\+ quarantined 4"):
         check_accounting(report)
     assert "DOES NOT HOLD" in render_markdown(report)
+
+
+def test_melanoma_shards_are_rgb(tmp_path):
+    root = tmp_path / "derm"
+    root.mkdir()
+    colours = [(200, 40, 10), (10, 90, 220)]
+    for k, colour in enumerate(colours):
+        Image.fromarray(np.full((48, 64, 3), colour, dtype=np.uint8)).save(root / f"{k}.jpg", quality=95)
+    records = pd.DataFrame(
+        {
+            "record_id": ["0", "1"],
+            "source_row": ["train.csv:2", "train.csv:3"],
+            "patient_id": ["a", "b"],
+            "study_id": ["0", "1"],
+            "image_path": ["0.jpg", "1.jpg"],
+            "view": "unknown",
+            "sex": "M",
+            "age": np.nan,
+            "split": "train",
+            "Melanoma": np.array([1.0, 0.0], dtype=np.float32),
+        }
+    )
+    transform = TransformSettings(task="melanoma", image_size=16, min_image_size=8)
+    summary = write_site_shards(
+        records, None, site="derm", data_root=root, out_dir=tmp_path / "out", transform=transform,
+        content_hash="h", input_rows=2, workers=0, progress=False,
+    )
+    images = np.load(tmp_path / "out" / "derm" / "train" / "images.npy")
+    assert summary.kept == 2 and images.shape == (2, 16, 16, 3)
+    for k, colour in enumerate(colours):
+        assert np.abs(images[k, 8, 8].astype(int) - colour).max() <= 3  # JPEG chroma is lossy
+        assert (images[k, :2] == 0).all()  # 48x64 -> 12x16: two black rows above
