@@ -23,6 +23,7 @@ defined in the batch; ``"sum"`` adds them; ``"none"`` returns the (C,) vector of
 
 from __future__ import annotations
 
+import abc
 import math
 from functools import partial
 from typing import Callable, Literal
@@ -348,7 +349,60 @@ def kl_opauc_surrogate(pos_scores: Tensor, neg_scores: Tensor, u_pos: Tensor, la
     return (weights * losses).mean()
 
 
-class KLOPAUCLoss(nn.Module):
+class _PerPositiveLoss(nn.Module, abc.ABC):
+    """Shared machinery of the partial-AUC losses that keep one state value per positive sample.
+
+    ``forward(scores, labels, index, mask=None, reduction="mean")``: ``index`` (N,) holds the dataset
+    index of each batch row. For every disease with a present positive and a present negative in the
+    batch, :meth:`_disease_term` receives the positives' and negatives' scores and the positives' dataset
+    indices; other diseases contribute 0 (connected to the scores' graph).
+    """
+
+    def __init__(self, num_samples: int, num_diseases: int, margin: float, surrogate: str | Surrogate,
+                 temperature: float | None):
+        super().__init__()
+        if num_samples < 1 or num_diseases < 1:
+            raise ValueError(f"num_samples and num_diseases must be positive, got {num_samples}, {num_diseases}")
+        self.num_samples, self.num_diseases = num_samples, num_diseases
+        self.loss_fn = get_surrogate(surrogate, margin, temperature)
+
+    @abc.abstractmethod
+    def _disease_term(self, c: int, pos_s: Tensor, neg_s: Tensor, rows: Tensor) -> Tensor:
+        """Disease c's loss term; updates the state of the positives at dataset indices ``rows``."""
+
+    def forward(self, scores: Tensor, labels: Tensor, index: Tensor, mask: Tensor | None = None,
+                reduction: Reduction = "mean") -> Tensor:
+        batch = _prepare(scores, labels, mask)
+        s = batch.scores
+        if s.shape[1] != self.num_diseases:
+            raise ValueError(f"scores have {s.shape[1]} disease columns, the loss was built for {self.num_diseases}")
+        state_device = next(self.buffers()).device
+        index = torch.as_tensor(index, device=state_device)
+        if index.shape != (s.shape[0],) or index.is_floating_point():
+            raise ValueError(f"index must be an integer tensor of shape ({s.shape[0]},) (the dataset index of "
+                             f"each batch row), got {index.dtype} {tuple(index.shape)}")
+        if bool(((index < 0) | (index >= self.num_samples)).any()):
+            raise IndexError(f"index values must lie in [0, {self.num_samples}); got min {int(index.min())}, "
+                             f"max {int(index.max())}")
+        terms = []
+        for c in range(self.num_diseases):
+            is_pos, is_neg = batch.pos[:, c] > 0, batch.neg[:, c] > 0
+            pos_s, neg_s = s[is_pos, c], s[is_neg, c]
+            if pos_s.numel() == 0 or neg_s.numel() == 0:
+                terms.append((s[:, c] * 0).sum())
+                continue
+            terms.append(self._disease_term(c, pos_s, neg_s, index[is_pos.to(state_device)]))
+        return _reduce(torch.stack(terms), reduction)
+
+
+def _check_lam_gamma(lam: float, gamma: float) -> None:
+    if not lam > 0:
+        raise ValueError(f"lam must be positive, got {lam}")
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+
+
+class KLOPAUCLoss(_PerPositiveLoss):
     """KL-OPAUC one-way partial-AUC loss with a stored inner mean u per positive (Zhu et al. 2022; FeDXL2).
 
     ``F = (1/n+) sum_i lam log((1/n-) sum_j exp(l(s_i - s_j) / lam))`` per disease; each call updates
@@ -364,44 +418,109 @@ class KLOPAUCLoss(nn.Module):
     def __init__(self, num_samples: int, num_diseases: int, lam: float = 1.0, gamma: float = 0.9,
                  margin: float = 1.0, surrogate: str | Surrogate = "squared_hinge",
                  temperature: float | None = None):
-        super().__init__()
-        if num_samples < 1 or num_diseases < 1:
-            raise ValueError(f"num_samples and num_diseases must be positive, got {num_samples}, {num_diseases}")
-        if not lam > 0:
-            raise ValueError(f"lam must be positive, got {lam}")
-        if not 0 < gamma <= 1:
-            raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+        super().__init__(num_samples, num_diseases, margin, surrogate, temperature)
+        _check_lam_gamma(lam, gamma)
         self.lam, self.gamma = float(lam), float(gamma)
-        self.loss_fn = get_surrogate(surrogate, margin, temperature)
         self.register_buffer("u", torch.zeros(num_samples, num_diseases))
 
-    def forward(self, scores: Tensor, labels: Tensor, index: Tensor, mask: Tensor | None = None,
-                reduction: Reduction = "mean") -> Tensor:
-        batch = _prepare(scores, labels, mask)
-        s = batch.scores
-        num_samples, num_diseases = self.u.shape
-        if s.shape[1] != num_diseases:
-            raise ValueError(f"scores have {s.shape[1]} disease columns, the loss was built for {num_diseases}")
-        index = torch.as_tensor(index, device=self.u.device)
-        if index.shape != (s.shape[0],) or index.is_floating_point():
-            raise ValueError(f"index must be an integer tensor of shape ({s.shape[0]},) (the dataset index of "
-                             f"each batch row), got {index.dtype} {tuple(index.shape)}")
-        if bool(((index < 0) | (index >= num_samples)).any()):
-            raise IndexError(f"index values must lie in [0, {num_samples}); got min {int(index.min())}, "
-                             f"max {int(index.max())}")
-        terms = []
-        for c in range(num_diseases):
-            is_pos, is_neg = batch.pos[:, c] > 0, batch.neg[:, c] > 0
-            pos_s, neg_s = s[is_pos, c], s[is_neg, c]
-            if pos_s.numel() == 0 or neg_s.numel() == 0:
-                terms.append((s[:, c] * 0).sum())
-                continue
-            rows = index[is_pos.to(index.device)]
-            g = kl_opauc_inner_mean(pos_s, neg_s, self.lam, self.loss_fn)
-            u_new = kl_opauc_ema(self.u[rows, c], g.to(self.u.device), self.gamma)
-            self.u[rows, c] = u_new
-            terms.append(kl_opauc_surrogate(pos_s, neg_s, u_new.to(s.device), self.lam, self.loss_fn))
-        return _reduce(torch.stack(terms), reduction)
+    def _update_u(self, c: int, pos_s: Tensor, neg_s: Tensor, rows: Tensor) -> Tensor:
+        g = kl_opauc_inner_mean(pos_s, neg_s, self.lam, self.loss_fn)
+        u_new = kl_opauc_ema(self.u[rows, c], g.to(self.u.device), self.gamma)
+        self.u[rows, c] = u_new
+        return u_new.to(pos_s.device)
+
+    def _disease_term(self, c: int, pos_s: Tensor, neg_s: Tensor, rows: Tensor) -> Tensor:
+        return kl_opauc_surrogate(pos_s, neg_s, self._update_u(c, pos_s, neg_s, rows), self.lam, self.loss_fn)
+
+
+class KLTPAUCLoss(KLOPAUCLoss):
+    """Two-way partial AUC by KL-DRO over negatives and positives (KL-TPAUC, Zhu et al. 2022).
+
+    ``F = lam_pos log( (1/n+) sum_i exp(F_i / lam_pos) )`` with ``F_i = lam log(mean_j exp(l_ij / lam))``
+    the one-way term of :class:`KLOPAUCLoss`: the outer KL weighting emphasises the positives with the
+    largest loss (the low-TPR region). Its gradient is ``mean_i [g_i^(lam/lam_pos) / V] grad F_i``
+    with ``V = mean_i g_i^(lam/lam_pos)``; g_i is tracked by u as in KL-OPAUC and V by one value ``v``
+    per disease, ``v <- (1 - gamma_v) v + gamma_v mean_batch u^(lam/lam_pos)`` (first update sets v).
+    Small ``lam_pos`` concentrates on the hardest positives; large ``lam_pos`` recovers KL-OPAUC.
+    """
+
+    v: Tensor
+
+    def __init__(self, num_samples: int, num_diseases: int, lam: float = 1.0, lam_pos: float = 1.0,
+                 gamma: float = 0.9, gamma_v: float = 0.9, margin: float = 1.0,
+                 surrogate: str | Surrogate = "squared_hinge", temperature: float | None = None):
+        super().__init__(num_samples, num_diseases, lam, gamma, margin, surrogate, temperature)
+        _check_lam_gamma(lam_pos, gamma_v)
+        self.lam_pos, self.gamma_v = float(lam_pos), float(gamma_v)
+        self.register_buffer("v", torch.zeros(num_diseases))
+
+    def _disease_term(self, c: int, pos_s: Tensor, neg_s: Tensor, rows: Tensor) -> Tensor:
+        u_pos = self._update_u(c, pos_s, neg_s, rows)
+        # u^(lam/lam_pos) in the log domain: u >= 1 and a small lam_pos would overflow the power
+        log_outer = (self.lam / self.lam_pos) * torch.log(u_pos)
+        batch_mean = torch.exp(torch.logsumexp(log_outer, 0) - math.log(log_outer.numel())).to(self.v.device)
+        v_old = self.v[c]
+        self.v[c] = batch_mean if v_old == 0 else (1 - self.gamma_v) * v_old + self.gamma_v * batch_mean
+        losses = _pair_losses(pos_s, neg_s, self.loss_fn)
+        weights = torch.exp(log_outer.unsqueeze(1) - torch.log(self.v[c].to(losses.dtype))
+                            + losses.detach() / self.lam - torch.log(u_pos.to(losses.dtype)).unsqueeze(1))
+        return (weights.detach() * losses).mean()
+
+
+def cvar_opauc_surrogate(pos_scores: Tensor, neg_scores: Tensor, thresholds: Tensor, beta: float,
+                         surrogate: str | Surrogate = "squared_hinge", margin: float = 1.0,
+                         temperature: float | None = None) -> Tensor:
+    """``mean_i [t_i + (1/beta) mean_j (l_ij - t_i)_+]``, the CVaR-OPAUC objective for one disease.
+
+    Minimised over the thresholds t_i it equals the mean over positives of the average of the largest
+    beta fraction of their pair losses (Rockafellar-Uryasev), the one-way partial AUC surrogate for
+    FPR <= beta (Zhu et al. 2022). ``thresholds`` (P,) are treated as constants here.
+    """
+    if not 0 < beta <= 1:
+        raise ValueError(f"beta must lie in (0, 1], got {beta}")
+    losses = _pair_losses(pos_scores, neg_scores, get_surrogate(surrogate, margin, temperature))
+    t = thresholds.detach().to(losses.dtype).unsqueeze(1)
+    return (t[:, 0] + torch.clamp(losses - t, min=0).mean(1) / beta).mean()
+
+
+def cvar_threshold_gradient(pos_scores: Tensor, neg_scores: Tensor, thresholds: Tensor, beta: float,
+                            surrogate: str | Surrogate = "squared_hinge", margin: float = 1.0,
+                            temperature: float | None = None) -> Tensor:
+    """d/dt_i of the CVaR objective: ``1 - (1/beta) mean_j [l_ij > t_i]`` (P,), detached."""
+    with torch.no_grad():
+        losses = _pair_losses(pos_scores, neg_scores, get_surrogate(surrogate, margin, temperature))
+        return 1 - (losses > thresholds.to(losses.dtype).unsqueeze(1)).to(losses.dtype).mean(1) / beta
+
+
+class CVaROPAUCLoss(_PerPositiveLoss):
+    """CVaR one-way partial-AUC loss, FPR <= beta, with a threshold t per positive (Zhu et al. 2022).
+
+    Each call returns :func:`cvar_opauc_surrogate` at the stored thresholds of the batch's positives,
+    then moves those thresholds one SGD step ``t <- t - eta * cvar_threshold_gradient`` (they are
+    primal variables of the min; the step is taken here so optimisers only see network weights).
+    ``t`` starts at 0; ``eta`` is its learning rate: larger tracks the (1 - beta) quantile of the pair
+    losses faster but noisier.
+    """
+
+    t: Tensor
+
+    def __init__(self, num_samples: int, num_diseases: int, beta: float = 0.3, eta: float = 0.1,
+                 margin: float = 1.0, surrogate: str | Surrogate = "squared_hinge",
+                 temperature: float | None = None):
+        super().__init__(num_samples, num_diseases, margin, surrogate, temperature)
+        if not 0 < beta <= 1:
+            raise ValueError(f"beta must lie in (0, 1], got {beta}")
+        if not eta > 0:
+            raise ValueError(f"eta must be positive, got {eta}")
+        self.beta, self.eta = float(beta), float(eta)
+        self.register_buffer("t", torch.zeros(num_samples, num_diseases))
+
+    def _disease_term(self, c: int, pos_s: Tensor, neg_s: Tensor, rows: Tensor) -> Tensor:
+        t = self.t[rows, c].to(pos_s.device)
+        value = cvar_opauc_surrogate(pos_s, neg_s, t, self.beta, self.loss_fn)
+        step = cvar_threshold_gradient(pos_s, neg_s, t, self.beta, self.loss_fn)
+        self.t[rows, c] = (t - self.eta * step).to(self.t.device, self.t.dtype)
+        return value
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -12,11 +12,15 @@ from torch import nn
 from models.compositional import functional_forward, inner_ce_step, inner_ce_step_vjp, trainable_parameters
 from models.objectives import (
     SURROGATES,
+    CVaROPAUCLoss,
     KLOPAUCLoss,
+    KLTPAUCLoss,
     auc_margin_dual_direction,
     auc_margin_loss,
     auc_square_loss,
     clamp_alpha,
+    cvar_opauc_surrogate,
+    cvar_threshold_gradient,
     defined_diseases,
     get_surrogate,
     kl_opauc_ema,
@@ -369,6 +373,62 @@ def test_kl_opauc_u_tracks_true_inner_mean_on_fixed_model():
     assert torch.all(tracked > 0)
     assert ((tracked - truth).abs() / truth).max().item() < 0.1
     assert ((tracked - truth).abs() / truth).mean().item() < 0.03
+
+
+def test_kl_tpauc_gradient_is_exact_on_a_full_batch_first_visit():
+    g = torch.Generator().manual_seed(6)
+    scores = torch.rand(14, 1, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([1, 0] * 7, dtype=torch.float64)[:, None]
+    lam, lam_pos = 0.7, 0.4
+    loss = KLTPAUCLoss(14, 1, lam=lam, lam_pos=lam_pos).double()
+    value = loss(scores, labels, torch.arange(14))
+    grad = torch.autograd.grad(value, scores)[0]
+    l_fn = get_surrogate("squared_hinge")
+    pos, neg = scores[0::2, 0], scores[1::2, 0]
+    outer = 0
+    for i in range(len(pos)):  # F = lam_pos log mean_i exp(F_i / lam_pos), F_i = lam log mean_j exp(l_ij / lam)
+        f_i = lam * torch.log(sum(torch.exp(l_fn(pos[i] - neg[j]) / lam) for j in range(len(neg))) / len(neg))
+        outer = outer + torch.exp(f_i / lam_pos)
+    reference = lam_pos * torch.log(outer / len(pos))
+    assert torch.allclose(grad, torch.autograd.grad(reference, scores)[0], rtol=1e-10)
+    v_true = (outer / len(pos)).item()
+    assert loss.v.item() == pytest.approx(v_true)
+
+
+def test_cvar_opauc_at_the_quantile_is_the_top_fraction_mean_with_its_gradient():
+    g = torch.Generator().manual_seed(7)
+    pos = torch.rand(4, generator=g, dtype=torch.float64, requires_grad=True)
+    neg = torch.rand(10, generator=g, dtype=torch.float64, requires_grad=True)
+    beta = 0.3  # the 3 largest of 10 pair losses per positive
+    l_fn = get_surrogate("squared_hinge")
+    top_means, var = 0, []
+    for i in range(4):
+        row = sorted((l_fn(pos[i] - neg[j]) for j in range(10)), key=lambda v: -v.item())
+        top_means = top_means + sum(row[:3]) / 3
+        var.append((row[2].item() + row[3].item()) / 2)  # any threshold between the 3rd and 4th largest is optimal
+    reference = top_means / 4
+    t = torch.tensor(var, dtype=torch.float64)
+    value = cvar_opauc_surrogate(pos, neg, t, beta)
+    assert value.item() == pytest.approx(reference.item())
+    for got, want in zip(torch.autograd.grad(value, (pos, neg)), torch.autograd.grad(reference, (pos, neg))):
+        assert torch.allclose(got, want)
+    assert cvar_threshold_gradient(pos, neg, t, beta).tolist() == pytest.approx([0.0] * 4)
+
+
+def test_cvar_module_thresholds_converge_to_the_partial_auc_value():
+    g = torch.Generator().manual_seed(8)
+    n = 120
+    labels = (torch.rand(n, 1, generator=g) < 0.25).float()
+    scores = torch.sigmoid(torch.randn(n, 1, generator=g) + labels)
+    loss = CVaROPAUCLoss(n, 1, beta=0.3, eta=0.05)
+    for _ in range(400):
+        value = loss(scores, labels, torch.arange(n))  # full batch: a deterministic objective in t
+    pos, neg = scores[labels[:, 0] == 1, 0], scores[labels[:, 0] == 0, 0]
+    pair = get_surrogate("squared_hinge")(pos[:, None] - neg[None, :])
+    k = 0.3 * neg.numel()
+    top = pair.sort(1, descending=True).values
+    exact = (top[:, : int(k)].sum(1) + (k - int(k)) * top[:, int(k)]) / k
+    assert value.item() == pytest.approx(exact.mean().item(), rel=0.01)
 
 
 # --- 1.6 ratio loss --------------------------------------------------------------------------------
