@@ -45,6 +45,9 @@ class MetricResult(float):
     def __repr__(self) -> str:
         return f"MetricResult(nan, reason={self.reason!r})" if self.reason else f"MetricResult({float(self)!r})"
 
+    def __str__(self) -> str:  # print() and f-strings show the number, as for a float
+        return float.__repr__(self)
+
 
 # ---------------------------------------------------------------------------------------------------
 # Input validation (once, at the boundary)

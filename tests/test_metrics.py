@@ -90,6 +90,7 @@ def test_single_class_and_all_missing_give_nan_with_reason():
 def test_metric_result_is_a_float_that_survives_json_and_pickle():
     r = roc_auc([0, 0], [0.1, 0.2])
     assert json.loads(json.dumps({"x": 0.75, "y": MetricResult(0.5)})) == {"x": 0.75, "y": 0.5}
+    assert str(MetricResult(0.25)) == "0.25" and f"{MetricResult(0.25):.1f}" == "0.2"
     back = pickle.loads(pickle.dumps(r))
     assert math.isnan(back) and back.reason == r.reason and not back.defined
 
