@@ -82,7 +82,9 @@ def inner_ce_step_vjp(model: nn.Module, inputs: Tensor, labels: Tensor, rho: flo
         return {name: z[name].detach().clone() for name in weights}
     grads = _ce_gradient(model, weights, inputs, labels, mask, create_graph=True, update_buffers=False)
     used = [(name, w, g) for (name, w), g in zip(weights.items(), grads) if g is not None]
-    dot = sum((g * z[name].detach()).sum() for name, _, g in used)
-    hvp = torch.autograd.grad(dot, [w for _, w, _ in used], allow_unused=True)
-    hz = {name: torch.zeros_like(w) if h is None else h for (name, w, _), h in zip(used, hvp)}
-    return {name: (z[name] - rho * hz.get(name, torch.zeros_like(z[name]))).detach() for name in weights}
+    hz: Weights = {}
+    if used:  # a parameter the CE never reaches has a zero Hessian block
+        dot = sum((g * z[name].detach()).sum() for name, _, g in used)
+        hvp = torch.autograd.grad(dot, [w for _, w, _ in used], allow_unused=True)
+        hz = {name: h for (name, _, _), h in zip(used, hvp) if h is not None}
+    return {name: (z[name] - rho * hz[name] if name in hz else z[name]).detach().clone() for name in weights}

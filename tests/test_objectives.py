@@ -520,3 +520,28 @@ def test_one_dimensional_binary_batch_is_one_disease():
     value = pairwise_auc_loss(scores, labels, surrogate="hinge", reduction="none")
     assert value.shape == (1,)
     assert value.item() == pytest.approx(np.mean([1 - 0.8, 1 - 0.5, 1 - 0.5, 1 - 0.2]))
+
+
+def test_compositional_step_with_a_parameter_the_ce_never_reaches():
+    class WithUnusedHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(3, 2).double()
+            self.unused = nn.Parameter(torch.ones(4, dtype=torch.float64))
+
+        def forward(self, x):
+            return self.body(x)
+
+    model = WithUnusedHead()
+    x, y = torch.randn(8, 3, dtype=torch.float64), (torch.rand(8, 2) < 0.5).double()
+    stepped = inner_ce_step(model, x, y, rho=0.5)
+    assert torch.equal(stepped["unused"], model.unused.detach())
+    z = {k: torch.ones_like(v) for k, v in trainable_parameters(model).items()}
+    vjp = inner_ce_step_vjp(model, x, y, 0.5, z)
+    assert torch.equal(vjp["unused"], z["unused"])
+    # a linear model's CE Hessian in the weights is X^T diag(p(1-p)) X / N per output: check one entry
+    p = torch.sigmoid(model.body(x)).detach()
+    h_w = torch.einsum("n,ni,nj->ij", p[:, 0] * (1 - p[:, 0]), x, x) / 8 / 2  # mean over 2 diseases
+    h_wb = (p[:, 0] * (1 - p[:, 0]))[:, None].mul(x).sum(0) / 8 / 2
+    expected_row0 = 1 - 0.5 * (h_w @ torch.ones(3, dtype=torch.float64) + h_wb)
+    assert torch.allclose(vjp["body.weight"][0], expected_row0)
