@@ -1,20 +1,28 @@
 """AUC objectives for multi-label tasks, exactly as algorithms.md section 1 defines them.
 
-Every loss takes scores s = sigmoid(logit) in (0, 1) and labels of shape (N, C) (a 1-D batch is read
+AUC square (1.1) and AUC-margin (1.2) min-max losses, pairwise X-risk with five surrogates (1.4),
+KL-OPAUC with its functional pieces (1.5) plus CVaR-OPAUC and two-way KL-TPAUC, and the ratio loss
+(1.6). The compositional inner step (1.3) is in ``models.compositional``.
+
+Every AUC loss takes scores s = sigmoid(logit) in (0, 1) and labels of shape (N, C) (a 1-D batch is read
 as C = 1), and per-disease parameters (a, b, alpha, prior) of shape (C,) or a scalar broadcast to all
 diseases.
 
 Missing labels. ``mask`` (N, C), bool or {0, 1} float, True = label present. A NaN label is treated as
 masked too, so a shard's label columns (NaN = missing, docs/shards.md) can be passed as they are.
 
-Edge cases (algorithms.md section 0), the same for every loss here:
+Edge cases (algorithms.md section 0), the same for every AUC loss here:
 
 * A disease whose batch has no present positive or no present negative is *undefined* for that batch
   (``defined_diseases``): its term is exactly 0 with zero gradient, never NaN. A disease masked
-  everywhere is undefined.
+  everywhere is undefined. (The BCE losses need no pair: there only a disease without any present
+  label contributes 0.)
 * float16/bfloat16 scores are computed in float32 (the loss is float32; gradients flow back to the
   half-precision scores in their own dtype). The losses are polynomials or stable softplus/sigmoid
   expressions of bounded scores, so saturated scores (exactly 0 or 1) give finite values.
+* Scores are not range-checked: the min-max losses are well defined for any real score (the engine's
+  closed-form saddle tests use linear scores), but the margin m = 1 and the surrogates' defaults assume
+  probabilities, so pass ``sigmoid(logits)``, not logits.
 
 Reduction. ``reduction="mean"`` (the default) divides the sum of the per-disease terms by C, a
 constant, so a disease's gradient does not change scale with how many other diseases happen to be
@@ -101,7 +109,9 @@ def _prepare(scores: Tensor, labels: Tensor, mask: Tensor | None, *, what: str =
 def _per_disease(value: float | Tensor, num_diseases: int, like: Tensor, name: str) -> Tensor:
     """A per-disease parameter as a (C,) tensor; scalars broadcast, tensors keep their autograd graph."""
     t = value if isinstance(value, Tensor) else torch.tensor(float(value))
-    t = t.to(device=like.device, dtype=torch.promote_types(t.dtype, like.dtype) if t.is_floating_point() else like.dtype)
+    # a float64 parameter keeps float64; integer tensors (counts, priors given as ints) take the scores' dtype
+    dtype = torch.promote_types(t.dtype, like.dtype) if t.is_floating_point() else like.dtype
+    t = t.to(device=like.device, dtype=dtype)
     if t.dim() == 0:
         return t.expand(num_diseases)
     if t.shape != (num_diseases,):
@@ -132,7 +142,7 @@ def defined_diseases(labels: Tensor, mask: Tensor | None = None) -> Tensor:
     Algorithms use it to skip a disease (for example not to move its alpha) on batches where its loss
     term is 0 by definition.
     """
-    return _prepare(torch.zeros_like(labels, dtype=torch.float32), labels, mask, what="labels").defined
+    return _prepare(torch.zeros_like(labels, dtype=torch.float32), labels, mask).defined
 
 
 def _masked_batch_mean(per_sample: Tensor, batch: _Batch) -> Tensor:
