@@ -1,0 +1,172 @@
+"""AUC algorithms against each other on synthetic federations (algorithms.md 6-8, CPU, a few minutes).
+
+    .venv/bin/python benchmarks/auc_methods.py [--quick]
+
+Prints four tables, each a mean over seeds of the pooled-test AUC / pAUC (FPR <= 0.3, McClish) of the
+averaged global model:
+  1. heavy imbalance (1 % positives): FedAvg with BCE against the AUC methods;
+  2. 20 % flipped training labels: FeDXL1 with the sigmoid surrogate against CODASCA (AUC-M);
+  3. LocalSCGDAM against LocalSGDAM, CoDA, LocalSGDM and LocalSGDM_RL under heterogeneity (the demo
+     chest federation needs an image network on real-size shards: not a CPU benchmark);
+  4. cost of LocalSCGDAM's exact Jacobian (Hessian-vector product) relative to the first-order variant.
+The federation builder and runner here are shared with benchmarks/fedxl_pauc.py and benchmarks/sweep_rates.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from federated import TensorSite, TrainConfig, train  # noqa: E402
+from federated.algorithms.centralized import centralize  # noqa: E402
+
+
+@dataclass
+class Federation:
+    sites: list[TensorSite]
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def make_federation(prevalence: list[float], shift: list[float], n_train: int = 600, n_test: int = 600,
+                    dim: int = 16, signal: float = 0.7, flip: float = 0.0, seed: int = 0,
+                    offset_signal: float = 0.0) -> Federation:
+    """Site k: x = N(0, I) + signal * y * w + (shift_k + offset_signal * y) * u (one task w, one site direction
+    u), y ~ B(prevalence_k).
+
+    ``flip`` flips that fraction of the *training* labels (test labels stay clean). The test set is every
+    site's test split pooled. Shifts correlated with prevalence make cross-site pairs informative: a
+    ranking learned from local pairs alone cannot see the shift (constant within a site). With
+    ``offset_signal`` u also separates the classes within every site, while across sites its shifts swamp
+    that signal: local pairs overweight u, cross-site pairs learn how little it is worth in the pooled ranking.
+    """
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(dim) / np.sqrt(dim) * np.sqrt(dim)
+    u = rng.standard_normal(dim)
+    u /= np.linalg.norm(u)
+    sites, xs, ys = [], [], []
+    for k, (pi, s) in enumerate(zip(prevalence, shift)):
+        def draw(n):
+            y = (rng.random(n) < pi).astype(np.float32)
+            y[: max(2, int(round(pi * n)) // 10)] = 1.0  # every split holds some positives, even at 1 %
+            x = rng.standard_normal((n, dim)) + signal * y[:, None] * w / np.sqrt(dim) * 3 \
+                + (s + offset_signal * y[:, None]) * u
+            return x.astype(np.float32), y[:, None]
+        x_tr, y_tr = draw(n_train)
+        if flip:
+            flips = rng.random(n_train) < flip
+            y_tr = np.where(flips[:, None], 1 - y_tr, y_tr).astype(np.float32)
+        x_te, y_te = draw(n_test)
+        sites.append(TensorSite(name=f"site{k}", train=(x_tr, y_tr)))
+        xs.append(x_te)
+        ys.append(y_te)
+    return Federation(sites, np.concatenate(xs), np.concatenate(ys))
+
+
+def run(fed: Federation, algorithm: str, params: dict | None = None, rounds: int = 40, local_steps: int = 8,
+        lr: float = 0.1, batch_size: int = 32, seed: int = 0, centralized: bool = False,
+        network: str = "mlp") -> dict:
+    cfg = TrainConfig(algorithm=algorithm, params=params or {}, sites=fed.sites, network=network,
+                      network_kwargs={"hidden": 32} if network == "mlp" else {}, rounds=rounds, local_steps=local_steps, lr=lr,
+                      batch_size=batch_size, seed=seed, guarantee_positives=True, loader_workers=0, progress=False)
+    if centralized:
+        cfg = centralize(cfg).model_copy(update={"params": params or {}})
+    t0 = time.perf_counter()
+    result = train(cfg)
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        scores = torch.sigmoid(result.model()(torch.from_numpy(fed.x_test))).numpy()[:, 0]
+    y = fed.y_test[:, 0]
+    if not np.isfinite(scores).all():
+        return {"auc": float("nan"), "pauc": float("nan"), "seconds": seconds}
+    return {"auc": roc_auc_score(y, scores), "pauc": roc_auc_score(y, scores, max_fpr=0.3), "seconds": seconds,
+            "bytes_per_round": result.history[-1]["bytes_sent"][0]}
+
+
+def table(title: str, rows: dict[str, list[dict]], columns=("auc", "pauc")) -> None:
+    print(f"\n{title}")
+    print(f"{'method':<28}" + "".join(f"{c:>18}" for c in columns))
+    for name, runs in rows.items():
+        cells = []
+        for c in columns:
+            values = np.array([r[c] for r in runs], dtype=float)
+            cells.append(f"{np.nanmean(values):>10.4f} ± {np.nanstd(values):.3f}")
+        print(f"{name:<28}" + "".join(f"{cell:>18}" for cell in cells))
+
+
+# Rates used everywhere below; the AUC min-max ones are docs/sweeps.md's defaults.
+METHODS = {
+    "fedavg (BCE)": ("fedavg", {}),
+    "localsgdm_rl": ("localsgdm_rl", {}),
+    "codasca (AUC-M)": ("codasca", {"gamma": None}),
+    "fedxl2 (KL-OPAUC)": ("fedxl2", {}),
+    "localscgdam": ("localscgdam", {}),
+}
+
+HETEROGENEOUS = dict(prevalence=[0.05, 0.1, 0.2, 0.3], shift=[-1.5, -0.5, 0.5, 1.5])
+
+
+def imbalance(seeds, rounds):
+    rows = {}
+    for label, (alg, params) in METHODS.items():
+        rows[label] = [run(make_federation([0.01] * 4, [0.0, 0.3, 0.6, 0.9], n_train=1500, n_test=1500, seed=s),
+                           alg, params, rounds=rounds, seed=s) for s in seeds]
+    table("1. heavy imbalance: 1 % positives at every site, K = 4, I = 8", rows)
+
+
+def flipped(seeds, rounds):
+    rows = {}
+    for label, (alg, params) in {"codasca (AUC-M)": METHODS["codasca (AUC-M)"],
+                                 "fedxl1 squared hinge": ("fedxl1", {}),
+                                 "fedxl1 sigmoid": ("fedxl1", {"surrogate": "sigmoid"})}.items():
+        for flip in (0.0, 0.2):
+            rows[f"{label}, flip {flip:.0%}"] = [
+                run(make_federation([0.2] * 4, [0.0] * 4, flip=flip, seed=s), alg, params, rounds=rounds, seed=s)
+                for s in seeds]
+    table("2. flipped training labels (clean test), 20 % positives, K = 4, I = 8", rows)
+
+
+def compositional(seeds, rounds):
+    rows = {}
+    for label, (alg, params) in {"localscgdam exact": ("localscgdam", {}),
+                                 "localscgdam first-order": ("localscgdam", {"jacobian": "first_order"}),
+                                 "localsgdam": ("localsgdam", {}), "coda": ("coda", {"gamma": None}),
+                                 "localsgdm": ("localsgdm", {}), "localsgdm_rl": ("localsgdm_rl", {})}.items():
+        for I in (4, 16):
+            rows[f"{label}, I={I}"] = [run(make_federation(**HETEROGENEOUS, seed=s), alg, params,
+                                           rounds=rounds * 8 // I, local_steps=I, seed=s) for s in seeds]
+    table("3. heterogeneous prevalence and shift, K = 4 (same iterations at each I)", rows)
+
+
+def jacobian_cost(rounds):
+    fed = make_federation(**HETEROGENEOUS)
+    t = {j: run(fed, "localscgdam", {"jacobian": j}, rounds=rounds)["seconds"] for j in ("first_order", "exact")}
+    t_sgdam = run(fed, "localsgdam", rounds=rounds)["seconds"]
+    print(f"\n4. LocalSCGDAM wall time, {rounds * 8} steps x 4 sites, MLP with BatchNorm: exact {t['exact']:.2f} s, "
+          f"first-order {t['first_order']:.2f} s (exact / first-order = {t['exact'] / t['first_order']:.2f}); "
+          f"LocalSGDAM {t_sgdam:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, fewer rounds (a smoke run)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    seeds, rounds = ([0], 15) if args.quick else ([0, 1, 2], 40)
+    imbalance(seeds, rounds)
+    flipped(seeds, rounds)
+    compositional(seeds, rounds)
+    jacobian_cost(rounds)
+
+
+if __name__ == "__main__":
+    main()
