@@ -49,6 +49,11 @@ class MetricResult(float):
         return float.__repr__(self)
 
 
+def metric_reasons(results: Mapping[str, float]) -> dict[str, str]:
+    """``{key: reason}`` for every undefined entry of a metrics dict (for run tags or a report)."""
+    return {k: v.reason for k, v in results.items() if isinstance(v, MetricResult) and v.reason}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Input validation (once, at the boundary)
 # ---------------------------------------------------------------------------------------------------

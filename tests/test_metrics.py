@@ -13,6 +13,7 @@ from models.metrics import (
     bootstrap_ci,
     evaluate_multilabel,
     metric_names,
+    metric_reasons,
     partial_roc_auc,
     per_site_and_pooled,
     roc_auc,
@@ -114,6 +115,8 @@ def test_evaluate_multilabel_keys_values_and_macro_skip_undefined():
     assert out["pauc_fpr0.3_mcclish/Consolidation"] == pytest.approx(roc_auc_score(y[keep2, 2], s[keep2, 2], max_fpr=0.3))
     assert math.isnan(out["auc/Edema"]) and out["auc/Edema"].reason == "Edema: no positive among 150 labelled samples"
     assert out["auc_macro"] == pytest.approx((out["auc/Cardiomegaly"] + out["auc/Consolidation"]) / 2)
+    reasons = metric_reasons(out)
+    assert set(reasons) == {f"{name}/Edema" for name in metric_names((0.3, 0.5), [(0.5, 0.5)])}
     all_undefined = evaluate_multilabel(np.zeros((5, 1)), np.zeros((5, 1)), ["Melanoma"], betas=())
     assert math.isnan(all_undefined["auc_macro"]) and "no defined value" in all_undefined["auc_macro"].reason
     with pytest.raises(ValueError, match="2 label columns but 3 disease names"):
