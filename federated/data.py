@@ -87,7 +87,7 @@ def load_shard(site_dir: str | Path) -> SiteData:
         if bad.any():
             row, col = map(int, np.argwhere(bad)[0])
             raise ValueError(
-                f"{manifest_path}: row {row}, column {diseases[col]!r}: label {labels[row, col]!r} "
+                f"{manifest_path}: row {row}, column {diseases[col]!r}: label {float(labels[row, col])!r} "
                 "is not 0, 1 or NaN"
             )
         if len(images) != len(labels):
@@ -101,7 +101,8 @@ def load_shard(site_dir: str | Path) -> SiteData:
 def to_model_input(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host rows -> float model input on ``device``: uint8 images become (B, ch, H, W) in [0, 1]."""
     if isinstance(images, np.ndarray):
-        images = torch.from_numpy(np.ascontiguousarray(images))
+        # A slice of the read-only memory map is copied once here, into the batch's own buffer.
+        images = torch.from_numpy(images if images.flags.writeable and images.flags.c_contiguous else np.array(images))
     if images.dtype != torch.uint8:
         return images.to(device, dtype=torch.float32, non_blocking=True)
     if device.type == "cuda":

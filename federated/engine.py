@@ -226,33 +226,32 @@ class Engine:
                 out.append(torch.sigmoid(model(x).float()).reshape(len(x), -1))
         return torch.cat(out) if out else torch.zeros(0, self.fed.num_classes, device=self.device)
 
-    def evaluate(self) -> dict:
-        """Metrics of the averaged global model: per site on its valid split, pooled over all test splits."""
+    def evaluate(self) -> dict[str, float]:
+        """Metrics of the averaged global model (models.metrics.per_site_and_pooled) on every site's
+        ``valid`` and ``test`` splits: keys ``<split>/site/<k>/<metric>``, ``<split>/pooled/<metric>``
+        (all sites' samples ranked together) and ``<split>/macro_over_sites/<metric>``; NaN = undefined."""
         model = self.global_model()
-        result: dict = {}
+        result: dict[str, float] = {}
         for split in ("valid", "test"):
             scores, labels, site_ids = [], [], []
             for site in self.sites:
                 part = site.data.splits.get(split)
                 n = 0 if part is None else len(part)
-                s = self._scores(model, part.images) if n else torch.zeros(0, self.fed.num_classes, device=self.device)
-                y = torch.from_numpy(np.asarray(part.labels)).to(self.device) if n else s.clone()
-                scores.append(s)
-                labels.append(y)
+                empty = torch.zeros(0, self.fed.num_classes, device=self.device)
+                scores.append(self._scores(model, part.images) if n else empty)
+                labels.append(torch.from_numpy(np.asarray(part.labels)).to(self.device) if n else empty)
                 site_ids.append(torch.full((n,), float(site.index), device=self.device))
-            s = self.backend.gather(scores).cpu().numpy()
+            s = self.backend.gather(scores).float().cpu().numpy()
             y = self.backend.gather(labels).cpu().numpy()
             ids = self.backend.gather(site_ids).cpu().numpy()
             if len(s) == 0:
                 continue
-            from models.metrics import evaluate_multilabel
+            from models.metrics import per_site_and_pooled
 
-            diseases = list(self.fed.diseases)
-            if split == "valid":
-                result["valid"] = {int(k): evaluate_multilabel(y[ids == k], s[ids == k], diseases)
-                                   for k in np.unique(ids)}
-            else:
-                result["test_pooled"] = evaluate_multilabel(y, s, diseases)
+            sites = [int(k) for k in np.unique(ids)]
+            metrics = per_site_and_pooled({str(k): y[ids == k] for k in sites}, {str(k): s[ids == k] for k in sites},
+                                          list(self.fed.diseases))
+            result.update({f"{split}/{key}": float(value) for key, value in metrics.items()})
         return result
 
     # --- the loop -----------------------------------------------------------------------------
@@ -314,7 +313,9 @@ class Engine:
             }
             last = r == cfg.rounds - 1
             if last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0):
-                record["metrics"] = self.evaluate()
+                metrics = self.evaluate()
+                if metrics:
+                    record["metrics"] = metrics
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
@@ -336,7 +337,7 @@ class Engine:
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
     """Run federated training as ``config`` says. ``callbacks`` get each round's record (on site 0's
     process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds",
-    "metrics"?}`` with ``metrics = {"valid": {site: evaluate_multilabel(...)}, "test_pooled": {...}}``."""
+    "metrics"?}``; ``metrics`` (evaluation rounds and the last round) is ``Engine.evaluate``'s flat dict."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
     return Engine(config).run(callbacks)

@@ -1,0 +1,215 @@
+"""The federated engine: communication bytes from the state declaration, gather, checkpoint/resume,
+shard loading, the per-site loader, the global prior, evaluation and config validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+import federated
+from federated import Comm, SyntheticSite, TensorSite, TrainConfig
+from federated.algorithms.fedavg import FedAvg
+from federated.data import SiteLoader, load_shard
+from federated.engine import Engine
+from federated.registry import register
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
+    yield
+    torch.set_num_threads(threads)
+
+
+def _sites(K=3, **kw):
+    base = dict(n_train=64, shape=(6,), num_classes=2, pos_rate=0.3, task_seed=3)
+    base.update(kw)
+    return [SyntheticSite(shift=0.4 * k, **base) for k in range(K)]
+
+
+def _cfg(**kw):
+    base = dict(algorithm="fedavg", sites=_sites(), network="linear", rounds=2, local_steps=3, batch_size=8,
+                lr=0.1, progress=False, loader_workers=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# --- bytes: from the declaration ----------------------------------------------------------------
+
+def test_bytes_per_round_follow_the_declaration():
+    n_model = (6 * 2 + 2) * 4  # linear 6 -> 2, float32
+    fedavg = federated.train(_cfg())
+    assert [h["bytes_sent"] for h in fedavg.history] == [[n_model] * 3] * 2
+    assert [h["bytes_received"] for h in fedavg.history] == [[n_model] * 3] * 2
+    scaffold = federated.train(_cfg(algorithm="scaffold"))
+    assert scaffold.history[0]["bytes_sent"] == [2 * n_model] * 3  # model and control variate
+    # CODASCA: (w, a, b, alpha) and one control variate per tensor; a, b, alpha have C = 2 entries.
+    # Stage boundary every 6 iterations = every 2nd round: v_ref (w, a, b) is averaged in addition.
+    codasca = federated.train(_cfg(algorithm="codasca", params={"T0": 6}))
+    n_v = n_model + 2 * 2 * 4
+    n_alpha = 2 * 4
+    assert codasca.history[0]["bytes_sent"] == [2 * (n_v + n_alpha)] * 3
+    assert codasca.history[1]["bytes_sent"] == [2 * (n_v + n_alpha) + n_v] * 3
+
+
+def test_bn_statistics_are_averaged_or_kept_local():
+    mean = Engine(_cfg(network="mlp", rounds=1, bn_stats="mean"))
+    local = Engine(_cfg(network="mlp", rounds=1, bn_stats="local"))
+    mean.run()
+    local.run()
+    key = "2.running_mean"
+    assert torch.equal(mean.sites[0].model.state_dict()[key], mean.sites[2].model.state_dict()[key])
+    assert not torch.equal(local.sites[0].model.state_dict()[key], local.sites[2].model.state_dict()[key])
+    bn_bytes = 2 * 2 * 64 * 4  # two BN layers x (running mean, running var) x 64 features
+    assert mean.spec["model.2.running_mean"] is Comm.MEAN and local.spec["model.2.running_mean"] is Comm.LOCAL
+    sent_mean = federated.train(_cfg(network="mlp", rounds=1, bn_stats="mean")).history[0]["bytes_sent"][0]
+    sent_local = federated.train(_cfg(network="mlp", rounds=1, bn_stats="local")).history[0]["bytes_sent"][0]
+    assert sent_mean - sent_local == bn_bytes
+
+
+@register
+class _ScorePool(FedAvg):
+    """FedAvg that gathers each site's last batch scores: exercises the ``gather`` kind."""
+
+    name = "test_score_pool"
+
+    def state_spec(self, site):
+        return {"scores": Comm.GATHER}
+
+    def init_site_state(self, site):
+        return {"scores": torch.zeros(0, self.fed.num_classes)}
+
+    def local_step(self, site, batch):
+        loss = super().local_step(site, batch)
+        # Sites send different row counts: K + 1 rows at site K.
+        site.state["scores"] = torch.full((site.index + 1, self.fed.num_classes), float(site.index))
+        return loss
+
+
+def test_gather_concatenates_sites_in_order_and_counts_bytes():
+    result = federated.train(_cfg(algorithm="test_score_pool", rounds=1))
+    pooled = result.site_states[0]["scores"]
+    expected = torch.cat([torch.full((k + 1, 2), float(k)) for k in range(3)])
+    assert all(torch.equal(result.site_states[k]["scores"], expected) for k in range(3))
+    n_model = (6 * 2 + 2) * 4
+    row = 2 * 4
+    assert result.history[0]["bytes_sent"] == [n_model + (k + 1) * row for k in range(3)]
+    assert result.history[0]["bytes_received"] == [n_model + (len(pooled) - k - 1) * row for k in range(3)]
+
+
+# --- checkpoint / resume --------------------------------------------------------------------------
+
+def test_resume_reaches_the_same_model_as_an_uninterrupted_run(tmp_path):
+    common = dict(algorithm="codasca", params={"T0": 4, "eta_g": 1.5}, network="mlp", local_steps=2,
+                  guarantee_positives=True, sites=_sites(pos_rate=0.1))
+    full = federated.train(_cfg(rounds=6, **common))
+    federated.train(_cfg(rounds=3, checkpoint_dir=tmp_path, **common))
+    assert (tmp_path / "LATEST").read_text() == "round_000002"
+    assert sorted(p.name for p in tmp_path.glob("round_*")) == ["round_000002"]  # older rounds pruned
+    resumed = federated.train(_cfg(rounds=6, checkpoint_dir=tmp_path, resume=True, **common))
+    for key, value in full.global_state.items():
+        assert torch.equal(value, resumed.global_state[key]), key
+    for name, value in full.site_states[1].items():
+        assert torch.equal(value, resumed.site_states[1][name]), name
+    assert [h["round"] for h in resumed.history] == list(range(6))
+    assert [h["train_loss"] for h in resumed.history] == [h["train_loss"] for h in full.history]
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+def _write_shard(root, site, labels, diseases=("Cardiomegaly", "Edema"), size=8, splits=("train",)):
+    root.mkdir(parents=True)
+    (root / "shard.json").write_text(json.dumps({"site": site, "task": "chest-xray", "diseases": list(diseases)}))
+    rng = np.random.default_rng(len(labels))
+    for split in splits:
+        (root / split).mkdir()
+        np.save(root / split / "images.npy", rng.integers(0, 256, (len(labels), size, size), dtype=np.uint8))
+        frame = pd.DataFrame({"record_id": [f"r{i}" for i in range(len(labels))]})
+        for c, d in enumerate(diseases):
+            frame[d] = np.asarray(labels, dtype=np.float32)[:, c]
+        frame.to_parquet(root / split / "manifest.parquet")
+
+
+def test_shard_loading_masks_missing_labels_and_normalizes_on_device(tmp_path):
+    labels = [[1, np.nan], [0, 1], [np.nan, 0], [1, 1]]
+    _write_shard(tmp_path / "a", "hosp-a", labels)
+    data = load_shard(tmp_path / "a")
+    assert data.name == "hosp-a" and data.diseases == ("Cardiomegaly", "Edema")
+    assert isinstance(data.train.images, np.memmap)
+    loader = SiteLoader(data.train, batch_size=4, seed=0, device=torch.device("cpu"), workers=1)
+    (batch,) = list(loader.batches(1))
+    assert batch.x.shape == (4, 1, 8, 8) and batch.x.dtype == torch.float32
+    raw = np.asarray(data.train.images)[batch.index.numpy()]
+    assert torch.allclose(batch.x[:, 0], torch.from_numpy(raw).float() / 255)
+    want = np.asarray(labels, dtype=np.float32)[batch.index.numpy()]
+    assert torch.equal(batch.mask, torch.from_numpy(~np.isnan(want)).float())
+    assert torch.equal(batch.y, torch.from_numpy(np.nan_to_num(want)))
+
+
+def test_shard_with_a_bad_label_names_file_row_and_column(tmp_path):
+    _write_shard(tmp_path / "b", "hosp-b", [[1, 0], [0, -1.0]])
+    with pytest.raises(ValueError, match=r"manifest.parquet: row 1, column 'Edema': label -1.0"):
+        load_shard(tmp_path / "b")
+
+
+def test_training_from_shards_with_the_global_prior(tmp_path):
+    a = [[1, np.nan], [0, 0], [0, 1], [0, 0], [1, 0], [0, 0]]
+    b = [[0, 1], [0, 0], [np.nan, 0], [0, 0]]
+    _write_shard(tmp_path / "a", "a", a, splits=("train", "test"))
+    _write_shard(tmp_path / "b", "b", b, splits=("train", "test"))
+    cfg = TrainConfig(algorithm="codaplus", sites=[{"kind": "shard", "path": tmp_path / "a"},
+                                                   {"kind": "shard", "path": tmp_path / "b"}],
+                      network="small_resnet", rounds=1, local_steps=1, batch_size=4, progress=False)
+    engine = Engine(cfg)
+    pooled = np.concatenate([np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)])
+    expected_prior = np.nanmean(pooled, axis=0)
+    assert torch.allclose(engine.fed.prior.cpu(), torch.tensor(expected_prior), atol=1e-7)
+    assert engine.fed.positives.tolist() == [2.0, 2.0] and engine.fed.negatives.tolist() == [7.0, 7.0]
+    result = engine.run()
+    # Pooled AUC ranks every site's test samples together; checked against scikit-learn.
+    model = result.model().eval()
+    scores, ys = [], []
+    for site, lab in (("a", a), ("b", b)):
+        imgs = np.load(tmp_path / site / "test" / "images.npy")
+        with torch.no_grad():
+            scores.append(torch.sigmoid(model(torch.from_numpy(imgs).float()[:, None] / 255)).numpy())
+        ys.append(np.asarray(lab, dtype=np.float32))
+    s, y = np.concatenate(scores), np.concatenate(ys)
+    known = ~np.isnan(y[:, 0])
+    got = result.history[-1]["metrics"]["test/pooled/auc/Cardiomegaly"]
+    assert got == pytest.approx(roc_auc_score(y[known, 0], s[known, 0]), abs=1e-6)
+
+
+def test_loader_covers_each_epoch_and_guarantees_positives():
+    labels = np.zeros((50, 2), dtype=np.float32)
+    labels[[3, 17], 0] = 1.0
+    labels[:, 1] = np.nan  # a disease without positives at this site: nothing to guarantee
+    split = federated.data.SplitData(torch.zeros(50, 2), labels)
+    plain = SiteLoader(split, batch_size=10, seed=1, device=torch.device("cpu"), workers=0)
+    assert sorted(np.concatenate([plain.next_indices() for _ in range(5)]).tolist()) == list(range(50))
+    guaranteed = SiteLoader(split, batch_size=10, seed=1, device=torch.device("cpu"), guarantee_positives=True,
+                            workers=2)
+    for batch in guaranteed.batches(20):
+        assert batch.y[:, 0].sum() >= 1
+        assert torch.equal(batch.y[:, 0], torch.from_numpy(labels[batch.index.numpy(), 0]))
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def test_config_errors_are_explicit():
+    with pytest.raises(ValueError, match=r"unknown algorithm 'fedsgd'; registered: \[.*'codasca'"):
+        federated.train(_cfg(algorithm="fedsgd"))
+    with pytest.raises(ValueError, match="eta_g"):
+        federated.train(_cfg(algorithm="codasca", params={"eta_g": -1}))
+    with pytest.raises(ValueError, match="must be a multiple of local_steps"):
+        federated.train(_cfg(algorithm="codaplus", params={"T0": 5}))
+    with pytest.raises(ValueError, match="resume=True needs checkpoint_dir"):
+        _cfg(resume=True)
+    with pytest.raises(ValueError, match="distributed backend needs"):
+        _cfg(backend="distributed", sites=[TensorSite(train=(torch.zeros(4, 2), torch.zeros(4, 1)))])
