@@ -239,7 +239,7 @@ class Engine:
                 n = 0 if part is None else len(part)
                 empty = torch.zeros(0, self.fed.num_classes, device=self.device)
                 scores.append(self._scores(model, part.images) if n else empty)
-                labels.append(torch.from_numpy(np.asarray(part.labels)).to(self.device) if n else empty)
+                labels.append(torch.tensor(part.labels, device=self.device) if n else empty)
                 site_ids.append(torch.full((n,), float(site.index), device=self.device))
             s = self.backend.gather(scores).float().cpu().numpy()
             y = self.backend.gather(labels).cpu().numpy()

@@ -62,6 +62,13 @@ class Site:
     iteration: int = 0  # local steps taken so far (= global iteration t: all sites step together)
     rng_state: torch.Tensor | None = None  # this site's torch RNG (dropout, augmentation)
     cuda_rng_state: torch.Tensor | None = None
+    param_list: list[torch.Tensor] | None = None
+    param_names: list[str] | None = None
+
+    def parameter_names(self) -> list[str]:
+        if self.param_names is None:
+            self.param_names = [n for n, _ in self.model.named_parameters()]
+        return self.param_names
 
 
 class NoParams(BaseModel):
@@ -119,14 +126,18 @@ class Algorithm:
 
     @staticmethod
     def params(site: Site) -> list[torch.Tensor]:
-        return [p for p in site.model.parameters()]
+        # Cached: walking the module tree every step costs more than a small model's update.
+        # load_state_dict copies into these same tensors, so the list stays valid.
+        if site.param_list is None:
+            site.param_list = list(site.model.parameters())
+        return site.param_list
 
     @staticmethod
     def grads(site: Site) -> list[torch.Tensor]:
         """Gradients of the network parameters (zeros where a parameter got none)."""
-        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in site.model.parameters()]
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in Algorithm.params(site)]
 
     @staticmethod
     def zero_grad(site: Site) -> None:
-        for p in site.model.parameters():
+        for p in Algorithm.params(site):
             p.grad = None

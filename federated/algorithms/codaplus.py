@@ -54,7 +54,7 @@ class CODAPlus(Algorithm):
 
     # --- state --------------------------------------------------------------------------------
     def primal_names(self, site: Site) -> list[str]:
-        return [f"w.{n}" for n, _ in site.model.named_parameters()] + ["a", "b"]
+        return [f"w.{n}" for n in site.parameter_names()] + ["a", "b"]
 
     def primal(self, site: Site) -> list[torch.Tensor]:
         return self.params(site) + [site.state["a"], site.state["b"]]

@@ -26,13 +26,13 @@ class FedProx(FedAvg):
     Params = FedProxParams
 
     def state_spec(self, site: Site):
-        return {f"round_start.{n}": Comm.LOCAL for n, _ in site.model.named_parameters()}
+        return {f"round_start.{n}": Comm.LOCAL for n in site.parameter_names()}
 
     def init_site_state(self, site: Site):
         return {f"round_start.{n}": p.detach().clone() for n, p in site.model.named_parameters()}
 
     def _round_start(self, site: Site) -> list[torch.Tensor]:
-        return [site.state[f"round_start.{n}"] for n, _ in site.model.named_parameters()]
+        return [site.state[f"round_start.{n}"] for n in site.parameter_names()]
 
     def direction(self, site: Site, grads):
         d = super().direction(site, grads)

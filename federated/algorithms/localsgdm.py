@@ -26,13 +26,13 @@ class LocalSGDM(FedAvg):
     Params = LocalSGDMParams
 
     def state_spec(self, site: Site):
-        return {f"momentum.{n}": Comm.MEAN for n, _ in site.model.named_parameters()}
+        return {f"momentum.{n}": Comm.MEAN for n in site.parameter_names()}
 
     def init_site_state(self, site: Site):
         return {f"momentum.{n}": torch.zeros_like(p) for n, p in site.model.named_parameters()}
 
     def direction(self, site: Site, grads):
-        buffers = [site.state[f"momentum.{n}"] for n, _ in site.model.named_parameters()]
+        buffers = [site.state[f"momentum.{n}"] for n in site.parameter_names()]
         torch._foreach_mul_(buffers, self.p.momentum)
         torch._foreach_add_(buffers, super().direction(site, grads))
         return buffers

@@ -23,7 +23,7 @@ class Scaffold(FedAvg):
 
     def state_spec(self, site: Site):
         spec = {}
-        for n, _ in site.model.named_parameters():
+        for n in site.parameter_names():
             spec[f"c_site.{n}"] = Comm.LOCAL
             spec[f"c.{n}"] = Comm.MEAN  # set to c_site before communication: the mean is the new c
             spec[f"grad_sum.{n}"] = Comm.LOCAL
@@ -34,7 +34,7 @@ class Scaffold(FedAvg):
                 for kind in ("c_site", "c", "grad_sum")}
 
     def _get(self, site: Site, kind: str) -> list[torch.Tensor]:
-        return [site.state[f"{kind}.{n}"] for n, _ in site.model.named_parameters()]
+        return [site.state[f"{kind}.{n}"] for n in site.parameter_names()]
 
     def direction(self, site: Site, grads):
         g = super().direction(site, grads)

@@ -1,0 +1,97 @@
+"""The torch.distributed backend (gloo, one process per site on localhost) against the in-process one,
+and a site that dies mid-training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import federated
+from federated import SyntheticSite, TrainConfig
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
+    yield
+    torch.set_num_threads(threads)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(**kw) -> TrainConfig:
+    sites = [SyntheticSite(n_train=96, n_valid=24, n_test=32, shape=(6,), num_classes=2, pos_rate=0.25,
+                           shift=0.5 * k, task_seed=5) for k in range(2)]
+    base = dict(algorithm="codasca", params={"T0": 4, "eta_g": 1.5}, sites=sites, network="mlp",
+                network_kwargs={"hidden": 16}, rounds=4, local_steps=2, batch_size=16, lr=0.1, progress=False,
+                loader_workers=0, timeout_s=20, guarantee_positives=True)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def test_two_processes_give_the_in_process_model(tmp_path):
+    cfg = _config()
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "federated.distributed", str(tmp_path / "cfg.json"),
+           "--out", str(tmp_path / "result.pt")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist_result = torch.load(tmp_path / "result.pt", weights_only=False)
+    local = federated.train(cfg)
+    for key, value in local.global_state.items():
+        assert torch.allclose(value.float(), dist_result["global_state"][key].float(), atol=1e-5), key
+    for mine, theirs in zip(local.history, dist_result["history"]):
+        assert mine["bytes_sent"] == theirs["bytes_sent"]
+        assert mine["bytes_received"] == theirs["bytes_received"]
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=1e-5)
+    got, want = dist_result["history"][-1]["metrics"], local.history[-1]["metrics"]
+    assert got.keys() == want.keys() and "test/pooled/auc_macro" in got
+    assert got["test/pooled/auc_macro"] == pytest.approx(want["test/pooled/auc_macro"], abs=1e-4)
+
+
+def test_a_site_that_dies_fails_the_job_with_a_clear_message(tmp_path):
+    cfg = _config(rounds=100_000, checkpoint_dir=tmp_path / "ckpt", timeout_s=15, params={})
+    (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = dict(_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, "-m", "federated.distributed", str(tmp_path / "cfg.json")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ckpt" / "LATEST").exists():
+            assert time.monotonic() < deadline, "training never reached its first checkpoint"
+            assert procs[0].poll() is None and procs[1].poll() is None
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGKILL)  # the hospital's machine goes away mid-round
+        started = time.monotonic()
+        _, err = procs[0].communicate(timeout=90)
+        assert procs[0].returncode == 1, err[-2000:]
+        assert "site 0:" in err and "another site crashed or did not answer within 15 s" in err
+        assert time.monotonic() - started < 60
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
