@@ -103,13 +103,15 @@ def table(title: str, rows: dict[str, list[dict]], columns=("auc", "pauc")) -> N
         print(f"{name:<28}" + "".join(f"{cell:>18}" for cell in cells))
 
 
-# Rates used everywhere below; the AUC min-max ones are docs/sweeps.md's defaults.
+# (algorithm, params, engine lr). LocalSCGDAM / LocalSGDAM and FedSGDA-M use docs/sweeps.md's rates; the
+# others their authors' lr 0.1.
 METHODS = {
-    "fedavg (BCE)": ("fedavg", {}),
-    "localsgdm_rl": ("localsgdm_rl", {}),
-    "codasca (AUC-M)": ("codasca", {"gamma": None}),
-    "fedxl2 (KL-OPAUC)": ("fedxl2", {}),
-    "localscgdam": ("localscgdam", {}),
+    "fedavg (BCE)": ("fedavg", {}, 0.1),
+    "localsgdm_rl": ("localsgdm_rl", {}, 0.1),
+    "codasca (AUC-M)": ("codasca", {"gamma": None}, 0.1),
+    "fedxl2 (KL-OPAUC)": ("fedxl2", {}, 0.1),
+    "localscgdam": ("localscgdam", {}, 0.03),
+    "fedsgda_m": ("fedsgda_m", {}, 0.1),
 }
 
 HETEROGENEOUS = dict(prevalence=[0.05, 0.1, 0.2, 0.3], shift=[-1.5, -0.5, 0.5, 1.5])
@@ -117,40 +119,41 @@ HETEROGENEOUS = dict(prevalence=[0.05, 0.1, 0.2, 0.3], shift=[-1.5, -0.5, 0.5, 1
 
 def imbalance(seeds, rounds):
     rows = {}
-    for label, (alg, params) in METHODS.items():
+    for label, (alg, params, lr) in METHODS.items():
         rows[label] = [run(make_federation([0.01] * 4, [0.0, 0.3, 0.6, 0.9], n_train=1500, n_test=1500, seed=s),
-                           alg, params, rounds=rounds, seed=s) for s in seeds]
+                           alg, params, rounds=rounds, lr=lr, seed=s) for s in seeds]
     table("1. heavy imbalance: 1 % positives at every site, K = 4, I = 8", rows)
 
 
 def flipped(seeds, rounds):
     rows = {}
-    for label, (alg, params) in {"codasca (AUC-M)": METHODS["codasca (AUC-M)"],
-                                 "fedxl1 squared hinge": ("fedxl1", {}),
-                                 "fedxl1 sigmoid": ("fedxl1", {"surrogate": "sigmoid"})}.items():
+    for label, (alg, params, lr) in {"codasca (AUC-M)": METHODS["codasca (AUC-M)"],
+                                     "fedxl1 squared hinge": ("fedxl1", {}, 0.1),
+                                     "fedxl1 sigmoid": ("fedxl1", {"surrogate": "sigmoid"}, 0.1)}.items():
         for flip in (0.0, 0.2):
             rows[f"{label}, flip {flip:.0%}"] = [
-                run(make_federation([0.2] * 4, [0.0] * 4, flip=flip, seed=s), alg, params, rounds=rounds, seed=s)
-                for s in seeds]
+                run(make_federation([0.2] * 4, [0.0] * 4, flip=flip, seed=s), alg, params, rounds=rounds, lr=lr,
+                    seed=s) for s in seeds]
     table("2. flipped training labels (clean test), 20 % positives, K = 4, I = 8", rows)
 
 
 def compositional(seeds, rounds):
     rows = {}
-    for label, (alg, params) in {"localscgdam exact": ("localscgdam", {}),
-                                 "localscgdam first-order": ("localscgdam", {"jacobian": "first_order"}),
-                                 "localsgdam": ("localsgdam", {}), "coda": ("coda", {"gamma": None}),
-                                 "localsgdm": ("localsgdm", {}), "localsgdm_rl": ("localsgdm_rl", {})}.items():
+    for label, (alg, params, lr) in {
+            "localscgdam exact": ("localscgdam", {}, 0.03),
+            "localscgdam first-order": ("localscgdam", {"jacobian": "first_order"}, 0.03),
+            "localsgdam": ("localsgdam", {}, 0.03), "coda": ("coda", {"gamma": None, "T0": 160}, 0.1),
+            "localsgdm": ("localsgdm", {}, 0.1), "localsgdm_rl": ("localsgdm_rl", {}, 0.1)}.items():
         for I in (4, 16):
-            rows[f"{label}, I={I}"] = [run(make_federation(**HETEROGENEOUS, seed=s), alg, params,
+            rows[f"{label}, I={I}"] = [run(make_federation(**HETEROGENEOUS, seed=s), alg, params, lr=lr,
                                            rounds=rounds * 8 // I, local_steps=I, seed=s) for s in seeds]
     table("3. heterogeneous prevalence and shift, K = 4 (same iterations at each I)", rows)
 
 
 def jacobian_cost(rounds):
     fed = make_federation(**HETEROGENEOUS)
-    t = {j: run(fed, "localscgdam", {"jacobian": j}, rounds=rounds)["seconds"] for j in ("first_order", "exact")}
-    t_sgdam = run(fed, "localsgdam", rounds=rounds)["seconds"]
+    t = {j: run(fed, "localscgdam", {"jacobian": j}, lr=0.03, rounds=rounds)["seconds"] for j in ("first_order", "exact")}
+    t_sgdam = run(fed, "localsgdam", lr=0.03, rounds=rounds)["seconds"]
     print(f"\n4. LocalSCGDAM wall time, {rounds * 8} steps x 4 sites, MLP with BatchNorm: exact {t['exact']:.2f} s, "
           f"first-order {t['first_order']:.2f} s (exact / first-order = {t['exact'] / t['first_order']:.2f}); "
           f"LocalSGDAM {t_sgdam:.2f} s")

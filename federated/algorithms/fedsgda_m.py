@@ -26,9 +26,9 @@ from federated.registry import register
 from federated.state import Comm
 
 
-class FedSGDAMParams(FedSGDAParams):
+class FedSGDAMParams(FedSGDAParams):  # defaults from the sweep in docs/sweeps.md (engine lr 0.1 there)
     storm_x: float = Field(default=0.5, gt=0, le=1)  # a: weight of the fresh gradient in u; 1 = no momentum
-    storm_y: float = Field(default=0.5, gt=0, le=1)  # b: the same for v
+    storm_y: float = Field(default=0.1, gt=0, le=1)  # b: the same for v
 
 
 @register

@@ -27,7 +27,8 @@ from models.objectives import auc_square_loss
 
 class FedSGDAParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dual_lr: float = Field(default=0.1, gt=0)  # c (FedSGDA-M: c * eta): alpha's ascent step
+    # c (FedSGDA-M: c * eta): alpha's ascent step; default from FedSGDA-M's sweep (docs/sweeps.md)
+    dual_lr: float = Field(default=0.01, gt=0)
 
 
 class FedSGDAPlusParams(FedSGDAParams):

@@ -36,16 +36,17 @@ from models.compositional import functional_forward, inner_ce_step
 from models.objectives import auc_square_loss
 
 
+# Defaults from the sweep in docs/sweeps.md (engine lr = gamma_x eta: 0.03 there).
 class LocalSGDAMParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dual_lr: float = Field(default=0.1, gt=0)  # gamma_y eta: alpha's ascent step
+    dual_lr: float = Field(default=0.01, gt=0)  # gamma_y eta: alpha's ascent step
     beta_x: float = Field(default=0.5, gt=0, le=1)  # beta_x eta: weight on the new primal gradient; 1 = no momentum
     beta_y: float = Field(default=0.5, gt=0, le=1)  # beta_y eta: the same for the dual gradient
 
 
 class LocalSCGDAMParams(LocalSGDAMParams):
-    rho: float = Field(default=0.1, ge=0)  # inner CE step size; 0 makes g the identity
-    h_rate: float = Field(default=0.5, gt=0, le=1)  # alpha_h eta: weight of the new g(x) in h; 1 = h = g(x; xi)
+    rho: float = Field(default=0.05, ge=0)  # inner CE step size; 0 makes g the identity, >= 0.2 hurt in the sweep
+    h_rate: float = Field(default=0.1, gt=0, le=1)  # alpha_h eta: weight of the new g(x) in h; 1 = h = g(x; xi)
     jacobian: Literal["exact", "first_order"] = "exact"
 
 
