@@ -41,15 +41,18 @@ def configure(project_dir: Path = PROJECT_DIR) -> str:
     return uri
 
 
-def experiment_id(name: str, project_dir: Path = PROJECT_DIR) -> str:
-    """The experiment's id, created on first use; with the embedded store its artifacts stay in the project."""
+def experiment_id(name: str) -> str:
+    """The experiment's id, created on first use. With a SQLite store the artifacts go beside the database
+    (``mlartifacts/<experiment>``), so an embedded store is one self-contained folder."""
     client = MlflowClient()
     existing = client.get_experiment_by_name(name)
     if existing is not None:
         return existing.experiment_id
     artifact_location = None
-    if mlflow.get_tracking_uri().startswith("sqlite:"):
-        artifact_location = (Path(project_dir) / "mlartifacts" / name).resolve().as_uri()
+    uri = mlflow.get_tracking_uri()
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///"))
+        artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
     return client.create_experiment(name, artifact_location=artifact_location)
 
 
@@ -113,8 +116,9 @@ def _beats_champion(client: MlflowClient, name: str, selection_metric: float) ->
     return math.isnan(current) or selection_metric > current
 
 
-def compare_runs(experiment: str, sort_by: str = "pooled_test_macro_auc") -> pd.DataFrame:
-    """A table of the experiment's finished federated trainings (parent runs), best first."""
+def compare_runs(experiment: str, sort_by: str = "AUC macro") -> pd.DataFrame:
+    """The experiment's federated trainings (parent runs), best first: algorithm, I, per-disease pooled test
+    AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and minutes."""
     client = MlflowClient()
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -124,18 +128,23 @@ def compare_runs(experiment: str, sort_by: str = "pooled_test_macro_auc") -> pd.
     )
     rows = []
     for run in runs:
+        metrics, params = run.data.metrics, run.data.params
         row = {
             "run": run.info.run_name,
-            "algorithm": run.data.params.get("algorithm"),
-            "I": run.data.params.get("local_steps"),
-            "rounds": run.data.params.get("rounds"),
-            "minutes": (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan"),
+            "algorithm": params.get("algorithm"),
+            "I": int(params.get("local_steps", 0)),
+            "rounds": int(params.get("rounds", 0)),
         }
-        row.update({key: value for key, value in run.data.metrics.items() if key.startswith(("pooled_test", "bytes"))})
+        for prefix, short in (("test/pooled/auc", "AUC"), ("test/pooled/pauc_fpr0.3_mcclish", "pAUC0.3")):
+            row[f"{short} macro"] = metrics.get(f"{prefix}_macro", float("nan"))
+            row.update({f"{short} {key.rsplit('/', 1)[1]}": value for key, value in sorted(metrics.items())
+                        if key.startswith(prefix + "/")})
+        row["MB sent"] = metrics.get("bytes_sent_cumulative", float("nan")) / 1e6
+        row["minutes"] = (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan")
         rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    if sort_by in table:
-        table = table.sort_values(sort_by, ascending=False, na_position="last")
-    return table.reset_index(drop=True)
+    if sort_by not in table:
+        raise ValueError(f"cannot sort by {sort_by!r}; columns are {list(table.columns)}")
+    return table.sort_values(sort_by, ascending=False, na_position="last").reset_index(drop=True)

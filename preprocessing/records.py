@@ -34,7 +34,7 @@ UNCERTAIN = -1.0
 
 RECORD_COLUMNS: tuple[str, ...] = (
     "record_id",  # unique within the site, stable across re-runs (e.g. the image path)
-    "source_row",  # where the record came from: "<file>:<line>" for the user to find it
+    "source_row",  # where the record came from: "<file>:row <n>" (data rows from 1) for the user to find it
     "patient_id",
     "study_id",
     "image_path",  # relative to the site's data root

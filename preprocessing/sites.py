@@ -137,6 +137,11 @@ class SiteConfig(BaseModel):
     def diseases(self) -> tuple[str, ...]:
         return TASK_DISEASES[self.task]
 
+    @property
+    def source(self) -> Path | None:
+        """The YAML this config was loaded from (None when built in code)."""
+        return self._path
+
 
 def _message(error: dict) -> str:
     if error["type"] == "extra_forbidden":

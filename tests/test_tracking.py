@@ -27,7 +27,7 @@ def _trained_like_model(seed: int) -> torch.nn.Module:
 
 def test_champion_moves_only_to_a_better_model(store):
     example = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
-    experiment = tracking.experiment_id("chest-xray", project_dir=store)
+    experiment = tracking.experiment_id("chest-xray")
     assert (store / "mlartifacts" / "chest-xray").as_uri() == MlflowClient().get_experiment(experiment).artifact_location
 
     versions = []
@@ -43,7 +43,7 @@ def test_champion_moves_only_to_a_better_model(store):
 def test_registered_model_reproduces_eval_mode_outputs(store):
     model = _trained_like_model(0)
     batch = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
-    with mlflow.start_run(experiment_id=tracking.experiment_id("melanoma", project_dir=store)):
+    with mlflow.start_run(experiment_id=tracking.experiment_id("melanoma")):
         tracking.register_model(model, "melanoma", batch[:2], 0.8)
     loaded = mlflow.pytorch.load_model("models:/fedauc-melanoma@champion")
     with torch.no_grad():

@@ -1,0 +1,132 @@
+"""Prefect flows users schedule: onboard a site, preprocess a federation, train, evaluate, compare, demo.
+
+Each flow reads like the table of contents of its job; the work is in the packages (``preprocessing``,
+``federated``, ``pipelines.runs``). Tasks are the units of retry and caching: preprocessing is cached by
+the shard writer's own content hash (a re-run with nothing changed does no work), training by the shard
+content hashes plus the full training config, so a retried or repeated flow never retrains what it has.
+Import after ``pipelines.prefect_env.configure_prefect_env()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.deployments import run_deployment
+
+from pipelines import runs, tracking
+from pipelines.preprocess_flow import preprocess_site
+from preprocessing.federation import load_federation
+from preprocessing.label_report import label_report
+from preprocessing.scan import scan_site
+from preprocessing.sites import SiteConfigError, load_site, validate_site
+
+
+def _artifact_key(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+# --- onboarding ---------------------------------------------------------------------------------------
+@task(name="validate-site", cache_policy=NO_CACHE)
+def validate(site_yaml: str) -> None:
+    problems = validate_site(site_yaml)
+    if problems:
+        raise SiteConfigError(problems)
+
+
+@task(name="labels-report", cache_policy=NO_CACHE)
+def labels_only_report(site_yaml: str) -> dict:
+    return label_report(scan_site(load_site(site_yaml)))
+
+
+@flow(name="onboard_site")
+def onboard_site(site_yaml: str) -> dict:
+    """The gate before a site joins: its YAML and data root validate, and its labels are worth reading."""
+    validate(site_yaml)
+    report = labels_only_report(site_yaml)
+    create_markdown_artifact(key=f"onboard-{_artifact_key(Path(site_yaml).stem)}",
+                             markdown=runs.label_report_markdown(report),
+                             description=f"labels-only report of {site_yaml}")
+    return report
+
+
+# --- preprocessing ------------------------------------------------------------------------------------
+@flow(name="preprocess_federation")
+def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, dispatch: str = "local") -> list[dict]:
+    """Every site of a federation, each where its data lives.
+
+    ``dispatch="local"`` runs each site's ``preprocess_site`` here (the embedded default, one machine);
+    ``"deployments"`` triggers each site's deployment ``preprocess_site/preprocess-<site>`` so that it runs
+    on that hospital's own work pool (infra/prefect.yaml) and waits for all of them.
+    """
+    federation = load_federation(federation_yaml)
+    if dispatch == "local":
+        return [preprocess_site(str(site.source), out_dir, workers) for site in federation.sites]
+    if dispatch != "deployments":
+        raise ValueError(f"dispatch must be 'local' or 'deployments', got {dispatch!r}")
+    flow_runs = [run_deployment(f"preprocess_site/preprocess-{site.name}",
+                                parameters={"site_yaml": str(site.source), "out_dir": out_dir, "workers": workers})
+                 for site in federation.sites]
+    failed = [run.name for run in flow_runs if not run.state.is_completed()]
+    if failed:
+        raise RuntimeError(f"site preprocessing did not complete: {', '.join(failed)}")
+    return [run.state.result() for run in flow_runs]
+
+
+# --- training -----------------------------------------------------------------------------------------
+def _training_cache_key(context, parameters) -> str:
+    """Shard content hashes + the whole config: same data, same config, same trained model."""
+    federation = load_federation(parameters["federation_yaml"])
+    hashes = [json.loads((d / "shard.json").read_text())["content_hash"]
+              for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
+    payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),
+                          "name": parameters.get("run_name")}, sort_keys=True, default=str)
+    return "train-" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+@task(name="train", retries=1, retry_delay_seconds=5, cache_key_fn=_training_cache_key, persist_result=True)
+def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
+    federation = load_federation(federation_yaml)
+    result = runs.train_tracked(federation, Path(shards_root), config, run_name)
+    return runs.training_summary(result)
+
+
+@flow(name="train_federated")
+def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
+    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites)."""
+    summary = train_task(federation_yaml, shards_root, config, run_name)
+    create_markdown_artifact(key=f"train-{_artifact_key(summary['run_name'])}",
+                             markdown=runs.training_markdown(summary), description="federated training")
+    return summary
+
+
+# --- evaluation and comparison ------------------------------------------------------------------------
+@task(name="evaluate-model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def evaluate_task(federation_yaml: str, shards_root: str, model_uri: str | None) -> dict:
+    return runs.evaluate_registered(load_federation(federation_yaml), Path(shards_root), model_uri)
+
+
+@flow(name="evaluate")
+def evaluate(federation_yaml: str, shards_root: str, model_uri: str | None = None) -> dict:
+    """A registered model (default: the task's champion) on every site's test split and pooled."""
+    metrics = evaluate_task(federation_yaml, shards_root, model_uri)
+    create_table_artifact(key="evaluate", table=runs.metrics_rows(metrics), description="test metrics")
+    return metrics
+
+
+@flow(name="compare")
+def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithms: list[str],
+            local_steps: list[int]) -> list[dict]:
+    """A sweep over algorithms and communication periods I, then the comparison table of the experiment."""
+    summaries = [train_task(federation_yaml, shards_root, {**base_config, "algorithm": algorithm, "local_steps": i},
+                            f"{algorithm}-I{i}")
+                 for algorithm in algorithms for i in local_steps]
+    table = tracking.compare_runs(load_federation(federation_yaml).task)
+    create_markdown_artifact(key="compare", markdown=table.to_markdown(index=False, floatfmt=".3f"),
+                             description="runs of the experiment, best first")
+    return summaries

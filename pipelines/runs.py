@@ -1,0 +1,259 @@
+"""A federated training recorded in MLflow: what the ``train_federated`` flow and ``fedauc train`` run.
+
+One parent run per training (params: algorithm and every hyperparameter, sites, K, I, shard hashes, code
+version) and one child run per site. Per-round metrics go where they belong: pooled and
+macro-over-sites values and the bytes communicated to the parent, a site's own metrics and bytes to its
+child run. At the end: ROC curves, the sites' QC reports, the config, and the global model, registered
+as ``fedauc-<task>`` with the champion alias moved when it wins on pooled validation macro-AUC.
+Importable and testable without Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from federated import ShardSite, TrainConfig, get_algorithm, train
+from federated.data import load_shard, to_model_input
+from federated.predict import predict_scores
+from models.metrics import per_site_and_pooled
+from pipelines import tracking
+from pipelines.tables import markdown_table
+from preprocessing.federation import Federation
+
+SELECTION_METRIC = "valid/pooled/auc_macro"
+HEADLINE_METRIC = "test/pooled/auc_macro"
+
+
+@dataclass
+class TrainingRun:
+    run_id: str
+    algorithm: str
+    local_steps: int
+    model_version: str
+    promoted: bool
+    final_metrics: dict[str, float]
+    seconds: float
+
+
+def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
+    """Each site's shard directory; a site that was not preprocessed is an error naming it."""
+    dirs = [Path(shards_root) / site.name for site in federation.sites]
+    missing = [str(d) for d in dirs if not (d / "shard.json").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"federation {federation.name!r}: no shards at {', '.join(missing)}; run `fedauc preprocess` first"
+        )
+    return dirs
+
+
+def code_version() -> str:
+    """The git commit of the running code, with '+dirty' when the work tree has changes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def training_params(config: TrainConfig, federation: Federation, shard_dirs: list[Path]) -> dict[str, str]:
+    """Every hyperparameter, the algorithm's defaults resolved, plus what identifies the data and code."""
+    algorithm_params = get_algorithm(config.algorithm).Params(**config.params).model_dump()
+    params = {key: value for key, value in config.model_dump(exclude={"sites", "params"}).items()}
+    params.update({f"algo.{key}": value for key, value in algorithm_params.items()})
+    params.update({
+        "federation": federation.name,
+        "task": federation.task,
+        "sites": ",".join(site.name for site in federation.sites),
+        "K": len(federation.sites),
+        "I": config.local_steps,
+        "code_version": code_version(),
+    })
+    for site, shard_dir in zip(federation.sites, shard_dirs):
+        params[f"shard_hash.{site.name}"] = json.loads((shard_dir / "shard.json").read_text())["content_hash"]
+    return {key: str(value) for key, value in params.items()}
+
+
+class RoundLogger:
+    """Engine callback: splits each round's record between the parent run and the site child runs."""
+
+    def __init__(self, client: MlflowClient, parent_id: str, child_ids: list[str]):
+        self.client, self.parent_id, self.child_ids = client, parent_id, child_ids
+        self.bytes_sent_cumulative = 0
+
+    def __call__(self, record: dict) -> None:
+        step, now = record["round"] + 1, int(time.time() * 1000)
+        self.bytes_sent_cumulative += sum(record["bytes_sent"])
+        parent = {
+            "bytes_sent_cumulative": float(self.bytes_sent_cumulative),
+            "bytes_sent_total": float(sum(record["bytes_sent"])),
+            "bytes_received_total": float(sum(record["bytes_received"])),
+            "train_loss": record["train_loss"],
+            "round_seconds": record["seconds"],
+        }
+        children: list[dict[str, float]] = [
+            {"bytes_sent": float(sent), "bytes_received": float(received)}
+            for sent, received in zip(record["bytes_sent"], record["bytes_received"])
+        ]
+        for key, value in record.get("metrics", {}).items():
+            split, scope, *rest = key.split("/")
+            if scope == "site":
+                site, metric = int(rest[0]), "/".join(rest[1:])
+                children[site][f"{split}/{metric}"] = value
+            else:
+                parent[key] = value
+        self._log(self.parent_id, parent, step, now)
+        for run_id, metrics in zip(self.child_ids, children):
+            self._log(run_id, metrics, step, now)
+
+    def _log(self, run_id: str, metrics: dict[str, float], step: int, now: int) -> None:
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+
+def train_tracked(
+    federation: Federation,
+    shards_root: Path,
+    config: dict,
+    run_name: str | None = None,
+) -> TrainingRun:
+    """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards and record it
+    in MLflow."""
+    shard_dirs = site_shard_dirs(federation, shards_root)
+    config = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
+    tracking.configure()
+    client = MlflowClient()
+    experiment = tracking.experiment_id(federation.task)
+    started = time.perf_counter()
+    run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
+    with mlflow.start_run(experiment_id=experiment, run_name=run_name,
+                          tags={"fedauc_role": "federated-training", "federation": federation.name}) as parent:
+        mlflow.log_params(training_params(config, federation, shard_dirs))
+        mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
+        child_ids = [
+            client.create_run(experiment, run_name=f"{run_name}/{site.name}",
+                              tags={"mlflow.parentRunId": parent.info.run_id, "fedauc_role": "site",
+                                    "site": site.name}).info.run_id
+            for site in federation.sites
+        ]
+        result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
+        model = result.model().eval()
+        _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
+        final = result.history[-1].get("metrics", {})
+        example = _input_example(shard_dirs[0])
+        version, promoted = tracking.register_model(model, federation.task, example,
+                                                    final.get(SELECTION_METRIC, float("nan")))
+        for run_id in child_ids:
+            client.set_terminated(run_id)
+    return TrainingRun(parent.info.run_id, config.algorithm, config.local_steps, version, promoted, final,
+                       time.perf_counter() - started)
+
+
+def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config) -> None:
+    """Per site: its QC report and its test ROC curves; on the parent: the pooled test ROC curves."""
+    device = config.resolve_device()
+    model = model.to(device)
+    pooled_labels, pooled_scores = [], []
+    for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
+        for report in ("report.json", "report.md"):
+            path = shard_dir / "qc" / report
+            if path.is_file():
+                client.log_artifact(run_id, str(path), artifact_path="qc")
+                mlflow.log_artifact(str(path), artifact_path=f"qc/{site.name}")
+        test = load_shard(shard_dir).splits.get("test")
+        if test is None or len(test) == 0:
+            continue
+        scores = predict_scores(model, test.images, device)
+        pooled_labels.append(test.labels)
+        pooled_scores.append(scores)
+        client.log_figure(run_id, tracking.roc_figure(test.labels, scores, tuple(federation.sites[0].diseases),
+                                                      f"{site.name}: test ROC"), "roc_test.png")
+    if pooled_labels:
+        figure = tracking.roc_figure(np.concatenate(pooled_labels), np.concatenate(pooled_scores),
+                                     tuple(federation.sites[0].diseases), f"{federation.name}: pooled test ROC")
+        mlflow.log_figure(figure, "roc_test_pooled.png")
+
+
+def _input_example(shard_dir: Path) -> np.ndarray:
+    """Two training images as the model sees them (float in [0, 1], channels first)."""
+    images = load_shard(shard_dir).train.images[:2]
+    return to_model_input(np.array(images), torch.device("cpu")).numpy()
+
+
+def training_summary(run: TrainingRun) -> dict:
+    """The headline of a training, JSON-serializable (Prefect result, CLI output)."""
+    client = MlflowClient()
+    name = client.get_run(run.run_id).info.run_name
+    return {
+        "run_id": run.run_id,
+        "run_name": name,
+        "algorithm": run.algorithm,
+        "I": run.local_steps,
+        "model_version": run.model_version,
+        "promoted": run.promoted,
+        "seconds": round(run.seconds, 1),
+        SELECTION_METRIC: run.final_metrics.get(SELECTION_METRIC, float("nan")),
+        HEADLINE_METRIC: run.final_metrics.get(HEADLINE_METRIC, float("nan")),
+    }
+
+
+def training_markdown(summary: dict) -> str:
+    return markdown_table(pd.DataFrame([summary]))
+
+
+def label_report_markdown(report: dict) -> str:
+    """The labels-only report as Markdown: accounting, then per split and disease."""
+    rows = [
+        {"split": split, "disease": disease, "positives": counts["positives"], "negatives": counts["negatives"],
+         "missing": counts["missing"],
+         "prevalence": float("nan") if counts["prevalence"] is None else counts["prevalence"]}
+        for split, part in report["splits"].items() for disease, counts in part["labels"].items()
+    ]
+    head = (f"input rows {report['input_rows']} = kept {report['kept']} + quarantined {report['quarantined']}"
+            f" ({'balanced' if report['balanced'] else 'NOT balanced'}); quarantine by reason: "
+            f"{report['quarantine_by_reason'] or 'none'}\n\n")
+    return head + markdown_table(pd.DataFrame(rows))
+
+
+def evaluate_registered(federation: Federation, shards_root: Path, model_uri: str | None = None) -> dict[str, float]:
+    """A registered model on every site's test split, per site, pooled and macro over sites; logged as an
+    evaluation run. ``model_uri`` defaults to the task's champion."""
+    tracking.configure()
+    model_uri = model_uri or f"models:/{tracking.registered_model_name(federation.task)}@{tracking.CHAMPION_ALIAS}"
+    model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
+    labels, scores = {}, {}
+    for site, shard_dir in zip(federation.sites, site_shard_dirs(federation, shards_root)):
+        test = load_shard(shard_dir).splits.get("test")
+        if test is not None and len(test):
+            labels[site.name] = test.labels
+            scores[site.name] = predict_scores(model, test.images, torch.device("cpu"))
+    metrics = {f"test/{key}": float(value)
+               for key, value in per_site_and_pooled(labels, scores, list(federation.sites[0].diseases)).items()}
+    with mlflow.start_run(experiment_id=tracking.experiment_id(federation.task), run_name="evaluate",
+                          tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name}):
+        mlflow.log_metrics({key: value for key, value in metrics.items()})
+    return metrics
+
+
+def metrics_rows(metrics: dict[str, float]) -> list[dict]:
+    """``<split>/<scope>/<metric>`` keys as one row per scope (pooled, macro_over_sites, site/<name>)."""
+    rows: dict[str, dict] = {}
+    for key, value in metrics.items():
+        split, rest = key.split("/", 1)
+        parts = rest.split("/")
+        width = 2 if parts[0] == "site" else 1
+        name, metric = "/".join(parts[:width]), "/".join(parts[width:])
+        rows.setdefault(name, {"split": split, "scope": name})[metric] = value
+    return list(rows.values())

@@ -1,0 +1,104 @@
+"""The whole path on a tiny federation, with a real Prefect run and a real MLflow SQLite store."""
+
+import json
+
+import mlflow
+import numpy as np
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from pipelines.prefect_env import configure_prefect_env
+
+configure_prefect_env()
+
+from pipelines import flows, runs, tracking  # noqa: E402
+from preprocessing.synth import generate_site  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+DISEASES = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("federation")
+    entries = []
+    for name, fmt in (("alpha", "nih-cxr14"), ("beta", "padchest")):
+        generate_site(fmt, root / "data" / name, n=120, seed=7, workers=0, progress=False)
+        site = {"name": name, "format": fmt, "root": f"data/{name}", "task": "chest-xray", "image_size": 32,
+                "min_image_size": 16, "split": {"seed": 0, "valid": 0.25, "test": 0.3, "use_official": False}}
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
+        entries.append({"config": f"{name}.yaml"})
+    (root / "federation.yaml").write_text(yaml.safe_dump({"name": "tiny", "task": "chest-xray", "sites": entries}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    store = tmp_path_factory.mktemp("mlflow")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlruns.db'}")
+    yield store
+    patch.undo()
+    mlflow.set_tracking_uri(None)
+
+
+def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
+    report = flows.onboard_site(str(federation / "alpha.yaml"))
+    assert report["input_rows"] == report["kept"] + report["quarantined"] == 120
+
+    shards = federation / "shards"
+    first = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
+    assert [s["site"] for s in first] == ["alpha", "beta"]
+    again = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
+    assert all(s["reused"] for s in again) and not any(s["reused"] for s in first)
+
+    config = {"algorithm": "codasca", "params": {"T0": 4}, "network": "small_resnet", "rounds": 3,
+              "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False}
+    summary = flows.train_federated(str(federation / "federation.yaml"), str(shards), config, "codasca-tiny")
+    assert summary["promoted"] and summary["model_version"] == "1"
+
+    client = MlflowClient()
+    parent = client.get_run(summary["run_id"])
+    assert parent.data.params["algorithm"] == "codasca"
+    assert parent.data.params["algo.eta_g"] == "1.0" and parent.data.params["K"] == "2"
+    for site in ("alpha", "beta"):
+        shard_hash = json.loads((shards / site / "shard.json").read_text())["content_hash"]
+        assert parent.data.params[f"shard_hash.{site}"] == shard_hash
+    history = client.get_metric_history(summary["run_id"], "valid/pooled/auc_macro")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert {"test/pooled/auc/Cardiomegaly", "test/pooled/pauc_fpr0.3_mcclish/Edema",
+            "test/macro_over_sites/auc_macro", "bytes_sent_total"} <= set(parent.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(summary["run_id"])}
+    assert {"config.json", "roc_test_pooled.png", "qc"} <= artifacts
+    assert {a.path for a in client.list_artifacts(summary["run_id"], "qc/alpha")} == {"qc/alpha/report.json",
+                                                                                      "qc/alpha/report.md"}
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{summary['run_id']}'")
+    assert sorted(c.data.tags["site"] for c in children) == ["alpha", "beta"]
+    for child in children:
+        assert "test/auc_macro" in child.data.metrics and "bytes_sent" in child.data.metrics
+        assert "roc_test.png" in {a.path for a in client.list_artifacts(child.info.run_id)}
+
+    champion = client.get_model_version_by_alias("fedauc-chest-xray", "champion")
+    assert str(champion.version) == "1"
+    evaluated = flows.evaluate(str(federation / "federation.yaml"), str(shards))
+    for key in ("test/pooled/auc_macro", "test/pooled/auc/Cardiomegaly", "test/macro_over_sites/auc_macro"):
+        logged, reproduced = parent.data.metrics[key], evaluated[key]
+        assert np.isnan(logged) and np.isnan(reproduced) or abs(logged - reproduced) < 1e-5, key
+
+    table = tracking.compare_runs("chest-xray")
+    assert list(table["run"]) == ["codasca-tiny"] and table.loc[0, "I"] == 2
+    assert table.loc[0, "MB sent"] > 0
+
+    # Same shards, same config: the training task is cached, no second MLflow run.
+    assert flows.train_federated(str(federation / "federation.yaml"), str(shards), config, "codasca-tiny") == summary
+    assert len(tracking.compare_runs("chest-xray")) == 1
+
+
+def test_training_without_shards_names_the_missing_site(federation, tmp_path):
+    from preprocessing.federation import load_federation
+
+    with pytest.raises(FileNotFoundError, match=r"federation 'tiny': no shards at .*alpha.*run `fedauc preprocess` first"):
+        runs.site_shard_dirs(load_federation(federation / "federation.yaml"), tmp_path)
