@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeError, decode_image
+from preprocessing.quarantine import Reason
 from preprocessing.records import TASK_CHANNELS, label_columns
 from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
 
@@ -86,6 +87,10 @@ def process_chunk(chunk: Chunk, transform: TransformSettings) -> ChunkResult:
             )
         except DecodeError as err:
             outcomes.append({"i": index, "ok": False, "reason": err.reason.value, "detail": err.detail})
+            continue
+        except Exception as err:  # noqa: BLE001 - one malformed file must not stop a 200,000-image run
+            detail = f"{path}: unexpected {type(err).__name__} while decoding: {err}"
+            outcomes.append({"i": index, "ok": False, "reason": Reason.UNREADABLE_FILE.value, "detail": detail})
             continue
         tile = resize_to_square(decoded.pixels, transform.image_size)
         tiles[offset] = tile.pixels
