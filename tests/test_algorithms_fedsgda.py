@@ -133,4 +133,4 @@ def test_ratio_loss_weights_positives_by_the_global_class_ratio():
             else:
                 terms.append(math.log1p(math.exp(z)))
         total += sum(terms) / len(terms)
-    assert math.isclose(float(alg.loss(site, batch)), total / C, rel_tol=1e-5)
+    assert math.isclose(float(alg.loss(site, batch).detach()), total / C, rel_tol=1e-5)
