@@ -76,6 +76,8 @@ class DistributedBackend:
     def __init__(self, timeout_s: float, device: torch.device):
         if not dist.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
+            # Without it an NCCL collective whose peer died blocks forever instead of timing out.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             dist.init_process_group(backend=backend, timeout=dt.timedelta(seconds=timeout_s))
         self.timeout_s = timeout_s
         self.num_sites = dist.get_world_size()

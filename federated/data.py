@@ -113,6 +113,23 @@ def to_model_input(images: np.ndarray | torch.Tensor, device: torch.device) -> t
     return x.float().div_(255.0)
 
 
+def augment(x: torch.Tensor, flip: bool, max_shift: int) -> torch.Tensor:
+    """Random horizontal flips and translations (replicate-padded, up to ``max_shift`` pixels) of an
+    image batch (B, ch, H, W), on the batch's device with the current torch RNG (the site's stream)."""
+    B, _, H, W = x.shape
+    if flip:
+        flipped = torch.rand(B, device=x.device) < 0.5
+        x = torch.where(flipped[:, None, None, None], x.flip(-1), x)
+    if max_shift > 0:
+        padded = torch.nn.functional.pad(x, (max_shift,) * 4, mode="replicate")
+        dy, dx = torch.randint(0, 2 * max_shift + 1, (2, B), device=x.device)
+        rows = (torch.arange(H, device=x.device)[None] + dy[:, None])[:, None, :, None].expand(B, x.shape[1], H, W + 2 * max_shift)
+        x = padded.gather(2, rows)
+        cols = (torch.arange(W, device=x.device)[None] + dx[:, None])[:, None, None, :].expand(B, x.shape[1], H, W)
+        x = x.gather(3, cols)
+    return x
+
+
 def labels_to_targets(labels: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     lab = torch.from_numpy(np.asarray(labels, dtype=np.float32))
     known = ~torch.isnan(lab)
@@ -127,10 +144,12 @@ class SiteLoader:
     random slot by a random positive of every disease that has positives at the site but none in the
     batch (for heavily imbalanced tasks, where AUC losses need both classes in a batch).
     ``workers`` threads read the next batches from the memory map while the current one trains.
+    ``flip`` / ``max_shift`` augment image batches on the training device (see :func:`augment`).
     """
 
     def __init__(self, split: SplitData, batch_size: int, seed: int, device: torch.device,
-                 guarantee_positives: bool = False, workers: int = 2, prefetch: int = 4):
+                 guarantee_positives: bool = False, workers: int = 2, prefetch: int = 4,
+                 flip: bool = False, max_shift: int = 0):
         self.split = split
         self.batch_size = min(batch_size, len(split))
         self.device = device
@@ -140,6 +159,7 @@ class SiteLoader:
         self.positives = [np.flatnonzero(split.labels[:, c] == 1.0) for c in range(split.labels.shape[1])]
         self.workers = workers
         self.prefetch = prefetch
+        self.flip, self.max_shift = flip, max_shift
         self._pool = ThreadPoolExecutor(workers) if workers > 0 else None
 
     def next_indices(self) -> np.ndarray:
@@ -175,7 +195,10 @@ class SiteLoader:
     def _to_batch(self, host) -> Batch:
         images, labels, idx = host
         y, mask = labels_to_targets(labels, self.device)
-        return Batch(to_model_input(images, self.device), y, mask, torch.from_numpy(idx).to(self.device))
+        x = to_model_input(images, self.device)
+        if x.ndim == 4 and (self.flip or self.max_shift):
+            x = augment(x, self.flip, self.max_shift)
+        return Batch(x, y, mask, torch.from_numpy(idx).to(self.device))
 
     def batches(self, n: int):
         """The next ``n`` batches; indices are drawn up front (deterministic), reads run ahead in threads."""

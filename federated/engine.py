@@ -92,6 +92,15 @@ class _SiteRNG:
             torch.cuda.set_rng_state(self.saved_cuda)
 
 
+def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """positives / known, kept inside (0, 1) for a disease with one class only (no positive anywhere in a
+    small federation, or at one site with a local prior). Such a disease never has both classes in a
+    batch, so its AUC loss is zero whatever the prior; the clamp only keeps the losses' check meaningful."""
+    known = known.clamp_min(1)
+    eps = 0.5 / known
+    return (positives / known).clamp(min=eps, max=1 - eps).float()
+
+
 class Engine:
     def __init__(self, config: TrainConfig, backend=None):
         self.config = config
@@ -145,11 +154,11 @@ class Engine:
         for c, name in enumerate(diseases):
             if known[c] == 0:
                 raise ValueError(f"disease {name!r} has no known label at any site")
-        prior = (pos / known).float()
+        prior = _usable_prior(pos, known)
         weights = ([1.0 / K] * len(self.datas) if self.config.aggregation == "uniform"
                    else [float(c[2][0] / n[0]) for c in local])
         if self.config.prior == "local":
-            priors = [(c[0] / c[1].clamp_min(1)).float().to(self.device) for c in local]
+            priors = [_usable_prior(c[0], c[1]).to(self.device) for c in local]
         else:
             priors = [prior.to(self.device)] * len(self.datas)
         fed = Federation(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
@@ -166,7 +175,8 @@ class Engine:
         model.train()
         loader = SiteLoader(data.train, self.config.batch_size, seed=self.config.seed * 100_003 + 2 * k + 1,
                             device=self.device, guarantee_positives=self.config.guarantee_positives,
-                            workers=self.config.loader_workers)
+                            workers=self.config.loader_workers, flip=self.config.augment_flip,
+                            max_shift=self.config.augment_shift)
         gen = torch.Generator().manual_seed(self.config.seed * 100_003 + 2 * k + 2)
         cuda_state = None
         if self.device.type == "cuda":

@@ -165,7 +165,8 @@ def test_training_from_shards_with_the_global_prior(tmp_path):
     _write_shard(tmp_path / "b", "b", b, splits=("train", "test"))
     cfg = TrainConfig(algorithm="codaplus", sites=[{"kind": "shard", "path": tmp_path / "a"},
                                                    {"kind": "shard", "path": tmp_path / "b"}],
-                      network="small_resnet", rounds=1, local_steps=1, batch_size=4, progress=False)
+                      network="small_resnet", rounds=1, local_steps=1, batch_size=4, progress=False,
+                      augment_flip=True, augment_shift=1)
     engine = Engine(cfg)
     pooled = np.concatenate([np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)])
     expected_prior = np.nanmean(pooled, axis=0)
@@ -213,3 +214,17 @@ def test_config_errors_are_explicit():
         _cfg(resume=True)
     with pytest.raises(ValueError, match="distributed backend needs"):
         _cfg(backend="distributed", sites=[TensorSite(train=(torch.zeros(4, 2), torch.zeros(4, 1)))])
+
+
+def test_device_augmentation_flips_and_shifts_within_bounds():
+    torch.manual_seed(0)
+    x = torch.arange(2 * 1 * 4 * 5, dtype=torch.float32).reshape(2, 1, 4, 5)
+    flipped = federated.data.augment(x.repeat(50, 1, 1, 1), flip=True, max_shift=0)
+    is_flip = torch.tensor([torch.equal(f, x[i % 2].flip(-1)) for i, f in enumerate(flipped)])
+    is_same = torch.tensor([torch.equal(f, x[i % 2]) for i, f in enumerate(flipped)])
+    assert bool((is_flip | is_same).all()) and 20 < int(is_flip.sum()) < 80
+    shifted = federated.data.augment(x, flip=False, max_shift=1)
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="replicate")
+    for i in range(2):  # every output is one of the 9 crops of the replicate-padded image
+        crops = [padded[i, :, dy:dy + 4, dx:dx + 5] for dy in range(3) for dx in range(3)]
+        assert any(torch.equal(shifted[i], c) for c in crops)
