@@ -24,7 +24,8 @@ from federated.algorithms.base import Algorithm, Federation, Site
 from federated.backends import DistributedBackend, InProcessBackend
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig
-from federated.data import SiteData, SiteLoader, label_counts, to_model_input
+from federated.data import SiteData, SiteLoader, label_counts
+from federated.predict import predict_scores
 from federated.registry import get_algorithm
 from federated.state import Comm, model_state_spec, model_tensors, nbytes
 
@@ -225,16 +226,9 @@ class Engine:
         self.backend.mean_(floats, self.weights)
         return models[0].eval()
 
-    @torch.no_grad()
     def _scores(self, model: nn.Module, images) -> torch.Tensor:
-        out = []
-        for start in range(0, len(images), 256):
-            x = to_model_input(images[start : start + 256], self.device)
-            if self.fed.channels_last and x.ndim == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with self.algorithm.autocast():
-                out.append(torch.sigmoid(model(x).float()).reshape(len(x), -1))
-        return torch.cat(out) if out else torch.zeros(0, self.fed.num_classes, device=self.device)
+        scores = predict_scores(model, images, self.device, amp=self.fed.amp, channels_last=self.fed.channels_last)
+        return torch.from_numpy(scores).to(self.device)  # NCCL gathers device tensors
 
     def evaluate(self) -> dict[str, float]:
         """Metrics of the averaged global model (models.metrics.per_site_and_pooled) on every site's
