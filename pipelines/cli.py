@@ -133,3 +133,116 @@ def preprocess(
         f"  input rows {summary['input_rows']} = kept {summary['kept']} + quarantined {summary['quarantined']}"
     )
     typer.echo(f"  QC report: {summary['report_md']}")
+
+
+def _flows():
+    """The Prefect flows, imported after the embedded-Prefect environment defaults are set."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import flows
+
+    return flows
+
+
+@app.command()
+def demo(
+    scale: float = typer.Option(1.0, "--scale", min=0.01, help="Multiply every demo hospital's size."),
+    rounds: int = typer.Option(None, "--rounds", min=1, help="Override the demo's communication rounds."),
+) -> None:
+    """The main job on the embedded default: synthetic hospitals -> shards -> four algorithms -> MLflow."""
+    _flows()
+    from pipelines.demo import demo as demo_flow
+    from pipelines.tracking import configure
+
+    tables = demo_flow(scale=scale, rounds=rounds)
+    typer.echo(tables)
+    typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `fedauc ui`)")
+    typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
+
+
+@app.command("train")
+def train_command(
+    federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
+    algorithm: str = typer.Option(..., "--algorithm", help="A registered algorithm, e.g. codasca."),
+    shards: str = typer.Option("demo_data/shards", "--shards", help="Where `fedauc preprocess` wrote the shards."),
+    rounds: int = typer.Option(20, "--rounds", min=1),
+    local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
+    lr: float = typer.Option(0.1, "--lr"),
+    network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121."),
+    param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
+    seed: int = typer.Option(0, "--seed"),
+    eval_every: int = typer.Option(5, "--eval-every", min=0),
+    run_name: str = typer.Option(None, "--run-name"),
+) -> None:
+    """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
+    import json
+
+    params = {}
+    for item in param:
+        name, sep, value = item.partition("=")
+        if not sep:
+            typer.echo(f"--param {item!r}: expected NAME=VALUE", err=True)
+            raise typer.Exit(code=2)
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value
+    config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
+              "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every}
+    summary = _flows().train_federated(federation, shards, config, run_name)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+@app.command("evaluate")
+def evaluate_command(
+    federation: str = typer.Option(..., "--federation", help="A federation YAML."),
+    shards: str = typer.Option("demo_data/shards", "--shards"),
+    model_uri: str = typer.Option(None, "--model-uri", help="Default: models:/fedauc-<task>@champion."),
+) -> None:
+    """A registered model on every site's test split and pooled (the Prefect flow evaluate)."""
+    import pandas as pd
+
+    from pipelines.runs import metrics_rows
+    from pipelines.tables import markdown_table
+
+    typer.echo(markdown_table(pd.DataFrame(metrics_rows(_flows().evaluate(federation, shards, model_uri)))))
+
+
+@app.command("compare")
+def compare_command(
+    experiment: str = typer.Option("chest-xray", "--experiment", help="chest-xray or melanoma."),
+    sort_by: str = typer.Option("AUC macro", "--sort-by", help="A column of the table."),
+) -> None:
+    """The experiment's trainings as a table: algorithm, I, per-disease pooled test AUC / pAUC, bytes, time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipelines.tracking import compare_runs, configure
+
+    configure()
+    try:
+        frame = compare_runs(experiment, sort_by)
+    except ValueError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=1) from None
+    table = Table(title=f"{experiment}: pooled test metrics, best first")
+    for column in frame.columns:
+        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "fi" else "left")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+    Console(width=240).print(table)
+
+
+@app.command()
+def ui(
+    mlflow_port: int = typer.Option(5000, "--mlflow-port"),
+    prefect_port: int = typer.Option(4200, "--prefect-port"),
+) -> None:
+    """Start the MLflow UI and the Prefect UI on localhost, print their URLs, stop both on Ctrl-C."""
+    from pipelines.prefect_env import configure_prefect_env
+    from pipelines.servers import serve_uis
+
+    configure_prefect_env()
+    serve_uis(mlflow_port, prefect_port, echo=typer.echo)

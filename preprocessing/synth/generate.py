@@ -98,6 +98,10 @@ def render_all(sample: SiteSample, root: Path, profile_name: str, seed: list[int
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             for _ in pool.imap_unordered(_render_job, jobs, chunksize=16):
                 bar.update()
+            # Let the workers exit on their own: the pool's exit would SIGTERM them, and inside a Prefect flow
+            # the forked workers inherit Prefect's SIGTERM handler, which prints a traceback per worker.
+            pool.close()
+            pool.join()
     bar.close()
 
 

@@ -1,0 +1,51 @@
+"""infra/prefect.yaml is what a consortium deploys: every deployment must point at a real flow with
+parameters that flow accepts, and every site's work runs in that site's own pool."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.prefect_env import configure_prefect_env
+
+configure_prefect_env()
+
+from prefect import Flow  # noqa: E402
+
+from preprocessing.federation import load_federation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOYMENTS = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]
+
+
+def _flow(entrypoint: str) -> Flow:
+    path, name = entrypoint.split(":")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
+def test_deployment_points_at_a_flow_that_accepts_its_parameters(deployment):
+    flow = _flow(deployment["entrypoint"])
+    assert isinstance(flow, Flow)
+    flow.validate_parameters(deployment.get("parameters", {}))  # raises on unknown or missing parameters
+    for key, value in deployment.get("parameters", {}).items():
+        if key.endswith("_yaml"):
+            assert (ROOT / value).is_file(), f"{deployment['name']}: {key} {value} does not exist"
+
+
+def test_each_demo_site_preprocesses_in_its_own_pool():
+    pools = {d["name"]: d["work_pool"]["name"] for d in DEPLOYMENTS}
+    for federation in ("chest", "melanoma"):
+        for site in load_federation(ROOT / "sites" / "demo" / f"{federation}.yaml").sites:
+            assert pools[f"preprocess-{site.name}"] == f"site-{site.name}"
+            assert pools[f"onboard-{site.name}"] == f"site-{site.name}"
+
+
+def test_nightly_training_is_scheduled_centrally():
+    nightly = next(d for d in DEPLOYMENTS if d["name"] == "nightly-chest-codasca")
+    assert nightly["work_pool"]["name"] == "fedauc-central"
+    assert nightly["schedules"][0]["cron"] == "0 2 * * *"
