@@ -128,7 +128,9 @@ class FeDXL1(Algorithm):
         batch statistics, as active scores get them, without touching the BatchNorm running statistics."""
         out = [torch.zeros(0, self.fed.num_classes, device=self.fed.device)]
         # Near-equal chunks: a BatchNorm forward in train mode fails on a chunk of one row.
-        for chunk in np.array_split(rows, -(-len(rows) // site.loader.batch_size)):
+        for chunk in np.array_split(rows, max(1, -(-len(rows) // site.loader.batch_size))):
+            if len(chunk) == 0:  # a site without any labelled row has nothing to score
+                continue
             x = to_model_input(site.data.train.images[chunk], self.fed.device)
             with self.autocast():
                 logits = functional_forward(site.model, {}, x)
