@@ -126,6 +126,10 @@ class Engine:
                 raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {self.datas[0].name!r} has {diseases}")
         self.input_shape = _input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(diseases)
+        # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
+        flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))])] for d in self.datas]
+        self.backend.mean_(flags, [1.0 / backend.num_sites] * len(flags))
+        self.has_eval_data = bool(flags[0][0] > 0)
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
                       zip(backend.local_sites, self.datas, self.weights, local_priors)]
@@ -316,10 +320,8 @@ class Engine:
                 "seconds": time.perf_counter() - t0,
             }
             last = r == cfg.rounds - 1
-            if last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0):
-                metrics = self.evaluate()
-                if metrics:
-                    record["metrics"] = metrics
+            if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
+                record["metrics"] = self.evaluate()
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
