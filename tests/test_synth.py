@@ -181,3 +181,17 @@ def test_generate_site_refuses_to_mix_hospitals(tmp_path):
         generate_site("siim-isic-2020", tmp_path / "x", n=3, progress=False)
     with pytest.raises(ValueError, match="unknown format"):
         generate_site("dicomdir", tmp_path / "y", n=3, progress=False)
+
+
+@pytest.mark.parametrize("fmt", ["chexpert", "mimic-cxr-jpg", "nih-cxr14", "padchest", "vindr-cxr"])
+def test_fallback_label_model_writes_the_same_columns_and_ingests(tmp_path, public_metadata, fmt):
+    real = generate_site(fmt, tmp_path / "real", n=8, seed=0, workers=0, progress=False)
+    fallback = generate_site(fmt, tmp_path / "fallback", n=40, seed=0, workers=0, progress=False, metadata="fallback")
+    assert real.real_metadata and not fallback.real_metadata
+    for csv in sorted(real.root.glob("*.csv")):
+        real_header = pd.read_csv(csv, nrows=0).columns.tolist()
+        assert pd.read_csv(fallback.root / csv.name, nrows=0).columns.tolist() == real_header
+    scanned = scan_site(_site(tmp_path, fmt, fallback.root))
+    assert len(scanned.quarantine) == 0 and len(scanned.records) > 0
+    positives = scanned.records[["Cardiomegaly", "Consolidation", "Pleural Effusion"]].sum()
+    assert positives.sum() > 0  # the latent model produces findings, not an all-normal hospital

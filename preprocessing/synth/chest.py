@@ -137,7 +137,10 @@ def _frontal_anatomy(findings: ChestFindings, rng: np.random.Generator, x, y, ed
     heart = _sigmoid((1 - ((x - heart_cx) / heart_hw) ** 2 - ((y - heart_cy) / heart_hh) ** 2) / (6 * edge))
     mediastinum = _sigmoid((0.13 + 0.03 * (y < -0.35) - np.abs(x - 0.02)) / (3 * edge))
     air = lungs * (1.0 - np.maximum(heart, mediastinum))
-    density = soft - 0.42 * air + air * (0.03 * np.clip(vessels, 0, None) + 0.10 * hilar)
+    # Aeration varies between patients (inspiration depth, emphysema, habitus): a diffuse haze alone is
+    # not proof of edema.
+    aeration = rng.uniform(0.34, 0.48)
+    density = soft - aeration * air + air * (0.03 * np.clip(vessels, 0, None) + 0.10 * hilar)
     density = density + _bones(rng, x, y, edge, lung_cx, lung_hw, lung_top, lung_base) * body
     # Signs live in the aerated lung: the parts of each lung the heart and mediastinum do not cover.
     aerated = {side: mask * (1.0 - np.maximum(heart, mediastinum)) for side, (mask, *_) in lung_of_side.items()}
@@ -161,7 +164,7 @@ def _bones(rng, x, y, edge, lung_cx, lung_hw, lung_top, lung_base) -> np.ndarray
     phase = (y - first_arc) / spacing
     ribs = np.clip(np.cos(np.pi * phase) ** 2 - (1 - duty), 0, None) / duty
     extent = _sigmoid((lung_cx + lung_hw + 0.06 - lateral) / (3 * edge)) * _sigmoid((lateral - 0.04) / edge)
-    bones += 0.08 * ribs * extent * (phase > -0.5) * (phase < 9.5) * _sigmoid((lung_base + 0.05 - y) / (3 * edge))
+    bones += 0.06 * ribs * extent * (phase > -0.5) * (phase < 9.5) * _sigmoid((lung_base + 0.05 - y) / (3 * edge))
     # Clavicles: slanted bars from the manubrium to the shoulders.
     clavicle_y = lung_top + 0.02 - 0.18 * (lateral - 0.1)
     bones += 0.16 * _band(y - clavicle_y, 0.03, 1.5 * edge) * _sigmoid((0.75 - lateral) / edge) * _sigmoid((lateral - 0.07) / edge)
@@ -177,9 +180,9 @@ def _frontal_signs(findings, rng, x, y, edge, density, lung_of_side, aerated, lu
             mask, base = aerated[side], lung_of_side[side][1]
             # The meniscus climbs laterally: even a small effusion blunts the costophrenic angle.
             lateral = np.clip(side * (x - side * lung_cx) / lung_hw, -1, 1)
-            level = base - 0.03 - 0.32 * effusion - (0.06 + 0.10 * effusion) * np.clip(lateral, 0, None) ** 2
+            level = base - 0.02 - 0.28 * effusion - (0.06 + 0.10 * effusion) * np.clip(lateral, 0, None) ** 2
             fluid = _sigmoid((y - level) / (5 * edge)) * mask
-            density = density + (0.22 + 0.15 * effusion) * fluid
+            density = density + (0.16 + 0.14 * effusion) * fluid
     consolidation = findings.of("Consolidation")
     if consolidation:
         for _ in range(1 + int(rng.random() < 0.3)):
@@ -204,14 +207,14 @@ def _frontal_signs(findings, rng, x, y, edge, density, lung_of_side, aerated, lu
         # Bat-wing perihilar haze, bilateral, fading to the periphery, plus Kerley B lines when marked.
         haze = np.exp(-(((np.abs(x) - 0.18) / (0.28 + 0.12 * edema)) ** 2 + ((y - 0.0) / 0.45) ** 2))
         texture = 0.75 + 0.25 * _smooth_noise(rng, x.shape, 12)
-        density = density + (0.07 + 0.18 * edema) * haze * texture * lungs
-        if edema > 0.5:
+        density = density + (0.03 + 0.11 * edema) * haze * texture * lungs
+        if edema > 0.7:
             for side in (-1.0, 1.0):
                 for k in range(4):
                     ky = lung_of_side[side][1] - 0.08 - 0.045 * k
                     kx = side * (lung_cx + lung_hw * 0.8)
                     line = _band(y - ky, 0.006, edge) * _sigmoid((0.06 - np.abs(x - kx)) / edge)
-                    density = density + 0.10 * edema * line * lungs
+                    density = density + 0.06 * edema * line * lungs
     return density
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from preprocessing.public_metadata import public_metadata_dir
 from preprocessing.quarantine import Reason
 from preprocessing.records import CHEST_XRAY_DISEASES
 from preprocessing.synth.chest import ChestFindings, acquire, render_chest, upsample
@@ -122,12 +123,14 @@ def default_workers() -> int:
 
 def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: str | None = None,
                   corrupt: float = 0.0, workers: int | None = None, overwrite: bool = False,
-                  image_format: str | None = None, progress: bool = True) -> SynthResult:
+                  image_format: str | None = None, metadata: str = "auto", progress: bool = True) -> SynthResult:
     """Write a synthetic hospital of ``n`` images in ``fmt``'s real layout under ``out``.
 
     ``profile``: a name in ``profiles.CHEST_PROFILES`` / ``SKIN_PROFILES`` (default per format).
     ``corrupt``: fraction of image files damaged after writing (see ``corrupt_files``).
     ``image_format``: SIIM-ISIC only, "dicom" (default, ``train/*.dcm``) or "jpeg" (``jpeg/train/*.jpg``).
+    ``metadata``: "auto" (the real public metadata, the documented fallback when it cannot be fetched),
+    "real" (fail without it) or "fallback" (always the fallback label model, ``sources``).
     ``overwrite``: replace a non-empty ``out``; without it a non-empty ``out`` is an error, so that a
     typo never mixes two hospitals' files.
     """
@@ -137,6 +140,8 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
         raise ValueError(f"corrupt must be a fraction in [0, 1), got {corrupt}")
     if image_format is not None and fmt != "siim-isic-2020":
         raise ValueError(f"image_format applies to siim-isic-2020 only, not {fmt!r}")
+    if metadata not in ("auto", "real", "fallback"):
+        raise ValueError(f"metadata must be 'auto', 'real' or 'fallback', got {metadata!r}")
     started = time.perf_counter()
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -153,7 +158,9 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
         options = {"monochrome1": site.monochrome1, "window": site.window}
     elif skin and image_format:
         options = {"image_format": image_format}
-    sample = sample_format(fmt, n, rng, **options)
+    if metadata == "real":
+        public_metadata_dir()  # raises PublicMetadataUnavailable with pip's reason
+    sample = sample_format(fmt, n, rng, use_real=metadata != "fallback", **options)
     root = out / source_root(fmt)
     root.mkdir(parents=True, exist_ok=True)
     _write_tables(sample, root, fmt, profile_name)

@@ -83,8 +83,11 @@ def _read_source(name: str) -> pd.DataFrame:
     return table.to_pandas()
 
 
-def real_table(name: str) -> pd.DataFrame | None:
-    """A real metadata table as strings (blank stays ""), or None when the wheel cannot be had."""
+def real_table(name: str, use_real: bool = True) -> pd.DataFrame | None:
+    """A real metadata table as strings (blank stays ""), or None when the wheel cannot be had or
+    ``use_real`` is False (the fallback asked for explicitly, e.g. to test it)."""
+    if not use_real:
+        return None
     try:
         return _read_source(name)
     except PublicMetadataUnavailable:
@@ -151,8 +154,8 @@ def fallback_chexpert_table(n_patients: int, rng: np.random.Generator) -> pd.Dat
     return pd.DataFrame(rows, columns=["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", *CHEXPERT_LABELS])
 
 
-def _chexpert_source(n: int, rng: np.random.Generator) -> tuple[pd.DataFrame, bool]:
-    table = real_table(CHEXPERT_TRAIN)
+def _chexpert_source(n: int, rng: np.random.Generator, use_real: bool) -> tuple[pd.DataFrame, bool]:
+    table = real_table(CHEXPERT_TRAIN, use_real)
     if table is not None:
         return table, True
     return fallback_chexpert_table(max(8, n // 2), rng), False
@@ -165,7 +168,7 @@ def _patient_of_chexpert_path(paths: pd.Series) -> pd.Series:
 # --------------------------------------------------------------------------- CheXpert
 
 
-def sample_chexpert(n: int, rng: np.random.Generator, valid_fraction: float = 0.08) -> SiteSample:
+def sample_chexpert(n: int, rng: np.random.Generator, use_real: bool = True, valid_fraction: float = 0.08) -> SiteSample:
     """``train.csv`` + ``valid.csv`` under ``CheXpert-v1.0-small/``; images as 8-bit JPEG.
 
     The real valid set is 200 held-out patients read by a radiologist panel: no uncertain and no blank
@@ -173,7 +176,7 @@ def sample_chexpert(n: int, rng: np.random.Generator, valid_fraction: float = 0.
     patient64541 (where the real valid ids start), with uncertain mentions resolved by a coin toss and
     blanks read as negative; their images follow the resolved labels.
     """
-    source, real = _chexpert_source(n, rng)
+    source, real = _chexpert_source(n, rng, use_real)
     rows = source.iloc[take_patients(_patient_of_chexpert_path(source["Path"]), n, rng)].reset_index(drop=True)
     patients = _patient_of_chexpert_path(rows["Path"])
     unique = patients.unique()
@@ -207,14 +210,14 @@ def _unique_ints(rng: np.random.Generator, count: int, low: int, high: int) -> n
     return rng.choice(high - low, size=count, replace=False) + low
 
 
-def sample_mimic(n: int, rng: np.random.Generator, split_fractions=(0.85, 0.05, 0.10)) -> SiteSample:
+def sample_mimic(n: int, rng: np.random.Generator, use_real: bool = True, split_fractions=(0.85, 0.05, 0.10)) -> SiteSample:
     """MIMIC's three CSVs and ``files/pXX/pNNNNNNNN/sNNNNNNNN/<dicom_id>.jpg`` from CheXpert-coded rows.
 
     Labels are per study (the first image's row of each CheXpert study). ``split_fractions`` (train,
     validate, test) by subject: larger held-out parts than the real release (0.8 % / 1.5 %) so that a
     demo-sized hospital still has a test set.
     """
-    source, real = _chexpert_source(n, rng)
+    source, real = _chexpert_source(n, rng, use_real)
     rows = source.iloc[take_patients(_patient_of_chexpert_path(source["Path"]), n, rng)].reset_index(drop=True)
     parts = rows["Path"].str.extract(r"(?P<patient>patient\d+)/(?P<study>study\d+)/")
     study_key = parts["patient"] + "/" + parts["study"]
@@ -279,9 +282,9 @@ def _nih_fallback(n: int, rng: np.random.Generator) -> pd.DataFrame:
     }, columns=NIH_COLUMNS)
 
 
-def sample_nih(n: int, rng: np.random.Generator, test_fraction: float = 0.2) -> SiteSample:
+def sample_nih(n: int, rng: np.random.Generator, use_real: bool = True, test_fraction: float = 0.2) -> SiteSample:
     """``Data_Entry_2017_v2020.csv``, the official split lists, PNGs over ``images_001..012/images/``."""
-    source = real_table(NIH_DATA_ENTRY)
+    source = real_table(NIH_DATA_ENTRY, use_real)
     real = source is not None
     if source is None:
         source = _nih_fallback(n, rng)
@@ -365,13 +368,13 @@ PADCHEST_HEADER = (
 )
 
 
-def sample_padchest(n: int, rng: np.random.Generator) -> SiteSample:
+def sample_padchest(n: int, rng: np.random.Generator, use_real: bool = True) -> SiteSample:
     """The PadChest labels CSV (all 36 columns) and 16-bit PNGs under ``<ImageDir>/<ImageID>``.
 
     Patients with a blank or unparsable ``Labels`` row (103 in the real file) are not sampled: a clean
     synthetic site ingests with nothing quarantined, and ``--corrupt`` is where bad input comes from.
     """
-    source = real_table(PADCHEST_LABELS)
+    source = real_table(PADCHEST_LABELS, use_real)
     real = source is not None
     if source is None:
         source = _padchest_fallback(n, rng)
@@ -422,13 +425,14 @@ def _vindr_fallback(n: int, rng: np.random.Generator) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["image_id", "class_name", "class_id", "rad_id", "x_min", "y_min", "x_max", "y_max"])
 
 
-def sample_vindr(n: int, rng: np.random.Generator, monochrome1: float = 0.35, window: float = 0.6) -> SiteSample:
+def sample_vindr(n: int, rng: np.random.Generator, use_real: bool = True, monochrome1: float = 0.35,
+                 window: float = 0.6) -> SiteSample:
     """``train.csv`` (one row per radiologist finding) and DICOMs ``train/<image_id>.dicom``.
 
     Each image is its own patient in the release. A disease's evidence is the fraction of the image's
     radiologists who marked it, so a finding one reader of three saw renders fainter.
     """
-    source = real_table(VINDR_TRAIN)
+    source = real_table(VINDR_TRAIN, use_real)
     real = source is not None
     if source is None:
         source = _vindr_fallback(n, rng)
@@ -466,10 +470,12 @@ SIIM_BENIGN = {"unknown": 0.8330, "nevus": 0.1595, "seborrheic keratosis": 0.004
                "atypical melanocytic proliferation": 0.0003}
 
 
-def sample_siim(n: int, rng: np.random.Generator, prevalence: float = 0.018, image_format: str = "dicom") -> SiteSample:
+def sample_siim(n: int, rng: np.random.Generator, use_real: bool = True, prevalence: float = 0.018,
+                image_format: str = "dicom") -> SiteSample:
     """A SIIM-ISIC 2020 ``train.csv`` for ``n`` images: ~16 images per patient, melanoma risk rising with age.
 
-    The release's metadata is not in the wheel, so the table is drawn from its published marginals:
+    The release's metadata is not in the wheel (``use_real`` has nothing to choose), so the table is
+    drawn from its published marginals:
     ``prevalence`` melanoma (1.8 % in the release), sex 52 % male, age in steps of 5. Images are DICOM
     (``train/<name>.dcm``, RGB, embedded JPEG) or JPEG (``jpeg/train/<name>.jpg``), as ``image_format``.
     """
@@ -515,7 +521,7 @@ def _solve_intercept(slope: np.ndarray, prevalence: float) -> float:
     return (low + high) / 2
 
 
-def sample_format(fmt: str, n: int, rng: np.random.Generator, **options) -> SiteSample:
+def sample_format(fmt: str, n: int, rng: np.random.Generator, use_real: bool = True, **options) -> SiteSample:
     samplers = {"chexpert": sample_chexpert, "mimic-cxr-jpg": sample_mimic, "nih-cxr14": sample_nih,
                 "padchest": sample_padchest, "vindr-cxr": sample_vindr, "siim-isic-2020": sample_siim}
     try:
@@ -524,7 +530,7 @@ def sample_format(fmt: str, n: int, rng: np.random.Generator, **options) -> Site
         raise ValueError(f"unknown format {fmt!r}; expected one of {sorted(samplers)}") from None
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    return sampler(n, rng, **options)
+    return sampler(n, rng, use_real, **options)
 
 
 def source_root(fmt: str) -> Path:
