@@ -120,7 +120,7 @@ def test_a_disease_sign_adds_density_where_the_disease_lives(disease):
     difference = sick - healthy
     assert difference.sum() > 5.0  # a visible sign: more attenuation
     # Signs add density; what is lost (ribs under a raised hemidiaphragm in atelectasis) is marginal.
-    assert -difference.clip(max=0).sum() < 0.05 * difference.clip(min=0).sum()
+    assert -difference.clip(max=0).sum() < 0.1 * difference.clip(min=0).sum()
     milder = render_chest(ChestFindings(severity={disease: 0.2}), np.random.default_rng(7), 128, 128) - healthy
     assert milder.sum() < difference.sum()
 
