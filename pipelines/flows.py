@@ -19,12 +19,19 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 
+from federated.backends import SiteFailure
 from pipelines import runs, tracking
 from pipelines.preprocess_flow import preprocess_site
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
 from preprocessing.scan import scan_site
 from preprocessing.sites import SiteConfigError, load_site, validate_site
+
+
+def _transient(task, task_run, state) -> bool:
+    """Retry what a second attempt can fix (a dropped connection, a busy disk, a site process that died),
+    not a bad config or a bug, which would fail the same way after minutes of retraining."""
+    return isinstance(state.result(raise_on_failure=False), (OSError, SiteFailure))
 
 
 def _artifact_key(text: str) -> str:
@@ -89,7 +96,8 @@ def _training_cache_key(context, parameters) -> str:
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-@task(name="train", retries=1, retry_delay_seconds=5, cache_key_fn=_training_cache_key, persist_result=True)
+@task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=_transient,
+      cache_key_fn=_training_cache_key, persist_result=True)
 def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
     federation = load_federation(federation_yaml)
     result = runs.train_tracked(federation, Path(shards_root), config, run_name)
@@ -106,7 +114,7 @@ def train_federated(federation_yaml: str, shards_root: str, config: dict, run_na
 
 
 # --- evaluation and comparison ------------------------------------------------------------------------
-@task(name="evaluate-model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(name="evaluate-model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
 def evaluate_task(federation_yaml: str, shards_root: str, model_uri: str | None) -> dict:
     return runs.evaluate_registered(load_federation(federation_yaml), Path(shards_root), model_uri)
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
 import pandas as pd
@@ -178,12 +179,14 @@ def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config
         scores = predict_scores(model, test.images, device)
         pooled_labels.append(test.labels)
         pooled_scores.append(scores)
-        client.log_figure(run_id, tracking.roc_figure(test.labels, scores, tuple(federation.sites[0].diseases),
-                                                      f"{site.name}: test ROC"), "roc_test.png")
+        figure = tracking.roc_figure(test.labels, scores, federation.sites[0].diseases, f"{site.name}: test ROC")
+        client.log_figure(run_id, figure, "roc_test.png")
+        plt.close(figure)
     if pooled_labels:
         figure = tracking.roc_figure(np.concatenate(pooled_labels), np.concatenate(pooled_scores),
-                                     tuple(federation.sites[0].diseases), f"{federation.name}: pooled test ROC")
+                                     federation.sites[0].diseases, f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
+        plt.close(figure)
 
 
 def _input_example(shard_dir: Path) -> np.ndarray:

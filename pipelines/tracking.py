@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
@@ -62,8 +63,8 @@ def roc_figure(y_true: np.ndarray, y_score: np.ndarray, diseases: tuple[str, ...
     for column, disease in enumerate(diseases):
         labelled = ~np.isnan(y_true[:, column])
         labels, scores = y_true[labelled, column], y_score[labelled, column]
-        if labels.min(initial=1) == labels.max(initial=0):
-            ax.plot([], [], " ", label=f"{disease}: undefined (one class)")
+        if len(np.unique(labels)) < 2:
+            ax.plot([], [], " ", label=f"{disease}: undefined ({'no labels' if len(labels) == 0 else 'one class'})")
             continue
         fpr, tpr, _ = roc_curve(labels, scores)
         area = float(np.trapezoid(tpr, fpr))
@@ -93,8 +94,11 @@ def register_model(
         raise ValueError("input_example needs at least 2 rows: torch.export treats a batch of 1 as static")
     model.eval()
     name = registered_model_name(task)
+    # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
     info = mlflow.pytorch.log_model(
-        model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2"
+        model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2",
+        pip_requirements=requirements,
     )
     version = str(info.registered_model_version)
     client = MlflowClient()

@@ -58,16 +58,18 @@ def test_register_rejects_single_row_example(store):
 
 def test_roc_figure_legend_matches_sklearn_and_reports_undefined():
     rng = np.random.default_rng(0)
-    y_true = rng.integers(0, 2, size=(200, 3)).astype(float)
+    y_true = rng.integers(0, 2, size=(200, 4)).astype(float)
     y_true[:, 2] = 0.0  # one class only: undefined AUC
+    y_true[:, 3] = np.nan  # a disease this site never labels
     y_true[:10, 0] = np.nan  # missing labels are left out
-    y_score = y_true * 0.3 + rng.random((200, 3))
-    fig = tracking.roc_figure(y_true, np.nan_to_num(y_score), ("A", "B", "C"), "test")
+    y_score = y_true * 0.3 + rng.random((200, 4))
+    fig = tracking.roc_figure(y_true, np.nan_to_num(y_score), ("A", "B", "C", "D"), "test")
     labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
     keep = ~np.isnan(y_true[:, 0])
     assert labels[0] == f"A: AUC {roc_auc_score(y_true[keep, 0], y_score[keep, 0]):.3f}"
     assert labels[1] == f"B: AUC {roc_auc_score(y_true[:, 1], y_score[:, 1]):.3f}"
     assert labels[2] == "C: undefined (one class)"
+    assert labels[3] == "D: undefined (no labels)"
 
 
 def test_compare_runs_unknown_experiment_names_it(store):
