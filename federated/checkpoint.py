@@ -78,5 +78,6 @@ def load_round(round_dir: Path, sites: list[Site]) -> dict:
         path = round_dir / f"site_{site.index}.pt"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: checkpoint of site {site.index} missing")
-        load_site_state(site, torch.load(path, map_location=site.loader.device, weights_only=False))
+        # On the CPU first: RNG states must stay CPU byte tensors; tensors are moved where they live.
+        load_site_state(site, torch.load(path, map_location="cpu", weights_only=False))
     return torch.load(round_dir / "meta.pt", weights_only=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         result = engine.run()
     except SiteFailure as err:
         print(f"fedauc distributed: {err}", file=sys.stderr, flush=True)
-        return 1
+        sys.stdout.flush()
+        # Immediate exit: tearing down a process group whose peer died can abort the interpreter
+        # (gloo's destructor), which would replace this clear failure by a SIGABRT.
+        os._exit(1)
     if args.out is not None and engine.is_leader:
         torch.save({"global_state": result.global_state, "history": result.history,
                     "input_shape": result.input_shape, "num_classes": result.num_classes}, args.out)

@@ -127,7 +127,8 @@ class Engine:
         self.input_shape = _input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
-        flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))])] for d in self.datas]
+        flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
+                 for d in self.datas]
         self.backend.mean_(flags, [1.0 / backend.num_sites] * len(flags))
         self.has_eval_data = bool(flags[0][0] > 0)
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
@@ -154,8 +155,9 @@ class Engine:
             counts.append([torch.tensor(pos), torch.tensor(known), torch.tensor([float(len(data.train))])])
         local = [[t.clone() for t in c] for c in counts]
         K = self.backend.num_sites
-        self.backend.mean_(counts, [1.0 / K] * len(counts))
-        pos, known, n = (t * K for t in counts[0])
+        on_device = [[t.to(self.device) for t in c] for c in counts]  # NCCL reduces device tensors only
+        self.backend.mean_(on_device, [1.0 / K] * len(counts))
+        pos, known, n = (t.cpu() * K for t in on_device[0])
         for c, name in enumerate(diseases):
             if known[c] == 0:
                 raise ValueError(f"disease {name!r} has no known label at any site")
