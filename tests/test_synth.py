@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from preprocessing.decode import ALLOWED_MODALITIES, DecodeError, decode_image
+from preprocessing.decode import ALLOWED_MODALITIES, decode_image
 from preprocessing.federation import load_federation
 from preprocessing.records import VIEWS
 from preprocessing.scan import scan_site
