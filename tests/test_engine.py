@@ -228,3 +228,21 @@ def test_device_augmentation_flips_and_shifts_within_bounds():
     for i in range(2):  # every output is one of the 9 crops of the replicate-padded image
         crops = [padded[i, :, dy:dy + 4, dx:dx + 5] for dy in range(3) for dx in range(3)]
         assert any(torch.equal(shifted[i], c) for c in crops)
+
+
+def test_weighted_aggregation_and_site_local_prior():
+    rng = np.random.default_rng(4)
+    data = [(torch.randn(n, 6), torch.from_numpy((rng.random((n, 2)) < p).astype(np.float32)))
+            for n, p in ((10, 0.3), (30, 0.6))]
+    data[0][1][:2] = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+
+    def final(sites, **kw):
+        cfg = _cfg(sites=[TensorSite(train=d) for d in sites], rounds=1, local_steps=1, batch_size=64, **kw)
+        return federated.train(cfg).global_state["1.weight"]
+
+    alone = [final([d]) for d in data]  # one step from the same initial model at each site
+    torch.testing.assert_close(final(data, aggregation="weighted"), 0.25 * alone[0] + 0.75 * alone[1])
+    torch.testing.assert_close(final(data), 0.5 * alone[0] + 0.5 * alone[1])
+    engine = Engine(_cfg(sites=[TensorSite(train=d) for d in data], prior="local"))
+    for site, (_, y) in zip(engine.sites, data):
+        torch.testing.assert_close(site.prior.cpu(), y.mean(0))
