@@ -11,6 +11,7 @@ same computation and give the same model to float tolerance.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,11 +106,7 @@ def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
 class Engine:
     def __init__(self, config: TrainConfig, backend=None):
         self.config = config
-        local_rank = 0
-        if config.backend == "distributed":
-            import os
-
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if config.backend == "distributed" else 0
         self.device = config.resolve_device(local_rank)
         if backend is None:
             backend = (DistributedBackend(config.timeout_s, self.device) if config.backend == "distributed"
@@ -142,6 +139,11 @@ class Engine:
             if declared != set(site.state):
                 raise ValueError(f"algorithm {config.algorithm!r}: state_spec declares {sorted(declared)} but "
                                  f"init_site_state returns {sorted(site.state)}")
+        tensors = self._tensors(self.sites[0])
+        # MEAN tensors keep shape and dtype for the whole run: an all-reduce needs identical buffers on
+        # every site, and the byte accounting is checked against these declared sizes every round.
+        self.mean_layout = {n: (tuple(tensors[n].shape), tensors[n].dtype) for n, c in self.spec.items()
+                            if c is Comm.MEAN}
         if self.algorithm.stage_length and self.algorithm.stage_length % config.local_steps:
             raise ValueError(f"stage length {self.algorithm.stage_length} must be a multiple of local_steps "
                              f"I = {config.local_steps}: stages change at communication rounds")
@@ -202,6 +204,12 @@ class Engine:
         received = [0] * len(self.sites)
         tensors = [self._tensors(s) for s in self.sites]
         mean_names = [n for n, c in self.spec.items() if c is Comm.MEAN and c in kinds]
+        for t in tensors:
+            for n in mean_names:
+                if (tuple(t[n].shape), t[n].dtype) != self.mean_layout[n]:
+                    raise RuntimeError(f"algorithm {self.config.algorithm!r}: MEAN tensor {n!r} is now "
+                                       f"{tuple(t[n].shape)} {t[n].dtype}, declared {self.mean_layout[n]}; "
+                                       "a MEAN tensor must keep its shape and dtype")
         self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights)
         for i, t in enumerate(tensors):
             b = sum(nbytes(t[n]) for n in mean_names)

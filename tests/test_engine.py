@@ -246,3 +246,24 @@ def test_weighted_aggregation_and_site_local_prior():
     engine = Engine(_cfg(sites=[TensorSite(train=d) for d in data], prior="local"))
     for site, (_, y) in zip(engine.sites, data):
         torch.testing.assert_close(site.prior.cpu(), y.mean(0))
+
+
+@register
+class _ShapeShifter(FedAvg):
+    """Breaks the contract on purpose: resizes a MEAN tensor after it was declared."""
+
+    name = "test_shape_shifter"
+
+    def state_spec(self, site):
+        return {"v": Comm.MEAN}
+
+    def init_site_state(self, site):
+        return {"v": torch.zeros(3)}
+
+    def before_communication(self, site):
+        site.state["v"] = torch.zeros(4)
+
+
+def test_a_mean_tensor_that_changes_shape_is_refused():
+    with pytest.raises(RuntimeError, match=r"MEAN tensor 'v' is now \(4,\) torch.float32, declared \(\(3,\)"):
+        federated.train(_cfg(algorithm="test_shape_shifter"))
