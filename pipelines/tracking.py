@@ -110,12 +110,14 @@ def register_model(
 
 
 def _beats_champion(client: MlflowClient, name: str, selection_metric: float) -> bool:
-    if math.isnan(selection_metric):
-        return False
+    """The first model is champion whatever its metric (there is nothing to beat, and evaluation needs a
+    champion); after that a model must score higher, and an undefined score never wins."""
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION_ALIAS)
     except mlflow.exceptions.MlflowException:
         return True
+    if math.isnan(selection_metric):
+        return False
     current = float(champion.tags.get(SELECTION_METRIC_TAG, "nan"))
     return math.isnan(current) or selection_metric > current
 

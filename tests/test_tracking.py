@@ -31,12 +31,14 @@ def test_champion_moves_only_to_a_better_model(store):
     assert (store / "mlartifacts" / "chest-xray").as_uri() == MlflowClient().get_experiment(experiment).artifact_location
 
     versions = []
-    for seed, metric in [(0, 0.71), (1, 0.69), (2, 0.75)]:
+    # An undefined validation AUC (no positive in a small validation split) makes the first model champion
+    # only because there is none; any defined score then replaces it, and NaN never wins again.
+    for seed, metric in [(0, float("nan")), (1, 0.71), (2, 0.69), (3, float("nan")), (4, 0.75)]:
         with mlflow.start_run(experiment_id=experiment):
             versions.append(tracking.register_model(_trained_like_model(seed), "chest-xray", example, metric))
-    assert versions == [("1", True), ("2", False), ("3", True)]
+    assert versions == [("1", True), ("2", True), ("3", False), ("4", False), ("5", True)]
     champion = MlflowClient().get_model_version_by_alias("fedauc-chest-xray", "champion")
-    assert str(champion.version) == "3"
+    assert str(champion.version) == "5"
     assert float(champion.tags[tracking.SELECTION_METRIC_TAG]) == 0.75
 
 
