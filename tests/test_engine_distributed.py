@@ -1,5 +1,5 @@
-"""The torch.distributed backend (gloo, one process per site on localhost) against the in-process one,
-and a site that dies mid-training."""
+"""The torch.distributed backend (gloo, one process per site on localhost, started with torchrun)
+against the in-process one, across a checkpoint/resume, and a site that dies mid-training."""
 
 from __future__ import annotations
 
@@ -47,18 +47,27 @@ def _env():
     return env
 
 
-def test_two_processes_give_the_in_process_model(tmp_path):
-    cfg = _config()
+def _torchrun(tmp_path, cfg: TrainConfig) -> dict:
     (tmp_path / "cfg.json").write_text(cfg.model_dump_json())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), "-m", "federated.distributed", str(tmp_path / "cfg.json"),
            "--out", str(tmp_path / "result.pt")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    dist_result = torch.load(tmp_path / "result.pt", weights_only=False)
-    local = federated.train(cfg)
+    return torch.load(tmp_path / "result.pt", weights_only=False)
+
+
+def test_two_processes_resumed_midway_give_the_in_process_model(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = _torchrun(tmp_path, _config(rounds=2, checkpoint_dir=ckpt))
+    assert sorted(p.name for p in (ckpt / "round_000001").iterdir()) == ["meta.pt", "site_0.pt", "site_1.pt"]
+    dist_result = _torchrun(tmp_path, _config(checkpoint_dir=ckpt, resume=True))
+    # Rounds 0-1 come from the checkpoint (their wall-clock timings are the first run's), not a rerun.
+    assert [h["seconds"] for h in dist_result["history"][:2]] == [h["seconds"] for h in first["history"]]
+    local = federated.train(_config())
     for key, value in local.global_state.items():
         assert torch.allclose(value.float(), dist_result["global_state"][key].float(), atol=1e-5), key
+    assert len(dist_result["history"]) == len(local.history) == 4
     for mine, theirs in zip(local.history, dist_result["history"]):
         assert mine["bytes_sent"] == theirs["bytes_sent"]
         assert mine["bytes_received"] == theirs["bytes_received"]
