@@ -149,15 +149,18 @@ def train_tracked(
                                     "site": site.name}).info.run_id
             for site in federation.sites
         ]
-        result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
-        model = result.model().eval()
-        _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
-        final = result.history[-1].get("metrics", {})
-        example = _input_example(shard_dirs[0])
-        version, promoted = tracking.register_model(model, federation.task, example,
-                                                    final.get(SELECTION_METRIC, float("nan")))
-        for run_id in child_ids:
-            client.set_terminated(run_id)
+        status = "FAILED"
+        try:
+            result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
+            model = result.model().eval()
+            _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
+            final = result.history[-1].get("metrics", {})
+            version, promoted = tracking.register_model(model, federation.task, _input_example(shard_dirs[0]),
+                                                        final.get(SELECTION_METRIC, float("nan")))
+            status = "FINISHED"
+        finally:
+            for run_id in child_ids:
+                client.set_terminated(run_id, status=status)
     return TrainingRun(parent.info.run_id, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 

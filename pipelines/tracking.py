@@ -54,7 +54,9 @@ def experiment_id(name: str) -> str:
     if uri.startswith("sqlite:///"):
         database = Path(uri.removeprefix("sqlite:///"))
         artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location)
+    # Tagged as a model-training experiment, so the MLflow UI opens on its runs, not the GenAI overview.
+    return client.create_experiment(name, artifact_location=artifact_location,
+                                    tags={"mlflow.experimentKind": "custom_model_development"})
 
 
 def roc_figure(y_true: np.ndarray, y_score: np.ndarray, diseases: tuple[str, ...], title: str):
