@@ -31,19 +31,19 @@ class SkinSite:
 
 CHEST_PROFILES: dict[str, ChestSite] = {
     # Stanford: portable-heavy ward films, soft contrast, burned-in side markers, small JPEG release.
-    "stanford": ChestSite(ChestProfile(height=256, width=224, gamma=1.15, contrast=1.05, blur_px=0.9, noise=0.03,
+    "stanford": ChestSite(ChestProfile(height=256, width=224, gamma=1.3, contrast=1.05, blur_px=0.9, noise=0.03,
                                        border=0.3, border_value=0.0, marker="R"), jpeg_quality=85),
     # Beth Israel: brighter, higher contrast, "PORTABLE" stamp, larger JPEGs.
     "bidmc": ChestSite(ChestProfile(height=256, width=256, gamma=0.85, contrast=1.25, brightness=0.04, blur_px=0.6,
                                     noise=0.02, border=0.2, border_value=1.0, marker="PORTABLE"), jpeg_quality=92),
     # NIH Clinical Center: 8-bit PNG, flat processing, no markers.
-    "nih": ChestSite(ChestProfile(height=224, width=224, gamma=1.0, contrast=0.9, brightness=-0.03, blur_px=1.1,
+    "nih": ChestSite(ChestProfile(height=224, width=224, gamma=1.0, contrast=0.8, brightness=-0.05, blur_px=1.4,
                                   noise=0.025, heel_effect=0.08)),
     # San Juan: CR plates, strong unsharp look, low noise, white collimation borders.
-    "san-juan": ChestSite(ChestProfile(height=288, width=256, gamma=0.95, contrast=1.35, blur_px=0.4, noise=0.015,
+    "san-juan": ChestSite(ChestProfile(height=288, width=256, gamma=0.8, contrast=1.5, blur_px=0.4, noise=0.015,
                                        border=0.5, border_value=1.0, marker="L")),
     # Hanoi (VinDr): DR detectors, high dynamic range, noisier, many MONOCHROME1 files.
-    "hanoi": ChestSite(ChestProfile(height=256, width=256, gamma=1.3, contrast=0.95, blur_px=0.5, noise=0.04,
+    "hanoi": ChestSite(ChestProfile(height=256, width=256, gamma=1.5, contrast=0.95, blur_px=0.5, noise=0.05,
                                     heel_effect=0.02), monochrome1=0.35, window=0.6),
 }
 
