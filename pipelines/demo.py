@@ -24,22 +24,22 @@ DEMO_DATA = PROJECT_DIR / "demo_data"
 # What every demo training shares (a federated.TrainConfig without sites and algorithm).
 BASE_CONFIG = {
     "network": "small_resnet",
-    "rounds": 30,
+    "rounds": 12,
     "local_steps": 8,
     "batch_size": 32,
     "lr": 0.1,
     "seed": 0,
-    "eval_every": 5,
+    "eval_every": 4,
     "guarantee_positives": True,
 }
 
 # (federation, algorithm, algorithm params, overrides of BASE_CONFIG)
 DEMO_TRAININGS = [
-    (CHEST, "codasca", {"T0": 120}, {}),
+    (CHEST, "codasca", {"T0": 48}, {}),
     (CHEST, "localscgdam", {}, {}),
     (CHEST, "fedxl2", {}, {}),
     (CHEST, "fedavg", {}, {}),
-    (MELANOMA, "codasca", {"T0": 120}, {}),
+    (MELANOMA, "codasca", {"T0": 48}, {}),
 ]
 
 
