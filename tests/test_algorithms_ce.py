@@ -4,7 +4,6 @@ computed by hand in numpy on a logistic-regression model with full-batch steps."
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 import federated
@@ -13,13 +12,6 @@ from federated.engine import Engine
 
 N, D, LR = 30, 4, 0.3
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
-    yield
-    torch.set_num_threads(threads)
 
 
 def _data(K):

@@ -15,13 +15,6 @@ from models.objectives import auc_margin_loss
 N, D, LR, M = 24, 3, 0.5, 1.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
-    yield
-    torch.set_num_threads(threads)
-
 
 def _data(K):
     rng = np.random.default_rng(11)

@@ -22,14 +22,6 @@ WD = 0.05  # logistic regression: L2 weight making the optimum unique
 WD_AUC = 0.2  # AUC-M: strong convexity in (w, a, b) large enough to converge in a few hundred steps
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Steps on 3-feature models are latency-bound; extra intra-op threads only contend on a busy CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def sites():
@@ -91,7 +83,7 @@ def _auc_m_saddle(sites, prior, margin):
     ys = [y.double() for _, y in sites]
 
     def conditions(z):
-        w, bias, a, b, alpha = z[:D], z[D], z[D + 1:D + 2], z[D + 2:D + 3], z[D + 3:]
+        a, b, alpha = z[D + 1:D + 2], z[D + 2:D + 3], z[D + 3:]
         def objective(v):
             return sum(auc_margin_loss((x @ v[:D] + v[D])[:, None], y, v[D + 1:D + 2], v[D + 2:D + 3], alpha,
                                        prior, margin) for x, y in zip(xs, ys)) / K + WD_AUC / 2 * v.pow(2).sum()

@@ -19,13 +19,6 @@ from federated.engine import Engine
 from federated.registry import register
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
-    yield
-    torch.set_num_threads(threads)
-
 
 def _sites(K=3, **kw):
     base = dict(n_train=64, shape=(6,), num_classes=2, pos_rate=0.3, task_seed=3)

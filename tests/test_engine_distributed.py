@@ -17,14 +17,6 @@ import federated
 from federated import SyntheticSite, TrainConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are latency-bound; extra threads only contend on a busy CPU
-    yield
-    torch.set_num_threads(threads)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

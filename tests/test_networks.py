@@ -66,16 +66,8 @@ def test_networks_output_logits_per_disease(name, in_channels, size):
         build_network("vgg16", 5)
 
 
-@pytest.fixture
-def one_thread():
-    """Two pytest-xdist workers on two cores: a second intra-op thread each only adds contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
-
-def test_small_resnet_is_small_and_learns_a_visual_task(one_thread):
+def test_small_resnet_is_small_and_learns_a_visual_task():
     torch.manual_seed(0)
     model = SmallResNet(num_classes=2, in_channels=1)
     assert 200_000 < count_parameters(model) < 500_000
