@@ -24,22 +24,22 @@ DEMO_DATA = PROJECT_DIR / "demo_data"
 # What every demo training shares (a federated.TrainConfig without sites and algorithm).
 BASE_CONFIG = {
     "network": "small_resnet",
-    "rounds": 12,
+    "rounds": 40,
     "local_steps": 8,
     "batch_size": 32,
-    "lr": 0.1,
     "seed": 0,
-    "eval_every": 4,
+    "eval_every": 5,
     "guarantee_positives": True,
 }
 
-# (federation, algorithm, algorithm params, overrides of BASE_CONFIG)
+# (federation, algorithm, algorithm params, overrides of BASE_CONFIG). Learning rates: each algorithm's best
+# pooled validation macro-AUC on the demo chest federation (docs/sweeps.md, "Demo learning rates").
 DEMO_TRAININGS = [
-    (CHEST, "codasca", {"T0": 48}, {}),
-    (CHEST, "localscgdam", {}, {}),
-    (CHEST, "fedxl2", {}, {}),
-    (CHEST, "fedavg", {}, {}),
-    (MELANOMA, "codasca", {"T0": 48}, {}),
+    (CHEST, "codasca", {"T0": 160}, {"lr": 1.0}),
+    (CHEST, "localscgdam", {}, {"lr": 1.0}),
+    (CHEST, "fedxl2", {}, {"lr": 0.3}),
+    (CHEST, "fedavg", {}, {"lr": 0.3}),
+    (MELANOMA, "codasca", {"T0": 160}, {"lr": 1.0}),
 ]
 
 
