@@ -39,6 +39,7 @@ HEADLINE_METRIC = "test/pooled/auc_macro"
 @dataclass
 class TrainingRun:
     run_id: str
+    run_name: str
     algorithm: str
     local_steps: int
     model_version: str
@@ -161,7 +162,7 @@ def train_tracked(
         finally:
             for run_id in child_ids:
                 client.set_terminated(run_id, status=status)
-    return TrainingRun(parent.info.run_id, config.algorithm, config.local_steps, version, promoted, final,
+    return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
 
@@ -200,11 +201,9 @@ def _input_example(shard_dir: Path) -> np.ndarray:
 
 def training_summary(run: TrainingRun) -> dict:
     """The headline of a training, JSON-serializable (Prefect result, CLI output)."""
-    client = MlflowClient()
-    name = client.get_run(run.run_id).info.run_name
     return {
         "run_id": run.run_id,
-        "run_name": name,
+        "run_name": run.run_name,
         "algorithm": run.algorithm,
         "I": run.local_steps,
         "model_version": run.model_version,
