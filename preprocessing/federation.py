@@ -19,10 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from preprocessing.sites import Problem, SiteConfig, SiteConfigError, load_site
+from preprocessing.sites import Problem, SiteConfig, SiteConfigError, load_site, read_yaml_mapping, validation_problems
 
 
 class SynthSpec(BaseModel):
@@ -75,17 +74,9 @@ def load_federation(path: str | Path) -> Federation:
     path = Path(path)
     shown = str(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SiteConfigError([Problem(shown, "", "federation file not found")]) from None
-    except yaml.YAMLError as err:
-        raise SiteConfigError([Problem(shown, "", f"malformed YAML: {err}")]) from None
-    try:
-        spec = FederationSpec.model_validate(raw)
+        spec = FederationSpec.model_validate(read_yaml_mapping(path, "federation"))
     except ValidationError as err:
-        raise SiteConfigError([
-            Problem(shown, ".".join(str(part) for part in error["loc"]), error["msg"]) for error in err.errors()
-        ]) from None
+        raise SiteConfigError(validation_problems(shown, err)) from None
     problems, sites = [], []
     for index, entry in enumerate(spec.sites):
         site_path = entry.config if entry.config.is_absolute() else path.parent / entry.config

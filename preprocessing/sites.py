@@ -151,7 +151,8 @@ def _message(error: dict) -> str:
     return error["msg"].removeprefix("Value error, ")
 
 
-def _problems(shown: str, err: ValidationError) -> list[Problem]:
+def validation_problems(shown: str, err: ValidationError) -> list[Problem]:
+    """A pydantic error as one Problem per field of the file ``shown``, in the words a user reads."""
     problems = []
     for error in err.errors():
         if error["loc"]:
@@ -163,18 +164,25 @@ def _problems(shown: str, err: ValidationError) -> list[Problem]:
     return problems
 
 
-def load_site(path: str | Path) -> SiteConfig:
-    """Read and check a site YAML; relative ``root`` is resolved against the YAML's folder."""
-    path = Path(path)
+def read_yaml_mapping(path: Path, kind: str) -> dict:
+    """The YAML file's top-level mapping; a missing or malformed file is a SiteConfigError naming it."""
     shown = str(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise SiteConfigError([Problem(shown, "", "site file not found")]) from None
+        raise SiteConfigError([Problem(shown, "", f"{kind} file not found")]) from None
     except yaml.YAMLError as err:
         raise SiteConfigError([Problem(shown, "", f"malformed YAML: {err}")]) from None
     if not isinstance(raw, dict):
         raise SiteConfigError([Problem(shown, "", f"expected a mapping of fields, got {type(raw).__name__}")])
+    return raw
+
+
+def load_site(path: str | Path) -> SiteConfig:
+    """Read and check a site YAML; relative ``root`` is resolved against the YAML's folder."""
+    path = Path(path)
+    shown = str(path)
+    raw = read_yaml_mapping(path, "site")
     if isinstance(raw.get("root"), str) and not Path(raw["root"]).expanduser().is_absolute():
         raw["root"] = str((path.parent / raw["root"]).resolve())
     elif isinstance(raw.get("root"), str):
@@ -182,7 +190,7 @@ def load_site(path: str | Path) -> SiteConfig:
     try:
         config = SiteConfig.model_validate(raw)
     except ValidationError as err:
-        raise SiteConfigError(_problems(shown, err)) from None
+        raise SiteConfigError(validation_problems(shown, err)) from None
     config._path = path
     return config
 
