@@ -22,6 +22,7 @@ from prefect.deployments import run_deployment
 from federated.backends import SiteFailure
 from pipelines import runs, tracking
 from pipelines.preprocess_flow import preprocess_site
+from pipelines.tables import markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
 from preprocessing.scan import scan_site
@@ -130,11 +131,14 @@ def evaluate(federation_yaml: str, shards_root: str, model_uri: str | None = Non
 @flow(name="compare")
 def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithms: list[str],
             local_steps: list[int]) -> list[dict]:
-    """A sweep over algorithms and communication periods I, then the comparison table of the experiment."""
+    """A sweep over algorithms and communication periods I, then the comparison table of the experiment.
+
+    ``base_config`` is what every run shares (a TrainConfig without sites, algorithm and params); each
+    algorithm runs with its default hyperparameters."""
     summaries = [train_task(federation_yaml, shards_root, {**base_config, "algorithm": algorithm, "local_steps": i},
                             f"{algorithm}-I{i}")
                  for algorithm in algorithms for i in local_steps]
     table = tracking.compare_runs(load_federation(federation_yaml).task)
-    create_markdown_artifact(key="compare", markdown=table.to_markdown(index=False, floatfmt=".3f"),
+    create_markdown_artifact(key="compare", markdown=markdown_table(table),
                              description="runs of the experiment, best first")
     return summaries

@@ -96,6 +96,13 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     assert flows.train_federated(str(federation / "federation.yaml"), str(shards), config, "codasca-tiny") == summary
     assert len(tracking.compare_runs("chest-xray")) == 1
 
+    shared = {key: value for key, value in config.items() if key not in ("algorithm", "params")}
+    swept = flows.compare(str(federation / "federation.yaml"), str(shards), {**shared, "rounds": 1}, ["fedavg"], [1, 2])
+    assert [s["run_name"] for s in swept] == ["fedavg-I1", "fedavg-I2"]
+    table = tracking.compare_runs("chest-xray")
+    assert sorted(table["run"]) == ["codasca-tiny", "fedavg-I1", "fedavg-I2"]
+    assert sorted(table.loc[table["algorithm"] == "fedavg", "I"]) == [1, 2]
+
 
 def test_training_without_shards_names_the_missing_site(federation, tmp_path):
     from preprocessing.federation import load_federation

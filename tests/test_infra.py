@@ -49,3 +49,22 @@ def test_nightly_training_is_scheduled_centrally():
     nightly = next(d for d in DEPLOYMENTS if d["name"] == "nightly-chest-codasca")
     assert nightly["work_pool"]["name"] == "fedauc-central"
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
+
+
+def test_training_configs_are_valid_train_configs():
+    """A typo in a scheduled config would only surface at 02:00; validate it here."""
+    from federated import TrainConfig, get_algorithm
+
+    placeholder_site = [{"kind": "synthetic", "n_train": 8}]
+    for deployment in DEPLOYMENTS:
+        parameters = deployment.get("parameters", {})
+        if "config" in parameters:
+            configs = [parameters["config"]]
+        elif "base_config" in parameters:
+            configs = [{**parameters["base_config"], "algorithm": a, "local_steps": i}
+                       for a in parameters["algorithms"] for i in parameters["local_steps"]]
+        else:
+            continue
+        for config in configs:
+            validated = TrainConfig.model_validate({**config, "sites": placeholder_site})
+            get_algorithm(validated.algorithm).Params(**validated.params)
