@@ -31,6 +31,7 @@ from models.metrics import per_site_and_pooled
 from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
+from preprocessing.qc import SAMPLE_GRID_FILE
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
 HEADLINE_METRIC = "test/pooled/auc_macro"
@@ -172,7 +173,7 @@ def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config
     model = model.to(device)
     pooled_labels, pooled_scores = [], []
     for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
-        for report in ("report.json", "report.md"):
+        for report in ("report.json", "report.md", SAMPLE_GRID_FILE):
             path = shard_dir / "qc" / report
             if path.is_file():
                 client.log_artifact(run_id, str(path), artifact_path="qc")

@@ -63,13 +63,50 @@ def check_accounting(report: dict) -> None:
 
 
 def write_report(site_dir: Path, report: dict) -> tuple[Path, Path]:
-    """Write ``qc/report.json`` and ``qc/report.md``; returns their paths."""
+    """Write ``qc/report.json``, ``qc/report.md`` and, when images were kept, the sample grid
+    ``qc/samples.png`` the Markdown shows; returns the report paths."""
     qc_dir = Path(site_dir) / "qc"
     qc_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = qc_dir / "report.json", qc_dir / "report.md"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     md_path.write_text(render_markdown(report))
+    if report["images"]["count"]:
+        write_sample_grid(site_dir, qc_dir / SAMPLE_GRID_FILE)
     return json_path, md_path
+
+
+SAMPLE_GRID_FILE = "samples.png"
+
+
+def write_sample_grid(site_dir: Path, path: Path, columns: int = 8, rows: int = 2) -> Path:
+    """The first split's images as training reads them, evenly spaced through the shard, each titled with its
+    positive findings (first five letters; '-' none, '?' any missing label): a look at what the numbers
+    describe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    site_dir = Path(site_dir)
+    info = load_shard_info(site_dir)
+    split = next(split for split in SPLITS if info["counts"][split])
+    images = np.load(site_dir / split / "images.npy", mmap_mode="r")
+    labels = pd.read_parquet(site_dir / split / "manifest.parquet", columns=list(info["diseases"]))
+    picks = np.unique(np.linspace(0, len(images) - 1, min(len(images), columns * rows)).round().astype(int))
+    figure, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.9 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, index in zip(axes.flat, picks):
+        ax.imshow(images[index], cmap="gray" if images.ndim == 3 else None, vmin=0, vmax=255)
+        row = labels.iloc[index]
+        title = ", ".join(d[:5] for d in info["diseases"] if row[d] == 1.0) or "-"
+        ax.set_title(title + (" ?" if row.isna().any() else ""), fontsize=6)
+    figure.suptitle(f"{info['site']}: {split} samples", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def _label_table(manifests: dict[str, pd.DataFrame], diseases: list[str]) -> list[dict]:
@@ -184,6 +221,7 @@ def render_markdown(report: dict) -> str:
         lines.append("")
         for key in ("formats", "modalities", "photometric", "intensity_transform", "transfer_syntaxes"):
             lines.append(f"- {key.replace('_', ' ')}: " + ", ".join(f"{k} {v}" for k, v in images[key].items()))
+        lines += ["", f"![sample images]({SAMPLE_GRID_FILE})"]
     else:
         lines.append("No image was kept.")
     quarantine = report["quarantine"]

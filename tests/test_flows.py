@@ -72,8 +72,8 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
             "test/macro_over_sites/auc_macro", "bytes_sent_total"} <= set(parent.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(summary["run_id"])}
     assert {"config.json", "roc_test_pooled.png", "qc"} <= artifacts
-    assert {a.path for a in client.list_artifacts(summary["run_id"], "qc/alpha")} == {"qc/alpha/report.json",
-                                                                                      "qc/alpha/report.md"}
+    assert {a.path for a in client.list_artifacts(summary["run_id"], "qc/alpha")} == {
+        "qc/alpha/report.json", "qc/alpha/report.md", "qc/alpha/samples.png"}
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{summary['run_id']}'")
     assert sorted(c.data.tags["site"] for c in children) == ["alpha", "beta"]

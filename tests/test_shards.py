@@ -236,6 +236,13 @@ def test_qc_report_counts_labels_and_proves_accounting(site, tmp_path):
     markdown = md_path.read_text()
     assert "input rows 17 = kept 13 + quarantined 4**: holds" in markdown
     assert "| train | Cardiomegaly |" in markdown and "tiny.png" in markdown
+    grid = site_dir / "qc" / "samples.png"
+    assert "![sample images](samples.png)" in markdown
+    with Image.open(grid) as png:
+        assert png.size == (1280, 380)  # 8 x 2 tiles at 1.6 x 1.9 inches, 100 dpi
+    first = grid.read_bytes()
+    write_report(site_dir, report)
+    assert grid.read_bytes() == first  # same shards, same picture
 
     report["accounting"].update(input_rows=18, holds=False)
     with pytest.raises(AccountingError, match="input rows 18 != kept 13 \\+ quarantined 4"):
