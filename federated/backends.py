@@ -123,8 +123,3 @@ class DistributedBackend:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def distributed_env_present() -> bool:
-    """Whether this process was started by torchrun (or equivalent env:// launch)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))

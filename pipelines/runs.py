@@ -27,7 +27,7 @@ from mlflow.entities import Metric
 from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.data import load_shard, to_model_input
 from federated.predict import predict_scores
-from models.metrics import per_site_and_pooled
+from models.metrics import metric_reasons, per_site_and_pooled
 from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
@@ -245,11 +245,14 @@ def evaluate_registered(federation: Federation, shards_root: Path, model_uri: st
         if test is not None and len(test):
             labels[site.name] = test.labels
             scores[site.name] = predict_scores(model, test.images, torch.device("cpu"))
-    metrics = {f"test/{key}": float(value)
-               for key, value in per_site_and_pooled(labels, scores, list(federation.sites[0].diseases)).items()}
+    results = per_site_and_pooled(labels, scores, list(federation.sites[0].diseases))
+    metrics = {f"test/{key}": float(value) for key, value in results.items()}
     with mlflow.start_run(experiment_id=tracking.experiment_id(federation.task), run_name="evaluate",
                           tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name}):
-        mlflow.log_metrics({key: value for key, value in metrics.items()})
+        mlflow.log_metrics(metrics)
+        # Why a metric is NaN (a site without positives for a disease...), next to the numbers.
+        mlflow.log_dict({f"test/{key}": reason for key, reason in metric_reasons(results).items()},
+                        "undefined_metrics.json")
     return metrics
 
 
