@@ -55,7 +55,8 @@ def test_training_configs_are_valid_train_configs():
     """A typo in a scheduled config would only surface at 02:00; validate it here."""
     from federated import TrainConfig, get_algorithm
 
-    placeholder_site = [{"kind": "synthetic", "n_train": 8}]
+    # TrainConfig needs sites; the flow supplies the federation's shards, any valid site stands in here.
+    stand_in_sites = [{"kind": "synthetic", "n_train": 8}]
     for deployment in DEPLOYMENTS:
         parameters = deployment.get("parameters", {})
         if "config" in parameters:
@@ -66,5 +67,5 @@ def test_training_configs_are_valid_train_configs():
         else:
             continue
         for config in configs:
-            validated = TrainConfig.model_validate({**config, "sites": placeholder_site})
+            validated = TrainConfig.model_validate({**config, "sites": stand_in_sites})
             get_algorithm(validated.algorithm).Params(**validated.params)
