@@ -21,6 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: setup

@@ -27,8 +27,8 @@ from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from federated import TensorSite, TrainConfig, train  # noqa: E402
-from federated.algorithms.centralized import centralize  # noqa: E402
+from federated import TensorSite, TrainConfig, train
+from federated.algorithms.centralized import centralize
 
 
 @dataclass
@@ -56,7 +56,7 @@ def make_federation(prevalence: list[float], shift: list[float], n_train: int = 
     u /= np.linalg.norm(u)
     sites, xs, ys = [], [], []
     for k, (pi, s) in enumerate(zip(prevalence, shift)):
-        def draw(n):
+        def draw(n, pi=pi, s=s):
             y = (rng.random(n) < pi).astype(np.float32)
             y[: max(2, int(round(pi * n)) // 10)] = 1.0  # every split holds some positives, even at 1 %
             x = rng.standard_normal((n, dim)) + signal * y[:, None] * w / np.sqrt(dim) * 3 \

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from auc_methods import make_federation, run, table  # noqa: E402
+from auc_methods import make_federation, run, table
 
 METHODS = {
     "local pair": ("localpair", {}, False),

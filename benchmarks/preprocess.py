@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import resource
 import sys
@@ -83,10 +84,8 @@ class PeakMemory:
         while not self._stop.is_set():
             total = me.memory_info().rss
             for child in me.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     total += child.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
             self.peak = max(self.peak, total)
             time.sleep(self.interval)
 

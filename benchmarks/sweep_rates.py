@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from auc_methods import HETEROGENEOUS, make_federation, run  # noqa: E402
+from auc_methods import HETEROGENEOUS, make_federation, run
 
 SEEDS = (100, 101)
 

@@ -9,9 +9,9 @@ Run: `.venv/bin/python docs/make_readme_figures.py` after `make demo`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
-import os
 import subprocess
 import tempfile
 from pathlib import Path

@@ -101,7 +101,7 @@ class DistributedBackend:
         for _, idx in _dtype_groups(tensors).items():
             group = [tensors[i] for i in idx]
             flat = _flatten(group).mul_(w)
-            self._run("all_reduce (mean)", lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
+            self._run("all_reduce (mean)", lambda flat=flat: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
             _unflatten_into(flat, group)
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class TensorSite(BaseModel):
         return SiteData(self.name or f"site{index}", tuple(diseases), splits)
 
 
-SiteSpec = Annotated[Union[ShardSite, SyntheticSite, TensorSite], Field(discriminator="kind")]
+SiteSpec = Annotated[ShardSite | SyntheticSite | TensorSite, Field(discriminator="kind")]
 
 
 class TrainConfig(BaseModel):
@@ -113,7 +113,7 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainConfig":
+    def _consistent(self) -> TrainConfig:
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir")
         if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ ALPHA_MAX = 999.0
 class _Batch:
     """Scores in a float dtype able to hold the loss, and the per-class indicator matrices."""
 
-    __slots__ = ("scores", "pos", "neg", "valid")
+    __slots__ = ("neg", "pos", "scores", "valid")
 
     def __init__(self, scores: Tensor, pos: Tensor, neg: Tensor, valid: Tensor):
         self.scores = scores

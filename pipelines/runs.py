@@ -75,7 +75,7 @@ def code_version() -> str:
 def training_params(config: TrainConfig, federation: Federation, shard_dirs: list[Path]) -> dict[str, str]:
     """Every hyperparameter, the algorithm's defaults resolved, plus what identifies the data and code."""
     algorithm_params = get_algorithm(config.algorithm).Params(**config.params).model_dump()
-    params = {key: value for key, value in config.model_dump(exclude={"sites", "params"}).items()}
+    params = dict(config.model_dump(exclude={"sites", "params"}))
     params.update({f"algo.{key}": value for key, value in algorithm_params.items()})
     params.update({
         "federation": federation.name,

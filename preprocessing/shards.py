@@ -133,7 +133,7 @@ def write_site_shards(
     stages = {name: _SplitStaging(staging, name, len(part), transform.tile_shape) for name, part in splits.items()}
     _decode_pending(splits, stages, data_root, transform, workers, chunk_size, progress, site)
 
-    decode_failures, stats, counts = [], [], {name: 0 for name in SPLITS}
+    decode_failures, stats, counts = [], [], dict.fromkeys(SPLITS, 0)
     for name, part in splits.items():
         kept, failures, split_stats = _finalize_split(part, stages[name], site_dir / name, chunk_size)
         counts[name] = kept
@@ -173,7 +173,7 @@ def write_site_shards(
 
 def _decode_pending(
     splits: dict[str, pd.DataFrame],
-    stages: dict[str, "_SplitStaging"],
+    stages: dict[str, _SplitStaging],
     data_root: Path,
     transform: TransformSettings,
     workers: int,

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from preprocessing.adapters import ADAPTERS
 from preprocessing.adapters.base import AdapterOptions, resolve_metadata
+from preprocessing.errors import ConfigError
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
 from preprocessing.records import TASK_DISEASES, VIEWS
 
@@ -42,7 +43,7 @@ class Problem:
         return f"{self.file}: {self.field}: {self.message}" if self.field else f"{self.file}: {self.message}"
 
 
-class SiteConfigError(ValueError):
+class SiteConfigError(ConfigError):
     """The site YAML is unusable; the message names the file and each offending field."""
 
     def __init__(self, problems: list[Problem]):

@@ -88,7 +88,7 @@ def process_chunk(chunk: Chunk, transform: TransformSettings) -> ChunkResult:
         except DecodeError as err:
             outcomes.append({"i": index, "ok": False, "reason": err.reason.value, "detail": err.detail})
             continue
-        except Exception as err:  # noqa: BLE001 - one malformed file must not stop a 200,000-image run
+        except Exception as err:
             detail = f"{path}: unexpected {type(err).__name__} while decoding: {err}"
             outcomes.append({"i": index, "ok": False, "reason": Reason.UNREADABLE_FILE.value, "detail": detail})
             continue

@@ -96,7 +96,7 @@ def test_stage_boundary_divides_lr_and_averages_the_stage_iterates_into_v_ref():
             ref = [torch.stack([it[i] for it in iterates]).mean(0) for i in range(4)]
             lr = lr / 3
     result = federated.train(cfg)
-    got_v, got_alpha = _state(result)
+    got_v, _ = _state(result)
     for got, want in zip(got_v, v):
         torch.testing.assert_close(got.reshape(want.shape), want, atol=1e-6, rtol=1e-5)
     assert float(result.site_states[0]["lr"]) == pytest.approx(LR / 3)

@@ -13,12 +13,12 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.encaps import encapsulate
 from pydicom.sequence import Sequence
 from pydicom.uid import (
+    MPEG2MPML,
     BasicTextSRStorage,
     DigitalXRayImageStorageForPresentation,
     ExplicitVRLittleEndian,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
-    MPEG2MPML,
     RLELossless,
     SecondaryCaptureImageStorage,
     generate_uid,

@@ -19,7 +19,6 @@ from federated.engine import Engine
 from federated.registry import register
 
 
-
 def _sites(K=3, **kw):
     base = dict(n_train=64, shape=(6,), num_classes=2, pos_rate=0.3, task_seed=3)
     base.update(kw)

@@ -86,7 +86,7 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     evaluated = flows.evaluate(str(federation / "federation.yaml"), str(shards))
     for key in ("test/pooled/auc_macro", "test/pooled/auc/Cardiomegaly", "test/macro_over_sites/auc_macro"):
         logged, reproduced = parent.data.metrics[key], evaluated[key]
-        assert np.isnan(logged) and np.isnan(reproduced) or abs(logged - reproduced) < 1e-5, key
+        assert (np.isnan(logged) and np.isnan(reproduced)) or abs(logged - reproduced) < 1e-5, key
     evaluation = client.search_runs([parent.info.experiment_id], filter_string="tags.fedauc_role = 'evaluation'")[0]
     undefined = mlflow.artifacts.load_dict(f"{evaluation.info.artifact_uri}/undefined_metrics.json")
     assert set(undefined) == {key for key, value in evaluated.items() if np.isnan(value)}

@@ -63,7 +63,7 @@ def test_two_way_partial_auc_matches_area_in_region_and_pairs():
     assert two_way_partial_auc(y, s, min_tpr=0.5, max_fpr=0.4) == pytest.approx(0.25)
     # the same as the ROC area over FPR <= 0.4 above TPR 0.5, divided by 0.5 * 0.4:
     # FPR in [0, 0.2]: TPR = 2/4 -> 0 above 0.5; FPR in [0.2, 0.4]: TPR = 3/4 -> 0.25 * 0.2 = 0.05
-    assert 0.05 / (0.5 * 0.4) == pytest.approx(0.25)
+    assert pytest.approx(0.25) == 0.05 / (0.5 * 0.4)
     assert two_way_partial_auc(y, s, min_tpr=0.0, max_fpr=1.0) == pytest.approx(roc_auc(y, s))
     rng = np.random.default_rng(0)
     y2 = (rng.random(300) < 0.3).astype(float)
@@ -80,7 +80,7 @@ def test_single_class_and_all_missing_give_nan_with_reason():
         assert math.isnan(r) and r.reason == "no positive among 3 labelled samples"
         assert fn([1, 1], [0.1, 0.2]).reason == "no negative among 2 labelled samples"
         assert fn([np.nan, np.nan], [0.1, 0.2]).reason == "no labelled sample"
-    with pytest.raises(ValueError, match="y_true must be 0, 1 or NaN.*row 1"):
+    with pytest.raises(ValueError, match=r"y_true must be 0, 1 or NaN.*row 1"):
         roc_auc([0, 2, 1], [0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match="same length, got 3 and 2"):
         roc_auc([0, 1, 1], [0.1, 0.2])

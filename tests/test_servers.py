@@ -8,7 +8,7 @@ from pipelines.servers import ui_commands, wait_for
 
 def test_wait_for_names_a_server_that_exits():
     process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    with pytest.raises(RuntimeError, match="exited with code 3 before http://127.0.0.1:9/ answered"):
+    with pytest.raises(RuntimeError, match=r"exited with code 3 before http://127\.0\.0\.1:9/ answered"):
         wait_for("http://127.0.0.1:9/", process, timeout_s=30)
 
 

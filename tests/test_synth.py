@@ -90,8 +90,7 @@ def test_written_rows_are_real_public_rows_of_whole_patients(tmp_path, public_me
 
 def test_site_label_prevalence_matches_the_sampled_metadata(tmp_path, public_metadata):
     result = generate_site("chexpert", tmp_path / "chexpert", n=400, seed=5, workers=0, progress=False)
-    config = _site(tmp_path, "chexpert", result.root, uncertain_policy={d: "ones" for d in
-                   ("Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion")})
+    config = _site(tmp_path, "chexpert", result.root, uncertain_policy=dict.fromkeys(("Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"), "ones"))
     records = scan_site(config).records
     train = pd.read_csv(result.root / "train.csv", dtype=str, keep_default_na=False)
     valid = pd.read_csv(result.root / "valid.csv", dtype=str, keep_default_na=False)
@@ -166,7 +165,7 @@ def test_generate_federation_scales_and_writes_ingestible_sites(tmp_path, public
 def test_federation_errors_name_the_file_and_field(tmp_path):
     bad = tmp_path / "fed.yaml"
     bad.write_text(yaml.safe_dump({"name": "x", "task": "melanoma", "sites": [
-        {"config": "../../work/none.yaml"}, {"config": str((tmp_path / "n.yaml"))}]}))
+        {"config": "../../work/none.yaml"}, {"config": str(tmp_path / "n.yaml")}]}))
     (tmp_path / "n.yaml").write_text(yaml.safe_dump({"name": "n", "format": "nih-cxr14", "root": ".", "task": "chest-xray"}))
     with pytest.raises(SiteConfigError) as err:
         load_federation(bad)

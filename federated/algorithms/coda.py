@@ -33,7 +33,7 @@ class CoDA(CODAPlus):
     Params = CoDAParams
 
     def state_spec(self, site: Site):
-        return {**super().state_spec(site), **{k: Comm.LOCAL for k in _CLASS_STATS}}
+        return {**super().state_spec(site), **dict.fromkeys(_CLASS_STATS, Comm.LOCAL)}
 
     def init_site_state(self, site: Site):
         state = super().init_site_state(site)

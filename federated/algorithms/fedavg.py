@@ -13,9 +13,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from federated.algorithms.base import Algorithm, Site
-from models.objectives import masked_bce_with_logits
 from federated.data import Batch
 from federated.registry import register
+from models.objectives import masked_bce_with_logits
 
 
 class FedAvgParams(BaseModel):

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
+from preprocessing.errors import DataError
 from preprocessing.quarantine import Reason, empty_quarantine, quarantine_rows
 from preprocessing.records import RECORD_COLUMNS, VIEWS, label_columns
 
@@ -26,7 +27,7 @@ class AdapterOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class MetadataError(ValueError):
+class MetadataError(DataError):
     """A metadata file is missing or lacks a column; the message names the file and the column."""
 
 

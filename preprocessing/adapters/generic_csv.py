@@ -99,7 +99,7 @@ def read_label_table(
 
 def read(config) -> AdapterOutput:
     options: GenericCsvOptions = config.adapter_options
-    table, records, problems, path = read_label_table(config, options, options.path_column)
+    _, records, problems, path = read_label_table(config, options, options.path_column)
     if options.image_dir:
         records["image_path"] = options.image_dir.rstrip("/") + "/" + records["image_path"].astype(str)
     return finish(records, problems, len(records), [path])

@@ -53,7 +53,7 @@ def index_by_uid(folder: Path) -> tuple[dict[str, str], set[str]]:
 
 def read(config) -> AdapterOutput:
     options: GenericDicomOptions = config.adapter_options
-    table, records, problems, path = read_label_table(config, options, options.key_column)
+    _, records, problems, path = read_label_table(config, options, options.key_column)
     prefix = options.dicom_dir.rstrip("/") + "/" if options.dicom_dir else ""
     if options.key == "sop_instance_uid":
         by_uid, shared = index_by_uid(config.root / options.dicom_dir)

@@ -13,13 +13,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from preprocessing.records import CHEST_XRAY_DISEASES  # noqa: E402
-from preprocessing.synth.chest import ChestFindings, acquire, render_chest, upsample  # noqa: E402
-from preprocessing.synth.profiles import CHEST_PROFILES, SKIN_PROFILES  # noqa: E402
-from preprocessing.synth.skin import render_skin, sample_traits  # noqa: E402
+from preprocessing.records import CHEST_XRAY_DISEASES
+from preprocessing.synth.chest import ChestFindings, acquire, render_chest, upsample
+from preprocessing.synth.profiles import CHEST_PROFILES, SKIN_PROFILES
+from preprocessing.synth.skin import render_skin, sample_traits
 
 SEVERITY = 0.8
 

@@ -290,7 +290,7 @@ def sample_nih(n: int, rng: np.random.Generator, use_real: bool = True, test_fra
         source = _nih_fallback(n, rng)
     rows = source.iloc[take_patients(source["Patient ID"], n, rng)].reset_index(drop=True)
     terms = rows["Finding Labels"].str.split("|")
-    has = lambda *names: terms.map(lambda found: any(name in found for name in names)).to_numpy()  # noqa: E731
+    has = lambda *names: terms.map(lambda found: any(name in found for name in names)).to_numpy()
     images = pd.DataFrame({disease: has(nih).astype(float) for disease, nih in
                            (("Cardiomegaly", "Cardiomegaly"), ("Edema", "Edema"), ("Consolidation", "Consolidation"),
                             ("Atelectasis", "Atelectasis"), ("Pleural Effusion", "Effusion"))})
@@ -337,7 +337,7 @@ def _padchest_fallback(n: int, rng: np.random.Generator) -> pd.DataFrame:
     chexpert = fallback_chexpert_table(max(8, n // 2), rng)
     patient = _patient_of_chexpert_path(chexpert["Path"])
     study = chexpert["Path"].str.extract(r"(patient\d+/study\d+)", expand=False)
-    hexes = lambda keys: keys.map({k: f"{rng.integers(0, 2**63):x}{rng.integers(0, 2**63):x}" for k in keys.unique()})  # noqa: E731
+    hexes = lambda keys: keys.map({k: f"{rng.integers(0, 2**63):x}{rng.integers(0, 2**63):x}" for k in keys.unique()})
     labels = [
         repr([term for column, term in PADCHEST_FROM_CHEXPERT.items() if row[column] in ("1.0", "-1.0")] or ["normal"])
         for _, row in chexpert.iterrows()
@@ -386,7 +386,7 @@ def sample_padchest(n: int, rng: np.random.Generator, use_real: bool = True) -> 
     findings = rows["Labels"].map({text: _parse_padchest(text) for text in rows["Labels"].unique()})
     if findings.isna().any():
         raise ValueError(f"PadChest Labels not a list of strings: {rows['Labels'][findings.isna()].head(3).tolist()}")
-    contains = lambda terms: findings.map(lambda fs: any(t in f for f in fs for t in terms)).to_numpy()  # noqa: E731
+    contains = lambda terms: findings.map(lambda fs: any(t in f for f in fs for t in terms)).to_numpy()
     images = pd.DataFrame({disease: contains((term,)).astype(float) for disease, term in PADCHEST_TERMS.items()})
     images["opacity"] = contains(PADCHEST_OPACITY)
     images["nodule"] = contains(PADCHEST_NODULE)
@@ -441,7 +441,7 @@ def sample_vindr(n: int, rng: np.random.Generator, use_real: bool = True, monoch
     readers = rows.groupby("image_id")["rad_id"].nunique()
     marked = pd.crosstab([rows["image_id"]], [rows["class_name"]], values=rows["rad_id"], aggfunc="nunique").fillna(0)
     fraction = marked.div(readers, axis=0).reindex(chosen.to_numpy()).fillna(0.0)
-    column = lambda name: fraction[name].to_numpy() if name in fraction else np.zeros(len(fraction))  # noqa: E731
+    column = lambda name: fraction[name].to_numpy() if name in fraction else np.zeros(len(fraction))
     images = pd.DataFrame({
         "Cardiomegaly": column("Cardiomegaly"), "Edema": 0.0, "Consolidation": column("Consolidation"),
         "Atelectasis": column("Atelectasis"), "Pleural Effusion": column("Pleural effusion"),
