@@ -21,6 +21,8 @@ import torch
 from mlflow import MlflowClient
 from sklearn.metrics import roc_curve
 
+from models.metrics import roc_auc
+
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
 # The model-version tag the champion comparison reads; written when a version is registered.
@@ -69,8 +71,7 @@ def roc_figure(y_true: np.ndarray, y_score: np.ndarray, diseases: tuple[str, ...
             ax.plot([], [], " ", label=f"{disease}: undefined ({'no labels' if len(labels) == 0 else 'one class'})")
             continue
         fpr, tpr, _ = roc_curve(labels, scores)
-        area = float(np.trapezoid(tpr, fpr))
-        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {area:.3f}")
+        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {roc_auc(labels, scores):.3f}")
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
     ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")
     ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))

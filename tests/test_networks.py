@@ -57,14 +57,19 @@ def torchvision_densenet121_state(legacy=False, seed=0):
                                                    ("resnet18", 1, 64), ("small_resnet", 1, 64),
                                                    ("small_resnet", 3, 128)])
 def test_networks_output_logits_per_disease(name, in_channels, size):
+    torch.manual_seed(0)
     model = build_network(name, num_classes=5, in_channels=in_channels).eval()
+    x = torch.rand(2, in_channels, size, size)
+    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
-        out = model(torch.rand(2, in_channels, size, size))
+        out = model(x)
+        head.bias += 2.0
+        shifted = model(x)
     assert out.shape == (2, 5) and torch.all(torch.isfinite(out))
-    assert ((out > 0) & (out < 1)).float().mean() < 1  # raw logits, not probabilities
+    # Logits, not probabilities: the head's bias reaches the output unchanged (a sigmoid would squash it).
+    torch.testing.assert_close(shifted - out, torch.full_like(out, 2.0))
     with pytest.raises(ValueError, match="valid choices: densenet121, resnet18, small_resnet"):
         build_network("vgg16", 5)
-
 
 
 def test_small_resnet_is_small_and_learns_a_visual_task():
@@ -148,14 +153,27 @@ def test_load_imagenet_weights_names_mismatched_and_missing_keys(tmp_path):
 
 
 def test_resnet18_loads_torchvision_named_weights():
+    torch.manual_seed(0)
     model = build_network("resnet18", num_classes=5, in_channels=1)
-    # torchvision's ResNet-18 uses the same names as MONAI's; derive them and give 3-channel conv1 + 1000-class fc
-    tv = {k: torch.randn_like(v.float()) if v.is_floating_point() else v for k, v in model.state_dict().items()
-          if not k.startswith("fc.")}
-    tv["conv1.weight"] = torch.randn(64, 3, 7, 7)
-    tv["fc.weight"], tv["fc.bias"] = torch.randn(1000, 512), torch.randn(1000)
+    head_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("fc.")}
+    # torchvision's ResNet-18 layout (same names as MONAI's, 3-channel conv1, 1000-class fc) from a
+    # separately initialised network, so every value differs from the model's before loading
+    torch.manual_seed(1)
+    tv = {k: v.clone() for k, v in build_network("resnet18", num_classes=1000, in_channels=3).state_dict().items()}
+    for k, v in tv.items():
+        if v.is_floating_point() and k.endswith(("running_mean", "running_var")):
+            v.add_(torch.rand_like(v))  # fresh running statistics are all 0 and 1 in both networks
+        elif k.endswith("num_batches_tracked"):
+            v.fill_(7)
     report = load_imagenet_weights(model, tv)
-    assert torch.allclose(model.conv1.weight, tv["conv1.weight"].mean(1, keepdim=True))
-    assert torch.equal(model.layer3[1].bn2.running_mean, tv["layer3.1.bn2.running_mean"])
+    state = model.state_dict()
     assert report["skipped"] == ["fc.bias", "fc.weight"]
+    assert report["loaded"] == sorted(k for k in state if not k.startswith("fc."))
+    assert not torch.equal(state["conv1.weight"], tv["conv1.weight"][:, :1])
+    torch.testing.assert_close(state["conv1.weight"], tv["conv1.weight"].mean(1, keepdim=True))
+    for k in report["loaded"]:
+        if k != "conv1.weight":
+            assert torch.equal(state[k], tv[k]), k
+    for k, before in head_before.items():
+        assert torch.equal(state[k], before), k
     assert set(NETWORKS) == {"densenet121", "resnet18", "small_resnet"}

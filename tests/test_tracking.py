@@ -74,6 +74,15 @@ def test_roc_figure_legend_matches_sklearn_and_reports_undefined():
     assert labels[3] == "D: undefined (no labels)"
 
 
+def test_roc_figure_runs_on_the_numpy_1_api(monkeypatch):
+    """pyproject allows numpy 1.26, which has no np.trapezoid (numpy 2 renamed np.trapz to it)."""
+    monkeypatch.delattr(np, "trapezoid", raising=False)
+    y_true = np.array([[0.0], [1.0], [0.0], [1.0], [1.0]])
+    y_score = np.array([[0.1], [0.8], [0.35], [0.3], [0.9]])
+    fig = tracking.roc_figure(y_true, y_score, ("A",), "numpy 1")
+    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "A: AUC 0.833"
+
+
 def test_compare_runs_unknown_experiment_names_it(store):
     with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
         tracking.compare_runs("nope")
