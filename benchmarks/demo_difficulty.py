@@ -32,6 +32,7 @@ from models.networks import build_network
 from preprocessing.federation import load_federation
 from preprocessing.records import CHEST_XRAY_DISEASES
 from preprocessing.scan import scan_site
+from preprocessing.shard_format import read_split
 from preprocessing.shards import shard_site
 from preprocessing.synth import generate_federation
 
@@ -40,14 +41,13 @@ MIN_POSITIVES = 5  # an AUC on fewer positives (or negatives) is noise, not a me
 
 
 def load_split(site_dir: Path, split: str, size: int) -> tuple[torch.Tensor, np.ndarray]:
-    folder = site_dir / split
-    if not (folder / "images.npy").exists():
+    arrays = read_split(site_dir, split, CHEST_XRAY_DISEASES)
+    if arrays is None:
         return torch.zeros(0, 1, size, size), np.zeros((0, len(CHEST_XRAY_DISEASES)), np.float32)
-    images = torch.from_numpy(np.load(folder / "images.npy")).float().div(255.0).sub(0.5).unsqueeze(1)
+    images = torch.from_numpy(np.array(arrays[0])).float().div(255.0).sub(0.5).unsqueeze(1)
     if images.shape[-1] != size:
         images = F.interpolate(images, size=(size, size), mode="area")
-    labels = pd.read_parquet(folder / "manifest.parquet")[list(CHEST_XRAY_DISEASES)].to_numpy(np.float32)
-    return images, labels
+    return images, arrays[1]
 
 
 def train(images: torch.Tensor, labels: np.ndarray, epochs: int, seed: int) -> torch.nn.Module:

@@ -32,6 +32,15 @@ from federated import ShardSite, TrainConfig
 from federated.data import to_model_input
 from models.networks import build_network
 from models.objectives import masked_bce_with_logits
+from preprocessing.shard_format import (
+    FORMAT_VERSION,
+    IMAGE_DTYPE,
+    LABEL_DTYPE,
+    SHARD_FILE,
+    images_path,
+    manifest_path,
+    read_split,
+)
 
 
 def write_shards(root: Path, sites: int, n: int, image: int) -> list[Path]:
@@ -41,17 +50,18 @@ def write_shards(root: Path, sites: int, n: int, image: int) -> list[Path]:
     for k in range(sites):
         d = root / f"site{k}"
         (d / "train").mkdir(parents=True)
-        (d / "shard.json").write_text(json.dumps({"site": f"site{k}", "task": "melanoma", "diseases": ["Melanoma"]}))
-        np.save(d / "train" / "images.npy", rng.integers(0, 256, (n, image, image), dtype=np.uint8))
-        pd.DataFrame({"Melanoma": (rng.random(n) < 0.2).astype(np.float32)}).to_parquet(d / "train" / "manifest.parquet")
+        (d / SHARD_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, "site": f"site{k}", "task": "melanoma",
+                                                "diseases": ["Melanoma"]}))
+        np.save(images_path(d, "train"), rng.integers(0, 256, (n, image, image), dtype=IMAGE_DTYPE))
+        pd.DataFrame({"Melanoma": (rng.random(n) < 0.2).astype(LABEL_DTYPE)}).to_parquet(manifest_path(d, "train"))
         dirs.append(d)
     return dirs
 
 
 def plain_loop(dirs: list[Path], batch: int, steps: int, device: torch.device, seed: int) -> tuple[float, float]:
     """Samples per wall second and per CPU second of SGD on BCE with batch K x B drawn from all shards."""
-    images = [np.load(d / "train" / "images.npy", mmap_mode="r") for d in dirs]
-    labels = [pd.read_parquet(d / "train" / "manifest.parquet")["Melanoma"].to_numpy(np.float32) for d in dirs]
+    images, labels = zip(*(read_split(d, "train", ["Melanoma"]) for d in dirs))
+    labels = [split_labels[:, 0] for split_labels in labels]
     torch.manual_seed(seed)
     model = build_network("small_resnet", num_classes=1, in_channels=1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -8,15 +8,16 @@ dataset indices of its samples (KL-OPAUC keeps one state value per positive samp
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
+
+from preprocessing.errors import DataError
+from preprocessing.shard_format import SPLITS, read_shard_info, read_split
 
 
 @dataclass
@@ -57,45 +58,14 @@ class SiteData:
 
 def load_shard(site_dir: str | Path) -> SiteData:
     """Open a site shard written by ``fedauc preprocess`` (docs/shards.md), images memory-mapped."""
-    site_dir = Path(site_dir)
-    meta_path = site_dir / "shard.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: not a site shard (no shard.json)")
-    meta = json.loads(meta_path.read_text())
-    try:
-        diseases = tuple(meta["diseases"])
-    except KeyError:
-        raise ValueError(f"{meta_path}: field 'diseases' is missing") from None
-    splits: dict[str, SplitData] = {}
-    for split in ("train", "valid", "test"):
-        images_path = site_dir / split / "images.npy"
-        manifest_path = site_dir / split / "manifest.parquet"
-        if not images_path.exists() and not manifest_path.exists():
-            continue
-        for p in (images_path, manifest_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"{p}: missing while the other file of split {split!r} exists")
-        images = np.load(images_path, mmap_mode="r")
-        if images.dtype != np.uint8:
-            raise ValueError(f"{images_path}: expected uint8 images, got {images.dtype}")
-        manifest = pd.read_parquet(manifest_path, columns=None)
-        missing = [d for d in diseases if d not in manifest.columns]
-        if missing:
-            raise ValueError(f"{manifest_path}: label columns {missing} missing (diseases from {meta_path})")
-        labels = manifest[list(diseases)].to_numpy(dtype=np.float32)
-        bad = ~(np.isnan(labels) | (labels == 0.0) | (labels == 1.0))
-        if bad.any():
-            row, col = map(int, np.argwhere(bad)[0])
-            raise ValueError(
-                f"{manifest_path}: row {row}, column {diseases[col]!r}: label {float(labels[row, col])!r} "
-                "is not 0, 1 or NaN"
-            )
-        if len(images) != len(labels):
-            raise ValueError(f"{images_path}: {len(images)} images but {manifest_path} has {len(labels)} rows")
-        splits[split] = SplitData(images, labels)
+    info = read_shard_info(site_dir)
+    diseases = tuple(info["diseases"])
+    splits = {split: SplitData(*arrays) for split in SPLITS
+              if (arrays := read_split(site_dir, split, diseases)) is not None}
     if "train" not in splits:
-        raise ValueError(f"{site_dir}: the shard has no train split")
-    return SiteData(str(meta.get("site", site_dir.name)), diseases, splits)
+        raise DataError(f"{site_dir}: the shard has no train split",
+                        fix="give the site training records (its split settings) and run `fedauc preprocess` again")
+    return SiteData(str(info.get("site", Path(site_dir).name)), diseases, splits)
 
 
 def to_model_input(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -26,6 +26,7 @@ from pipelines.tables import markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
 from preprocessing.scan import scan_site
+from preprocessing.shard_format import shard_content_hash
 from preprocessing.sites import SiteConfigError, load_site, validate_site
 
 
@@ -90,8 +91,7 @@ def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, 
 def _training_cache_key(context, parameters) -> str:
     """Shard content hashes + the whole config: same data, same config, same trained model."""
     federation = load_federation(parameters["federation_yaml"])
-    hashes = [json.loads((d / "shard.json").read_text())["content_hash"]
-              for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
+    hashes = [shard_content_hash(d) for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
     payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),
                           "name": parameters.get("run_name")}, sort_keys=True, default=str)
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()

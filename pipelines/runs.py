@@ -32,6 +32,7 @@ from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
 from preprocessing.qc import SAMPLE_GRID_FILE
+from preprocessing.shard_format import QC_DIR, is_finished, shard_content_hash
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
 HEADLINE_METRIC = "test/pooled/auc_macro"
@@ -52,7 +53,7 @@ class TrainingRun:
 def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
     """Each site's shard directory; a site that was not preprocessed is an error naming it."""
     dirs = [Path(shards_root) / site.name for site in federation.sites]
-    missing = [str(d) for d in dirs if not (d / "shard.json").is_file()]
+    missing = [str(d) for d in dirs if not is_finished(d)]
     if missing:
         raise FileNotFoundError(
             f"federation {federation.name!r}: no shards at {', '.join(missing)}; run `fedauc preprocess` first"
@@ -86,7 +87,7 @@ def training_params(config: TrainConfig, federation: Federation, shard_dirs: lis
         "code_version": code_version(),
     })
     for site, shard_dir in zip(federation.sites, shard_dirs):
-        params[f"shard_hash.{site.name}"] = json.loads((shard_dir / "shard.json").read_text())["content_hash"]
+        params[f"shard_hash.{site.name}"] = shard_content_hash(shard_dir)
     return {key: str(value) for key, value in params.items()}
 
 
@@ -174,7 +175,7 @@ def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config
     pooled_labels, pooled_scores = [], []
     for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
         for report in ("report.json", "report.md", SAMPLE_GRID_FILE):
-            path = shard_dir / "qc" / report
+            path = shard_dir / QC_DIR / report
             if path.is_file():
                 client.log_artifact(run_id, str(path), artifact_path="qc")
                 mlflow.log_artifact(str(path), artifact_path=f"qc/{site.name}")

@@ -14,7 +14,14 @@ from pathlib import Path
 import pandas as pd
 
 from preprocessing.records import SPLITS
-from preprocessing.shards import IMAGE_STATS_FILE, QUARANTINE_FILE, load_shard_info
+from preprocessing.shard_format import (
+    IMAGE_STATS_FILE,
+    QC_DIR,
+    QUARANTINE_FILE,
+    images_path,
+    manifest_path,
+    read_shard_info,
+)
 
 
 class AccountingError(RuntimeError):
@@ -23,11 +30,9 @@ class AccountingError(RuntimeError):
 
 def build_report(site_dir: Path) -> dict:
     site_dir = Path(site_dir)
-    info = load_shard_info(site_dir)
-    if info is None:
-        raise FileNotFoundError(f"{site_dir}: no shard.json; run the shard writer first")
+    info = read_shard_info(site_dir)
     manifests = {
-        split: pd.read_parquet(site_dir / split / "manifest.parquet") for split in SPLITS if info["counts"][split]
+        split: pd.read_parquet(manifest_path(site_dir, split)) for split in SPLITS if info["counts"][split]
     }
     quarantine = pd.read_parquet(site_dir / QUARANTINE_FILE)
     stats = pd.read_parquet(site_dir / IMAGE_STATS_FILE)
@@ -65,7 +70,7 @@ def check_accounting(report: dict) -> None:
 def write_report(site_dir: Path, report: dict) -> tuple[Path, Path]:
     """Write ``qc/report.json``, ``qc/report.md`` and, when images were kept, the sample grid
     ``qc/samples.png`` the Markdown shows; returns the report paths."""
-    qc_dir = Path(site_dir) / "qc"
+    qc_dir = Path(site_dir) / QC_DIR
     qc_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = qc_dir / "report.json", qc_dir / "report.md"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
@@ -89,10 +94,10 @@ def write_sample_grid(site_dir: Path, path: Path, columns: int = 8, rows: int = 
     import numpy as np
 
     site_dir = Path(site_dir)
-    info = load_shard_info(site_dir)
+    info = read_shard_info(site_dir)
     split = next(split for split in SPLITS if info["counts"][split])
-    images = np.load(site_dir / split / "images.npy", mmap_mode="r")
-    labels = pd.read_parquet(site_dir / split / "manifest.parquet", columns=list(info["diseases"]))
+    images = np.load(images_path(site_dir, split), mmap_mode="r")
+    labels = pd.read_parquet(manifest_path(site_dir, split), columns=list(info["diseases"]))
     picks = np.unique(np.linspace(0, len(images) - 1, min(len(images), columns * rows)).round().astype(int))
     figure, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.9 * rows), squeeze=False)
     for ax in axes.flat:

@@ -34,13 +34,21 @@ from tqdm import tqdm
 
 from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
 from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
+from preprocessing.shard_format import (
+    FORMAT_VERSION,
+    IMAGE_DTYPE,
+    IMAGE_STATS_FILE,
+    IMAGES_FILE,
+    MANIFEST_FILE,
+    QC_DIR,
+    QUARANTINE_FILE,
+    SHARD_FILE,
+    STAGING_DIR,
+    ShardInfo,
+    load_shard_info,
+)
 from preprocessing.tiles import STAT_COLUMNS, Chunk, ChunkResult, TransformSettings, process_chunk
 
-SHARD_FORMAT_VERSION = 1
-SHARD_FILE = "shard.json"
-QUARANTINE_FILE = "quarantine.parquet"
-IMAGE_STATS_FILE = "qc/image_stats.parquet"
-STAGING_DIR = ".staging"
 
 @dataclass(frozen=True)
 class ShardSummary:
@@ -68,7 +76,7 @@ def content_hash(
     seconds where hashing their bytes would take hours.
     """
     digest = hashlib.sha256()
-    digest.update(json.dumps({"format": SHARD_FORMAT_VERSION, "transform": asdict(transform)}, sort_keys=True).encode())
+    digest.update(json.dumps({"format": FORMAT_VERSION, "transform": asdict(transform)}, sort_keys=True).encode())
     digest.update(json.dumps(label_contract, sort_keys=True, default=str).encode())
     for path in sorted(Path(p) for p in metadata_files):
         digest.update(f"\0metadata:{path.name}\0".encode())
@@ -84,14 +92,6 @@ def content_hash(
             identity = f"{image_path}\0missing\n"
         digest.update(identity.encode())
     return digest.hexdigest()
-
-
-def load_shard_info(site_dir: Path) -> dict | None:
-    """The parsed ``shard.json`` of a finished run, or None when there is none."""
-    path = site_dir / SHARD_FILE
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
 
 
 def write_site_shards(
@@ -146,11 +146,11 @@ def write_site_shards(
     quarantine = pd.concat([_as_quarantine(scan_quarantine), *decode_failures], ignore_index=True)
     _write_parquet(quarantine, site_dir / QUARANTINE_FILE)
     image_stats = pd.concat(stats, ignore_index=True) if stats else _empty_stats()
-    (site_dir / "qc").mkdir(exist_ok=True)
+    (site_dir / QC_DIR).mkdir(exist_ok=True)
     _write_parquet(image_stats, site_dir / IMAGE_STATS_FILE)
 
-    info = {
-        "format_version": SHARD_FORMAT_VERSION,
+    info: ShardInfo = {
+        "format_version": FORMAT_VERSION,
         "site": site,
         "task": transform.task,
         "diseases": list(label_columns(transform.task)),
@@ -231,7 +231,7 @@ class _SplitStaging:
         self.finalized = not self.images.exists() and self.log.exists()
         if not self.images.exists() and not self.finalized:
             # open_memmap writes the .npy header and sizes the file (sparse); rows are then pwritten.
-            np.lib.format.open_memmap(self.images, mode="w+", dtype=np.uint8, shape=(size,) + tile_shape)
+            np.lib.format.open_memmap(self.images, mode="w+", dtype=IMAGE_DTYPE, shape=(size,) + tile_shape)
             self.log.unlink(missing_ok=True)
         self.header_bytes = _npy_header_bytes(self.images) if self.images.exists() else 0
         self.done = np.zeros(size, dtype=bool)
@@ -314,8 +314,8 @@ def _finalize_split(
     stats.insert(0, "record_id", part.loc[ok, "record_id"].to_numpy())
 
     split_dir.mkdir(parents=True, exist_ok=True)
-    _write_parquet(part.loc[ok].reset_index(drop=True), split_dir / "manifest.parquet")
-    final = split_dir / "images.npy"
+    _write_parquet(part.loc[ok].reset_index(drop=True), split_dir / MANIFEST_FILE)
+    final = split_dir / IMAGES_FILE
     if not stage.finalized:
         if ok.all():
             os.replace(stage.images, final)
@@ -327,7 +327,7 @@ def _finalize_split(
 def _compact(stage: _SplitStaging, kept: np.ndarray, final: Path, chunk_size: int) -> None:
     """Copy the kept staging rows, in order, into ``final``; reads and writes ``chunk_size`` rows at a time."""
     temporary = final.with_suffix(".npy.partial")
-    np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=(len(kept),) + stage.tile_shape)
+    np.lib.format.open_memmap(temporary, mode="w+", dtype=IMAGE_DTYPE, shape=(len(kept),) + stage.tile_shape)
     target_header = _npy_header_bytes(temporary)
     with stage.images.open("rb") as source, temporary.open("r+b") as target:
         for block_start in range(0, len(kept), chunk_size):

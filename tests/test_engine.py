@@ -17,6 +17,7 @@ from federated.algorithms.fedavg import FedAvg
 from federated.data import SiteLoader, load_shard
 from federated.engine import Engine
 from federated.registry import register
+from preprocessing.shard_format import FORMAT_VERSION, SHARD_FILE
 
 
 def _sites(K=3, **kw):
@@ -117,7 +118,8 @@ def test_resume_reaches_the_same_model_as_an_uninterrupted_run(tmp_path):
 
 def _write_shard(root, site, labels, diseases=("Cardiomegaly", "Edema"), size=8, splits=("train",)):
     root.mkdir(parents=True)
-    (root / "shard.json").write_text(json.dumps({"site": site, "task": "chest-xray", "diseases": list(diseases)}))
+    (root / SHARD_FILE).write_text(json.dumps({"format_version": FORMAT_VERSION, "site": site, "task": "chest-xray",
+                                              "diseases": list(diseases)}))
     rng = np.random.default_rng(len(labels))
     for split in splits:
         (root / split).mkdir()
