@@ -73,6 +73,16 @@ class TensorSite(BaseModel):
 SiteSpec = Annotated[ShardSite | SyntheticSite | TensorSite, Field(discriminator="kind")]
 
 
+def load_sites(sites: list[SiteSpec], indices: list[int]) -> list[SiteData]:
+    """The data of ``sites[k]`` for each k of ``indices``; they must label the same diseases in one order."""
+    datas = [sites[k].load(k) for k in indices]
+    for d in datas[1:]:
+        if d.diseases != datas[0].diseases:
+            raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {datas[0].name!r} has "
+                             f"{datas[0].diseases}")
+    return datas
+
+
 class TrainConfig(BaseModel):
     """Everything one federated run needs. ``params`` is validated by the algorithm's own model."""
 

@@ -2,31 +2,32 @@
 
 One round: every site runs I local steps (``algorithm.local_step``), ``before_communication``, then the
 engine communicates every declared tensor by its kind (federated/state.py), then ``round_end``, then at
-stage boundaries the averaged ``stage_statistics`` go to ``stage_start``. Bytes each site sends and
+stage boundaries the combined ``stage_statistics`` go to ``stage_start``. Bytes each site sends and
 receives are counted from the tensors actually handed to the backend. Sites in this process run one
-after another (each with its own RNG stream), so the in-process and distributed backends follow the
-same computation and give the same model to float tolerance.
+after another, every hook under the site's own RNG stream, so the in-process and distributed backends
+follow the same computation and give the same model to float tolerance.
+
+The network and device come from federated/network.py, evaluation from federated/evaluation.py,
+checkpoints from federated/checkpoint.py.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from federated.algorithms.base import Algorithm, Federation, Site
+from federated import evaluation
+from federated.algorithms.base import Algorithm, FederationContext, Site
 from federated.backends import DistributedBackend, InProcessBackend
 from federated.checkpoint import latest_round_dir, load_round, save_round
-from federated.config import TrainConfig
+from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader, label_counts
-from federated.predict import predict_scores
+from federated.network import build_model, initial_model, model_input_shape, training_device
 from federated.registry import get_algorithm
 from federated.state import Comm, model_state_spec, model_tensors, nbytes
 
@@ -44,54 +45,9 @@ class TrainResult:
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
-        net = build_network(self.config, self.input_shape, self.num_classes)
+        net = build_model(self.config, self.input_shape, self.num_classes)
         net.load_state_dict(self.global_state)
         return net
-
-
-def build_network(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """``linear`` / ``mlp`` for feature-vector tasks (convex tests, synthetic benchmarks); image
-    networks from ``models.networks.build_network``."""
-    dim = int(np.prod(input_shape))
-    if config.network == "linear":
-        return nn.Sequential(nn.Flatten(), nn.Linear(dim, num_classes))
-    if config.network == "mlp":
-        hidden = int(config.network_kwargs.get("hidden", 64))
-        return nn.Sequential(nn.Flatten(), nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                             nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                             nn.Linear(hidden, num_classes))
-    from models.networks import build_network as build_image_network
-
-    return build_image_network(config.network, num_classes=num_classes, in_channels=input_shape[0],
-                               **config.network_kwargs)
-
-
-def _input_shape(data: SiteData) -> tuple[int, ...]:
-    images = data.train.images
-    if images.dtype == np.uint8 or images.dtype == torch.uint8:
-        return (1, *images.shape[1:3]) if images.ndim == 3 else (images.shape[3], *images.shape[1:3])
-    return tuple(images.shape[1:])
-
-
-class _SiteRNG:
-    """Swap the global torch RNG to the site's own stream while the site computes."""
-
-    def __init__(self, site: Site, cuda: bool):
-        self.site, self.cuda = site, cuda
-
-    def __enter__(self):
-        self.saved = torch.get_rng_state()
-        torch.set_rng_state(self.site.rng_state)
-        if self.cuda:
-            self.saved_cuda = torch.cuda.get_rng_state()
-            torch.cuda.set_rng_state(self.site.cuda_rng_state)
-
-    def __exit__(self, *exc):
-        self.site.rng_state = torch.get_rng_state()
-        torch.set_rng_state(self.saved)
-        if self.cuda:
-            self.site.cuda_rng_state = torch.cuda.get_rng_state()
-            torch.cuda.set_rng_state(self.saved_cuda)
 
 
 def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
@@ -104,10 +60,13 @@ def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
 
 
 class Engine:
+    """The round loop of one federated run. The sites of this process, their algorithm and the backend
+    that connects them to the others; ``close()`` releases a backend the engine created."""
+
     def __init__(self, config: TrainConfig, backend=None):
         self.config = config
-        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if config.backend == "distributed" else 0
-        self.device = config.resolve_device(local_rank)
+        self.device = training_device(config)
+        self.owns_backend = backend is None
         if backend is None:
             backend = (DistributedBackend(config.timeout_s, self.device) if config.backend == "distributed"
                        else InProcessBackend(len(config.sites)))
@@ -116,13 +75,9 @@ class Engine:
             raise ValueError(f"the config lists {len(config.sites)} sites but the {backend.name} backend runs "
                              f"{backend.num_sites} (torchrun --nproc-per-node must equal the number of sites)")
         self.is_leader = 0 in backend.local_sites
-        self.datas = [config.sites[k].load(k) for k in backend.local_sites]
-        diseases = self.datas[0].diseases
-        for d in self.datas[1:]:
-            if d.diseases != diseases:
-                raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {self.datas[0].name!r} has {diseases}")
-        self.input_shape = _input_shape(self.datas[0])
-        self.fed, self.weights, local_priors = self._federation(diseases)
+        self.datas = load_sites(config.sites, backend.local_sites)
+        self.input_shape = model_input_shape(self.datas[0])
+        self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
                  for d in self.datas]
@@ -134,7 +89,8 @@ class Engine:
         self.spec = {**model_state_spec(self.sites[0].model, config.bn_stats),
                      **self.algorithm.state_spec(self.sites[0])}
         for site in self.sites:
-            site.state = self.algorithm.init_site_state(site)
+            with site.rng():
+                site.state = self.algorithm.init_site_state(site)
             declared = {n for n in self.spec if not n.startswith("model.")}
             if declared != set(site.state):
                 raise ValueError(f"algorithm {config.algorithm!r}: state_spec declares {sorted(declared)} but "
@@ -148,6 +104,11 @@ class Engine:
             raise ValueError(f"stage length {self.algorithm.stage_length} must be a multiple of local_steps "
                              f"I = {config.local_steps}: stages change at communication rounds")
 
+    def close(self) -> None:
+        """Release the process group of a distributed backend this engine created (idempotent)."""
+        if self.owns_backend and hasattr(self.backend, "close"):
+            self.backend.close()
+
     # --- setup ------------------------------------------------------------------------------------
     def _federation(self, diseases):
         """Global prior and class counts from the sites' aggregate label counts (section 0)."""
@@ -158,8 +119,8 @@ class Engine:
         local = [[t.clone() for t in c] for c in counts]
         K = self.backend.num_sites
         on_device = [[t.to(self.device) for t in c] for c in counts]  # NCCL reduces device tensors only
-        self.backend.mean_(on_device, [1.0 / K] * len(counts))
-        pos, known, n = (t.cpu() * K for t in on_device[0])
+        self.backend.mean_(on_device, [1.0] * len(counts))  # weights 1: the sum over sites, exact counts
+        pos, known, n = (t.cpu() for t in on_device[0])
         for c, name in enumerate(diseases):
             if known[c] == 0:
                 raise ValueError(f"disease {name!r} has no known label at any site")
@@ -170,18 +131,14 @@ class Engine:
             priors = [_usable_prior(c[0], c[1]).to(self.device) for c in local]
         else:
             priors = [prior.to(self.device)] * len(self.datas)
-        fed = Federation(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
-                         pos.float(), (known - pos).float(), self.device,
-                         self.config.amp and self.device.type == "cuda",
-                         self.config.channels_last and self.device.type == "cuda")
+        fed = FederationContext(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
+                                pos.float(), (known - pos).float(), self.device,
+                                self.config.amp and self.device.type == "cuda",
+                                self.config.channels_last and self.device.type == "cuda")
         return fed, weights, priors
 
     def _make_site(self, k: int, data: SiteData, weight: float, prior: torch.Tensor) -> Site:
-        torch.manual_seed(self.config.seed)  # every site starts from the same initial model
-        model = build_network(self.config, self.input_shape, len(data.diseases)).to(self.device)
-        if self.fed.channels_last and len(self.input_shape) == 3:
-            model = model.to(memory_format=torch.channels_last)
-        model.train()
+        model = initial_model(self.config, self.input_shape, len(data.diseases), self.device)
         loader = SiteLoader(data.train, self.config.batch_size, seed=self.config.seed * 100_003 + 2 * k + 1,
                             device=self.device, guarantee_positives=self.config.guarantee_positives,
                             workers=self.config.loader_workers, flip=self.config.augment_flip,
@@ -193,6 +150,12 @@ class Engine:
                 torch.cuda.manual_seed(self.config.seed * 100_003 + 2 * k + 2)
                 cuda_state = torch.cuda.get_rng_state()
         return Site(k, data, model, loader, weight, prior, rng_state=gen.get_state(), cuda_rng_state=cuda_state)
+
+    def each_site(self, hook) -> None:
+        """Run ``hook(site)`` for every site of this process under the site's own RNG stream."""
+        for site in self.sites:
+            with site.rng():
+                hook(site)
 
     # --- communication ------------------------------------------------------------------------
     def _tensors(self, site: Site) -> dict[str, torch.Tensor]:
@@ -225,52 +188,31 @@ class Engine:
         return sent, received
 
     def stage_boundary(self) -> int:
-        stats = [self.algorithm.stage_statistics(s) for s in self.sites]
-        names = sorted(stats[0])
-        self.backend.mean_([[st[n] for n in names] for st in stats], self.weights)
+        """Combine every site's stage statistics as the algorithm's ``stage_spec`` declares and start the
+        next stage; returns the bytes each site sent (and received)."""
+        stats = []
+        for site in self.sites:
+            with site.rng():
+                stats.append(self.algorithm.stage_statistics(site))
+        spec = self.algorithm.stage_spec(self.sites[0])
+        if set(spec) != set(stats[0]) or not set(spec.values()) <= {Comm.MEAN, Comm.SUM}:
+            raise ValueError(f"algorithm {self.config.algorithm!r}: stage_spec {spec} must give every stage "
+                             f"statistic {sorted(stats[0])} the kind mean or sum")
+        for kind, weights in ((Comm.MEAN, self.weights), (Comm.SUM, [1.0] * len(self.sites))):
+            names = sorted(n for n, c in spec.items() if c is kind)
+            self.backend.mean_([[st[n] for n in names] for st in stats], weights)
         for site, st in zip(self.sites, stats):
-            self.algorithm.stage_start(site, st)
-        return sum(nbytes(stats[0][n]) for n in names)
+            with site.rng():
+                self.algorithm.stage_start(site, st)
+        return sum(nbytes(t) for t in stats[0].values())
 
     # --- evaluation ---------------------------------------------------------------------------
     def global_model(self) -> nn.Module:
-        """The weighted mean of the site models (parameters and float buffers), in eval mode."""
-        models = [copy.deepcopy(s.model) for s in self.sites]
-        floats = [[t for t in model_tensors(m).values() if t.is_floating_point()] for m in models]
-        self.backend.mean_(floats, self.weights)
-        return models[0].eval()
-
-    def _scores(self, model: nn.Module, images) -> torch.Tensor:
-        scores = predict_scores(model, images, self.device, amp=self.fed.amp, channels_last=self.fed.channels_last)
-        return torch.from_numpy(scores).to(self.device)  # NCCL gathers device tensors
+        return evaluation.global_model(self.sites, self.backend, self.weights, self.config.bn_stats)
 
     def evaluate(self) -> dict[str, float]:
-        """Metrics of the averaged global model (models.metrics.per_site_and_pooled) on every site's
-        ``valid`` and ``test`` splits: keys ``<split>/site/<k>/<metric>``, ``<split>/pooled/<metric>``
-        (all sites' samples ranked together) and ``<split>/macro_over_sites/<metric>``; NaN = undefined."""
-        model = self.global_model()
-        result: dict[str, float] = {}
-        for split in ("valid", "test"):
-            scores, labels, site_ids = [], [], []
-            for site in self.sites:
-                part = site.data.splits.get(split)
-                n = 0 if part is None else len(part)
-                empty = torch.zeros(0, self.fed.num_classes, device=self.device)
-                scores.append(self._scores(model, part.images) if n else empty)
-                labels.append(torch.tensor(part.labels, device=self.device) if n else empty)
-                site_ids.append(torch.full((n,), float(site.index), device=self.device))
-            s = self.backend.gather(scores).float().cpu().numpy()
-            y = self.backend.gather(labels).cpu().numpy()
-            ids = self.backend.gather(site_ids).cpu().numpy()
-            if len(s) == 0:
-                continue
-            from models.metrics import per_site_and_pooled
-
-            sites = [int(k) for k in np.unique(ids)]
-            metrics = per_site_and_pooled({str(k): y[ids == k] for k in sites}, {str(k): s[ids == k] for k in sites},
-                                          list(self.fed.diseases))
-            result.update({f"{split}/{key}": float(value) for key, value in metrics.items()})
-        return result
+        """``evaluation.evaluate`` of the global model on every site's valid and test splits."""
+        return evaluation.evaluate(self.global_model(), self.sites, self.backend, self.fed)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
@@ -283,7 +225,6 @@ class Engine:
             if round_dir is not None:
                 meta = load_round(round_dir, self.sites)
                 start_round, history = meta["round"] + 1, meta["history"]
-        cuda = self.device.type == "cuda"
         bar = None
         if cfg.progress and self.is_leader:
             from tqdm.auto import tqdm
@@ -292,23 +233,20 @@ class Engine:
         initial = ([0] * len(self.sites), [0] * len(self.sites))
         if start_round == 0 and self.algorithm.initial_gather:
             initial = self.communicate((Comm.GATHER,))
-            for site in self.sites:
-                self.algorithm.round_end(site)
+            self.each_site(self.algorithm.round_end)
         for r in range(start_round, cfg.rounds):
             t0 = time.perf_counter()
             losses = []
             for site in self.sites:
-                with _SiteRNG(site, cuda):
+                with site.rng():
                     total = torch.zeros((), device=self.device)
                     for batch in site.loader.batches(cfg.local_steps):
                         total += self.algorithm.local_step(site, batch)
                         site.iteration += 1
                     losses.append(total / cfg.local_steps)
-            for site in self.sites:
-                self.algorithm.before_communication(site)
+            self.each_site(self.algorithm.before_communication)
             sent, received = self.communicate()
-            for site in self.sites:
-                self.algorithm.round_end(site)
+            self.each_site(self.algorithm.round_end)
             stage = self.algorithm.stage_length
             if stage and self.sites[0].iteration % stage == 0:
                 extra = self.stage_boundary()
@@ -356,7 +294,11 @@ def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -
     "metrics"?}``; ``metrics`` (evaluation rounds and the last round) is ``Engine.evaluate``'s flat dict."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
-    return Engine(config).run(callbacks)
+    engine = Engine(config)
+    try:
+        return engine.run(callbacks)
+    finally:
+        engine.close()
 
 
-__all__ = ["Engine", "TrainResult", "build_network", "train"]
+__all__ = ["Engine", "TrainResult", "train"]

@@ -21,6 +21,9 @@ class Comm(str, Enum):
     MEAN = "mean"  # all-reduce average over sites; every site receives the mean
     GATHER = "gather"  # concatenate every site's rows in site order along dim 0; every site receives all
     LOCAL = "local"  # never leaves the site
+    # Stage statistics only (Algorithm.stage_spec): sums and counts whose ratio is the pooled mean over
+    # all sites' samples, whatever the aggregation weights.
+    SUM = "sum"
 
 
 MODEL_PREFIX = "model."

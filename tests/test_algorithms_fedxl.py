@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from federated import SyntheticSite, TensorSite, TrainConfig, train
+from federated import Comm, SyntheticSite, TensorSite, TrainConfig, train
 from federated.algorithms.centralized import centralize
 from federated.engine import Engine
 from models.objectives import DEFAULT_TEMPERATURE
@@ -23,7 +23,7 @@ def make_engine(algorithm: str, params: dict | None = None, sites=None, K: int =
     sites = sites or [SyntheticSite(n_train=40, shape=(4,), num_classes=C, pos_rate=0.4, task_seed=3, shift=0.3)
                       for _ in range(K)]
     cfg = TrainConfig(algorithm=algorithm, params={"pool_size": P, "passive_batch": 5, **(params or {})}
-                      if algorithm != "localpair" else (params or {}), sites=sites, network=network,
+                      if algorithm in ("fedxl1", "fedxl2") else (params or {}), sites=sites, network=network,
                       network_kwargs={"hidden": 8} if network == "mlp" else {}, rounds=2, local_steps=3,
                       batch_size=10, lr=0.5, loader_workers=0, progress=False)
     return Engine(cfg)
@@ -51,8 +51,8 @@ def pair_loss(surrogate: str, t: torch.Tensor) -> torch.Tensor:
 def draws(alg, site, seed: int):
     """The passive draws the estimator made after ``torch.manual_seed(seed)`` (negatives first, then positives)."""
     torch.manual_seed(seed)
-    neg, vn = alg.passive(site, "neg")
-    pos, vp = alg.passive(site, "pos")
+    neg, vn = alg.pool.draw(site, "neg")
+    pos, vp = alg.pool.draw(site, "pos")
     return neg, vn, pos, vp
 
 
@@ -94,9 +94,9 @@ def test_passive_draws_are_uniform_over_valid_entries():
     pool = torch.full((6, C), float("nan"))
     pool[[0, 2, 5], 0] = torch.tensor([0.1, 0.2, 0.3])
     site.state["passive.neg_score"] = pool
-    alg.p.passive_batch = 30000
+    alg.pool.draws = 30000
     torch.manual_seed(0)
-    drawn, valid = alg.passive(site, "neg")
+    drawn, valid = alg.pool.draw(site, "neg")
     assert bool(valid[:, 0].all()) and not bool(valid[:, 1].any())
     freq = torch.stack([torch.isclose(drawn["neg_score"][:, 0], torch.tensor(v)).float().mean() for v in (0.1, 0.2, 0.3)])
     assert torch.allclose(freq, torch.full((3,), 1 / 3), atol=0.02)
@@ -197,26 +197,53 @@ def test_pools_sample_the_rounds_own_scores_and_skip_masked_diseases():
     sites = [TensorSite(train=(x, y)), TensorSite(train=(x, y_masked))]
     eng = make_engine("fedxl2", sites=sites)
     alg = eng.algorithm
+    eng.communicate((Comm.GATHER,))  # the initial pools, as Engine.run does before round 0
+    eng.each_site(alg.round_end)
     for site in eng.sites:
-        for batch in site.loader.batches(3):
-            alg.local_step(site, batch)
-            site.iteration += 1
-        buffer = {f: site.state[f"buffer.{f}"].clone() for f in ("pos_score", "neg_score", "pos_u")}
-        label = site.state["buffer.label"].clone()
-        alg.before_communication(site)
+        with site.rng():
+            for batch in site.loader.batches(3):
+                alg.local_step(site, batch)
+                site.iteration += 1
+            buffer = {f: site.state[f"buffer.{f}"].clone() for f in ("pos_score", "neg_score", "pos_u")}
+            label = site.state["buffer.label"].clone()
+            alg.before_communication(site)
         for c in range(C):
             for kind, value in (("pos", 1.0), ("neg", 0.0)):
                 sent = site.state[f"pool.{kind}_score"][:, c]
-                sent = sent[~torch.isnan(sent)]
-                own = buffer[f"{kind}_score"][label[:, c] == value, c]
-                assert len(sent) <= P
+                assert sent.shape == (P,)
+                if site.index == 1 and c == 1:  # no label of disease 1 at this site: nothing to send
+                    assert bool(torch.isnan(sent).all())
+                    continue
+                rows = label[:, c] == value
+                if kind == "pos":
+                    rows &= buffer["pos_u"][:, c] > 0
+                assert rows.any()
+                own = buffer[f"{kind}_score"][rows, c]
                 assert all(bool((own == v).any()) for v in sent)  # only this round's scores of that class
-                if site.index == 1 and c == 1:
-                    assert len(sent) == 0
-        u_sent = site.state["pool.pos_u"]
-        assert bool((u_sent[~torch.isnan(site.state["pool.pos_score"])] >= 1).all())  # u = mean exp(l) >= 1
+        sent_u = site.state["pool.pos_u"][:, 0]
+        assert bool((sent_u >= 1).all())  # u = mean exp(l) >= 1
     result = train(eng.config)
     assert np.isfinite(result.history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("algorithm", ["fedxl1", "fedxl2"])
+def test_pool_payload_does_not_reveal_the_positive_count(algorithm):
+    """Site 0 has 2 positives per disease in one federation and 30 in the other: the payload has the same
+    size, holds no padding (every entry is a real score), and the bytes sent are identical."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((60, 4)).astype(np.float32)
+    other = (rng.random((60, C)) < 0.5).astype(np.float32)
+    payloads, sent = [], []
+    for positives in (2, 30):
+        y = np.zeros((60, C), dtype=np.float32)
+        y[rng.permutation(60)[:positives]] = 1.0
+        eng = make_engine(algorithm, sites=[TensorSite(train=(x, y)), TensorSite(train=(x, other))])
+        result = train(eng.config.model_copy(update={"guarantee_positives": True}))
+        pool = result.site_states[0]["pool.pos_score"]  # the last round's gathered payloads: site 0 first
+        assert pool.shape == (2 * P, C) and bool(torch.isfinite(pool).all())
+        payloads.append(pool[:P])
+        sent.append([h["bytes_sent"] for h in result.history])
+    assert payloads[0].shape == payloads[1].shape and sent[0] == sent[1]
 
 
 def test_tau_keeps_the_newest_rounds():

@@ -9,11 +9,14 @@ An algorithm is a class with
 * ``local_step(site, batch) -> loss``: one local iteration, written like the paper's pseudocode,
 * optional hooks: ``before_communication(site)`` (fill tensors that the round sends),
   ``round_end(site)`` (after communication: control variates, extrapolation), and stages:
-  ``stage_length`` iterations, ``stage_statistics(site)`` (tensors averaged over sites at a stage
-  boundary, e.g. per-site sums and counts) and ``stage_start(site, stats)``.
+  ``stage_length`` iterations, ``stage_statistics(site)`` (tensors combined over sites at a stage
+  boundary), ``stage_spec(site)`` (how each of them combines: ``Comm.MEAN`` with the aggregation
+  weights, like the model, or ``Comm.SUM`` for sums and counts whose ratio is a pooled mean) and
+  ``stage_start(site, stats)``.
 
-Every hook sees one site; the engine runs it for each site in this process and does all
-communication in between, so the same class runs in-process and one-site-per-process.
+Every hook sees one site and runs under that site's own RNG stream (``Site.rng``): a hook may draw
+random numbers with the global torch RNG. The engine runs each hook for every site in this process and
+does all communication in between, so the same class runs in-process and one-site-per-process.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from federated.state import Comm
 
 
 @dataclass
-class Federation:
+class FederationContext:
     """What every site knows about the federation (aggregate statistics only, no site's data)."""
 
     num_sites: int
@@ -70,6 +73,24 @@ class Site:
             self.param_names = [n for n, _ in self.model.named_parameters()]
         return self.param_names
 
+    @contextlib.contextmanager
+    def rng(self):
+        """Swap the global torch RNG (and the CUDA one, on a GPU) to this site's own stream while the site
+        computes: every site draws the same numbers in-process as in its own process."""
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.rng_state)
+        if self.cuda_rng_state is not None:
+            saved_cuda = torch.cuda.get_rng_state()
+            torch.cuda.set_rng_state(self.cuda_rng_state)
+        try:
+            yield
+        finally:
+            self.rng_state = torch.get_rng_state()
+            torch.set_rng_state(saved)
+            if self.cuda_rng_state is not None:
+                self.cuda_rng_state = torch.cuda.get_rng_state()
+                torch.cuda.set_rng_state(saved_cuda)
+
 
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -83,7 +104,7 @@ class Algorithm:
     # round_end (FeDXL's pools from an initial scoring pass, algorithms.md 7); the bytes count in round 0.
     initial_gather: ClassVar[bool] = False
 
-    def __init__(self, params: dict, fed: Federation):
+    def __init__(self, params: dict, fed: FederationContext):
         self.p = self.Params(**params)
         self.fed = fed
 
@@ -106,8 +127,12 @@ class Algorithm:
     def stage_statistics(self, site: Site) -> dict[str, torch.Tensor]:
         return {}
 
+    def stage_spec(self, site: Site) -> dict[str, Comm]:
+        """How each stage statistic combines over sites: ``Comm.MEAN`` (aggregation weights) or ``Comm.SUM``."""
+        return {}
+
     def stage_start(self, site: Site, stats: dict[str, torch.Tensor]) -> None:
-        """Runs at every stage boundary after the first, with ``stage_statistics`` averaged over sites."""
+        """Runs at every stage boundary, with ``stage_statistics`` combined over sites as ``stage_spec`` says."""
 
     # --- shared helpers -----------------------------------------------------------------------
     def autocast(self):
@@ -131,6 +156,11 @@ class Algorithm:
         if site.param_list is None:
             site.param_list = list(site.model.parameters())
         return site.param_list
+
+    @staticmethod
+    def named_params(site: Site) -> list[tuple[str, torch.Tensor]]:
+        """(name, parameter) pairs from the caches, in the model's order."""
+        return list(zip(site.parameter_names(), Algorithm.params(site)))
 
     @staticmethod
     def grads(site: Site) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from federated.algorithms.localpair import LocalPair
-from federated.config import TensorSite, TrainConfig
+from federated.config import TensorSite, TrainConfig, load_sites
 from federated.registry import register
 
 
@@ -36,10 +36,7 @@ def _concat(parts: list) -> np.ndarray | torch.Tensor:
 
 def centralize(config: TrainConfig) -> TrainConfig:
     """The same run with every site's splits concatenated into one in-memory site (loads all data)."""
-    datas = [site.load(k) for k, site in enumerate(config.sites)]
-    for d in datas[1:]:
-        if d.diseases != datas[0].diseases:
-            raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {datas[0].name!r} has {datas[0].diseases}")
+    datas = load_sites(config.sites, list(range(len(config.sites))))
     splits = {}
     for split in ("train", "valid", "test"):
         present = [d.splits[split] for d in datas if split in d.splits]

@@ -6,7 +6,7 @@ of the scores over all sites,
     alpha <- max(0, m + mean(s | y=0) - mean(s | y=1)),
 the maximiser of the AUC-M objective in alpha at a = E[s|y=1], b = E[s|y=0]. Sites share only
 aggregate statistics: per-disease sums and counts of their scores by class over the stage's local
-steps (averaged over sites, so the ratio is the pooled mean). A disease without positives or
+steps (summed over sites, so the ratio is the pooled mean). A disease without positives or
 negatives anywhere keeps its alpha.
 """
 
@@ -52,6 +52,11 @@ class CoDA(CODAPlus):
 
     def stage_statistics(self, site: Site):
         return {**super().stage_statistics(site), **{k: site.state[k].clone() for k in _CLASS_STATS}}
+
+    def stage_spec(self, site: Site):
+        # Summed, not averaged with the aggregation weights: sum_k pos_sum_k / sum_k pos_count_k is the
+        # pooled class mean over every site's scores, whatever the weights.
+        return super().stage_spec(site) | dict.fromkeys(_CLASS_STATS, Comm.SUM)
 
     def stage_start(self, site: Site, stats) -> None:
         super().stage_start(site, stats)

@@ -101,32 +101,48 @@ class CODAPlus(Algorithm):
             d = torch._foreach_add(d, v, alpha=self.p.weight_decay)
         return d
 
-    def dual_direction(self, site: Site, d_alpha: torch.Tensor) -> torch.Tensor:
-        return d_alpha
+    def gradients(self, site: Site, batch: Batch):
+        """(loss, raw gradient of the primal v = (w, a, b), stochastic alpha gradient, (C,) 1 for the
+        diseases with both classes in the batch) of the AUC-M loss."""
+        st = site.state
+        a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
+        loss = auc_margin_loss(self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin,
+                               mask=batch.mask)
+        grads = torch.autograd.grad(loss, self.params(site) + [a, b, alpha], allow_unused=True,
+                                    materialize_grads=True)
+        return loss.detach(), list(grads[:-1]), grads[-1], defined_diseases(batch.y, batch.mask).to(alpha.dtype)
+
+    def dual_direction(self, site: Site, g_alpha: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
+        """d_alpha at the current (already updated) a, b: closed form or the stochastic gradient."""
+        st = site.state
+        d_alpha = (auc_margin_dual_direction(st["a"], st["b"], st["alpha"], self.p.margin)
+                   if self.p.dual == "closed_form" else g_alpha)
+        return d_alpha * defined
+
+    def end_of_step(self, site: Site, v: list[torch.Tensor]) -> None:
+        """Add the updated primal to the stage's running sum (v_ref of the next stage)."""
+        if self.p.T0:
+            torch._foreach_add_(self.group(site, "stage_sum"), v)
+            site.state["stage_count"] += 1
 
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
         st, lr = site.state, float(site.state["lr"])
-        a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
-        params = self.params(site)
-        loss = auc_margin_loss(self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin,
-                               mask=batch.mask)
-        grads = torch.autograd.grad(loss, params + [a, b, alpha], allow_unused=True, materialize_grads=True)
-        defined = defined_diseases(batch.y, batch.mask).to(alpha.dtype)
+        loss, g, g_alpha, defined = self.gradients(site, batch)
         with torch.no_grad():
             v = self.primal(site)
-            torch._foreach_add_(v, self.primal_direction(site, v, list(grads[:-1])), alpha=-lr)
-            d_alpha = (auc_margin_dual_direction(st["a"], st["b"], st["alpha"], self.p.margin)
-                       if self.p.dual == "closed_form" else grads[-1])
-            st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * self.dual_direction(site, d_alpha * defined)))
-            if self.p.T0:
-                torch._foreach_add_(self.group(site, "stage_sum"), v)
-                st["stage_count"] += 1
-        return loss.detach()
+            torch._foreach_add_(v, self.primal_direction(site, v, g), alpha=-lr)
+            st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * self.dual_direction(site, g_alpha, defined)))
+            self.end_of_step(site, v)
+        return loss
 
     # --- stages -------------------------------------------------------------------------------
     def stage_statistics(self, site: Site):
         count = float(site.state["stage_count"])
         return {f"ref.{n}": s / count for n, s in zip(self.primal_names(site), self.group(site, "stage_sum"))}
+
+    def stage_spec(self, site: Site):
+        # v_ref is the mean of the stage's iterates of the global model, which the aggregation weights define.
+        return dict.fromkeys((f"ref.{n}" for n in self.primal_names(site)), Comm.MEAN)
 
     def stage_start(self, site: Site, stats) -> None:
         for n in self.primal_names(site):

@@ -60,16 +60,21 @@ class CODASCA(CODAPlus):
                 state[f"prev_global.{n}"] = v.detach().clone()
         return state
 
-    def primal_direction(self, site, v, g):
+    def local_step(self, site: Site, batch) -> torch.Tensor:
+        st, lr = site.state, float(site.state["lr"])
+        loss, g, g_alpha, defined = self.gradients(site, batch)
+        c_site, c, grad_sum = (self.variates(site, kind) for kind in ("c_site", "c", "grad_sum"))
         n = len(g)
-        torch._foreach_add_(self.variates(site, "grad_sum")[:n], g)
-        d = super().primal_direction(site, v, g)
-        d = torch._foreach_sub(d, self.variates(site, "c_site")[:n])
-        return torch._foreach_add(d, self.variates(site, "c")[:n])
-
-    def dual_direction(self, site, d_alpha):
-        site.state["grad_sum.alpha"] += d_alpha
-        return d_alpha - site.state["c_site.alpha"] + site.state["c.alpha"]
+        with torch.no_grad():
+            v = self.primal(site)
+            torch._foreach_add_(grad_sum[:n], g)  # c_k is the mean of the raw, unclipped gradients
+            d = torch._foreach_add(torch._foreach_sub(self.primal_direction(site, v, g), c_site[:n]), c[:n])
+            torch._foreach_add_(v, d, alpha=-lr)
+            d_alpha = self.dual_direction(site, g_alpha, defined)
+            grad_sum[n] += d_alpha
+            st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * (d_alpha - c_site[n] + c[n])))
+            self.end_of_step(site, v)
+        return loss
 
     def before_communication(self, site: Site) -> None:
         grad_sum = self.variates(site, "grad_sum")

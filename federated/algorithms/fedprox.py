@@ -29,7 +29,7 @@ class FedProx(FedAvg):
         return {f"round_start.{n}": Comm.LOCAL for n in site.parameter_names()}
 
     def init_site_state(self, site: Site):
-        return {f"round_start.{n}": p.detach().clone() for n, p in site.model.named_parameters()}
+        return {f"round_start.{n}": p.detach().clone() for n, p in self.named_params(site)}
 
     def _round_start(self, site: Site) -> list[torch.Tensor]:
         return [site.state[f"round_start.{n}"] for n in site.parameter_names()]

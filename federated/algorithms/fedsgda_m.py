@@ -11,7 +11,7 @@ After a sync, the "previous iterate" of the correction is the site's own pre-syn
 kept locally, never averaged): the paper leaves this open; it is the point the site's u was built at.
 storm = 1 is local SGDA with averaged gradients; smaller values carry more of the past (variance
 reduction). The gradient at x_{t-1} uses batch statistics in BatchNorm and leaves the running ones alone.
-FedSGDA+'s server step and anchor do not exist here (its state and round_end are replaced).
+A sibling of FedSGDA+ (federated/algorithms/minimax.py holds what they share): no server step, no anchor.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 
 from federated.algorithms.base import Site
-from federated.algorithms.fedsgda_plus import FedSGDAParams, FedSGDAPlus
+from federated.algorithms.minimax import FedSGDA, FedSGDAParams
 from federated.data import Batch
 from federated.registry import register
 from federated.state import Comm
@@ -32,7 +32,7 @@ class FedSGDAMParams(FedSGDAParams):  # defaults from the sweep in docs/sweeps.m
 
 
 @register
-class FedSGDAM(FedSGDAPlus):
+class FedSGDAM(FedSGDA):
     name = "fedsgda_m"
     Params = FedSGDAMParams
 
@@ -52,7 +52,7 @@ class FedSGDAM(FedSGDAPlus):
 
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
         st, names = site.state, self.x_names(site)
-        u, prev = self.copies(site, "u", names), self.copies(site, "prev", names + ["alpha"])
+        u, prev = self.group(site, "u"), self.group(site, "prev", names + ["alpha"])
         loss, g_w, g_a, g_b, g_alpha = self.gradients_at(site, batch, None, [st["a"], st["b"], st["alpha"]])
         fresh = g_w + [g_a, g_b]
         with torch.no_grad():
@@ -71,6 +71,3 @@ class FedSGDAM(FedSGDAPlus):
             torch._foreach_add_(self.x(site), u, alpha=-self.fed.lr)
             st["alpha"].add_(st["v"], alpha=self.p.dual_lr)
         return loss
-
-    def round_end(self, site: Site) -> None:
-        """Plain averaging (done by the engine): no server step, no anchor."""

@@ -15,20 +15,13 @@ BN running statistics are averaged with the model and take no server step.
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from federated.algorithms.base import Algorithm, Site
+from federated.algorithms.base import Site
+from federated.algorithms.minimax import FedSGDA, FedSGDAParams
 from federated.data import Batch
 from federated.registry import register
 from federated.state import Comm
-from models.compositional import functional_forward
-from models.objectives import auc_square_loss
-
-
-class FedSGDAParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    # c (FedSGDA-M: c * eta): alpha's ascent step; default from FedSGDA-M's sweep (docs/sweeps.md)
-    dual_lr: float = Field(default=0.01, gt=0)
 
 
 class FedSGDAPlusParams(FedSGDAParams):
@@ -38,19 +31,9 @@ class FedSGDAPlusParams(FedSGDAParams):
 
 
 @register
-class FedSGDAPlus(Algorithm):
+class FedSGDAPlus(FedSGDA):
     name = "fedsgda_plus"
     Params = FedSGDAPlusParams
-
-    # --- x = (model, a, b), y = alpha -------------------------------------------------------------
-    def x_names(self, site: Site) -> list[str]:
-        return [f"w.{n}" for n, _ in site.model.named_parameters()] + ["a", "b"]
-
-    def x(self, site: Site) -> list[torch.Tensor]:
-        return self.params(site) + [site.state["a"], site.state["b"]]
-
-    def copies(self, site: Site, kind: str, names: list[str]) -> list[torch.Tensor]:
-        return [site.state[f"{kind}.{n}"] for n in names]
 
     def w_names(self, site: Site) -> list[str]:
         return self.x_names(site)[:-2]
@@ -68,46 +51,22 @@ class FedSGDAPlus(Algorithm):
         site.state |= {f"anchor.{n}": p.detach().clone() for n, p in zip(self.w_names(site), self.params(site))}
         return site.state
 
-    # --- gradients ----------------------------------------------------------------------------
-    def loss(self, site: Site, logits: torch.Tensor, batch: Batch, a, b, alpha) -> torch.Tensor:
-        return auc_square_loss(torch.sigmoid(logits), batch.y, a, b, alpha, site.prior, mask=batch.mask)
-
-    def leaves(self, site: Site) -> list[torch.Tensor]:
-        return [site.state[k].detach().requires_grad_() for k in ("a", "b", "alpha")]
-
-    def gradients_at(self, site: Site, batch: Batch, weights: list[torch.Tensor] | None, ab_alpha):
-        """(loss, grad_w, grad_a, grad_b, grad_alpha) of f on ``batch`` at the network ``weights`` (None = the
-        model's own, whose forward updates BN running statistics; otherwise batch statistics, buffers untouched)."""
-        a, b, alpha = (t.detach().requires_grad_() for t in ab_alpha)
-        if weights is None:
-            weights, logits = self.params(site), self.logits(site, batch)
-        else:
-            weights = [t.detach().requires_grad_() for t in weights]
-            names = [n for n, _ in site.model.named_parameters()]
-            with self.autocast():
-                logits = functional_forward(site.model, dict(zip(names, weights)), batch.x).float()
-        loss = self.loss(site, logits.reshape(len(batch.x), -1), batch, a, b, alpha)
-        grads = torch.autograd.grad(loss, weights + [a, b, alpha], allow_unused=True, materialize_grads=True)
-        return loss.detach(), list(grads[:-3]), grads[-3], grads[-2], grads[-1]
-
-    # --- the algorithm ------------------------------------------------------------------------
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
         st = site.state
         ab_alpha = [st["a"], st["b"], st["alpha"]]
         loss, g_w, g_a, g_b, _ = self.gradients_at(site, batch, None, ab_alpha)
-        *_, g_alpha = self.gradients_at(site, batch, self.copies(site, "anchor", self.w_names(site)), ab_alpha)
+        *_, g_alpha = self.gradients_at(site, batch, self.group(site, "anchor", self.w_names(site)), ab_alpha)
         with torch.no_grad():
             torch._foreach_add_(self.x(site), g_w + [g_a, g_b], alpha=-self.fed.lr)
             st["alpha"].add_(g_alpha, alpha=self.p.dual_lr)
         return loss
 
     def round_end(self, site: Site) -> None:
-        names = self.x_names(site)
         with torch.no_grad():
-            for current, prev, eta in ((self.x(site), self.copies(site, "prev_global", names), self.p.eta_x),
+            for current, prev, eta in ((self.x(site), self.group(site, "prev_global"), self.p.eta_x),
                                        ([site.state["alpha"]], [site.state["prev_global.alpha"]], self.p.eta_y)):
                 if eta != 1.0:
                     torch._foreach_copy_(current, torch._foreach_add(prev, torch._foreach_sub(current, prev), alpha=eta))
                 torch._foreach_copy_(prev, current)
             if (site.iteration // self.fed.local_steps) % self.p.anchor_every == 0:
-                torch._foreach_copy_(self.copies(site, "anchor", self.w_names(site)), self.params(site))
+                torch._foreach_copy_(self.group(site, "anchor", self.w_names(site)), self.params(site))

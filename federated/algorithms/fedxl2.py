@@ -18,69 +18,42 @@ negatives a site can see before the first exchange).
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from federated.algorithms.base import Site
 from federated.algorithms.fedxl1 import FeDXL1, FeDXL1Params
+from federated.algorithms.pairwise import KLOPAUC, KLOPAUCParams
 from federated.data import Batch
 from federated.registry import register
-from federated.state import Comm
-from models.objectives import kl_opauc_ema, kl_opauc_inner_mean, kl_opauc_surrogate
+from models.objectives import kl_opauc_inner_mean, kl_opauc_surrogate
 
 
-class FeDXL2Params(FeDXL1Params):
-    lam: float = Field(default=1.0, gt=0)  # KL temperature; smaller focuses on the hardest negatives (low FPR)
-    gamma: float = Field(default=0.1, gt=0, le=1)  # u EMA weight on the new g (authors 0.1-0.2); 1 = no memory
-    beta: float = Field(default=0.1, gt=0, le=1)  # gradient EMA weight on the new gradient; 1 = plain SGD
+class FeDXL2Params(FeDXL1Params, KLOPAUCParams):
+    pass
 
 
 @register
-class FeDXL2(FeDXL1):
+class FeDXL2(KLOPAUC, FeDXL1):
     name = "fedxl2"
     Params = FeDXL2Params
     pool_fields = {"pos": ("pos_score", "pos_u"), "neg": ("neg_score",)}
 
-    def state_spec(self, site: Site):
-        spec = {"u": Comm.LOCAL} | {f"momentum.{n}": Comm.MEAN for n, _ in site.model.named_parameters()}
-        return super().state_spec(site) | spec
-
-    def init_site_state(self, site: Site):
-        state = super().init_site_state(site)
-        state["u"] = torch.zeros(len(site.data.train), self.fed.num_classes, device=self.fed.device)
-        state.update({f"momentum.{n}": torch.zeros_like(p) for n, p in site.model.named_parameters()})
-        return state
-
-    def complete_initial_pool(self, site: Site, pool: dict[str, torch.Tensor]) -> None:
+    def complete_initial_payload(self, site: Site, payload: dict[str, torch.Tensor]) -> None:
         for c in range(self.fed.num_classes):
-            pos, neg = pool["pool.pos_score"][:, c], pool["pool.neg_score"][:, c]
-            pos, neg = pos[~torch.isnan(pos)], neg[~torch.isnan(neg)]
-            if len(pos) and len(neg):
-                pool["pool.pos_u"][: len(pos), c] = kl_opauc_inner_mean(pos, neg, self.p.lam, self.loss_fn)
-            elif len(pos):  # no negative at this site: the entries cannot carry a u, so they are not sent
-                pool["pool.pos_score"][:, c] = float("nan")
+            pos, neg = payload["pos_score"][:, c], payload["neg_score"][:, c]
+            if bool(torch.isnan(neg).any()):  # no negative at this site: the positives cannot carry a u
+                payload["pos_score"][:, c] = float("nan")
+            elif not bool(torch.isnan(pos).any()):
+                payload["pos_u"][:, c] = kl_opauc_inner_mean(pos, neg, self.p.lam, self.loss_fn)
 
     def buffer_values(self, site: Site, batch: Batch, s: torch.Tensor) -> dict[str, torch.Tensor]:
         return super().buffer_values(site, batch, s) | {"pos_u": site.state["u"][batch.index]}
 
-    def sendable(self, site: Site, kind: str, c: int) -> torch.Tensor:
-        if kind == "neg":
-            return super().sendable(site, kind, c)
-        return site.state["buffer.pos_u"][:, c] > 0  # a positive never scored against negatives has no u
-
-    def positive_term(self, site: Site, batch: Batch, s: torch.Tensor, c: int, negatives: torch.Tensor) -> torch.Tensor:
-        """Update u of the batch's positives of disease c against ``negatives`` and return their surrogate."""
-        is_pos = (batch.y[:, c] * batch.mask[:, c]) > 0
-        pos_s, rows = s[is_pos, c], batch.index[is_pos]
-        if len(pos_s) == 0 or len(negatives) == 0:
-            return s[:, c].sum() * 0
-        u = kl_opauc_ema(site.state["u"][rows, c], kl_opauc_inner_mean(pos_s, negatives, self.p.lam, self.loss_fn),
-                         self.p.gamma)
-        site.state["u"][rows, c] = u
-        return kl_opauc_surrogate(pos_s, negatives, u, self.p.lam, self.loss_fn)
+    def sendable(self, site: Site) -> dict[str, torch.Tensor]:
+        return {"pos": site.state["buffer.pos_u"] > 0}  # a positive never scored against negatives has no u
 
     def objective(self, site: Site, batch: Batch, s: torch.Tensor) -> torch.Tensor:
-        neg_drawn, vn = self.passive(site, "neg")
-        pos_drawn, vp = self.passive(site, "pos")
+        neg_drawn, vn = self.pool.draw(site, "neg")
+        pos_drawn, vp = self.pool.draw(site, "pos")
         terms = []
         for c in range(self.fed.num_classes):
             active = self.positive_term(site, batch, s, c, neg_drawn["neg_score"][vn[:, c], c])
@@ -92,8 +65,3 @@ class FeDXL2(FeDXL1):
                                              self.p.lam, self.loss_fn)
             terms.append(active + passive)
         return torch.stack(terms).sum() / self.fed.num_classes
-
-    def direction(self, site: Site, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        v = [site.state[f"momentum.{n}"] for n, _ in site.model.named_parameters()]
-        torch._foreach_lerp_(v, grads, self.p.beta)
-        return v

@@ -14,16 +14,19 @@ from __future__ import annotations
 import torch
 
 from federated.algorithms.base import Site
-from federated.algorithms.fedxl2 import FeDXL2
+from federated.algorithms.pairwise import KLOPAUC, KLOPAUCParams, PairwiseAlgorithm, PairwiseParams
 from federated.data import Batch
 from federated.registry import register
 
 
+class LocalPairParams(PairwiseParams, KLOPAUCParams):
+    pass
+
+
 @register
-class LocalPair(FeDXL2):
+class LocalPair(KLOPAUC, PairwiseAlgorithm):
     name = "localpair"
-    uses_pools = False
-    initial_gather = False
+    Params = LocalPairParams
 
     def objective(self, site: Site, batch: Batch, s: torch.Tensor) -> torch.Tensor:
         terms = []

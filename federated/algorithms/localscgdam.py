@@ -28,11 +28,12 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from federated.algorithms.base import Algorithm, Site
+from federated.algorithms.base import Site
+from federated.algorithms.minimax import AUCMinimax
 from federated.data import Batch
 from federated.registry import register
 from federated.state import Comm
-from models.compositional import functional_forward, inner_ce_step
+from models.compositional import inner_ce_step
 from models.objectives import auc_square_loss
 
 
@@ -51,20 +52,11 @@ class LocalSCGDAMParams(LocalSGDAMParams):
 
 
 @register
-class LocalSCGDAM(Algorithm):
+class LocalSCGDAM(AUCMinimax):
     name = "localscgdam"
     Params = LocalSCGDAMParams
 
     # --- state: x = (model, a, b), y = alpha, and the tracked h, u (like x) and v (like y) ----------
-    def x_names(self, site: Site) -> list[str]:
-        return [f"w.{n}" for n, _ in site.model.named_parameters()] + ["a", "b"]
-
-    def x(self, site: Site) -> list[torch.Tensor]:
-        return self.params(site) + [site.state["a"], site.state["b"]]
-
-    def tracked(self, site: Site, kind: str) -> list[torch.Tensor]:
-        return [site.state[f"{kind}.{n}"] for n in self.x_names(site)]
-
     def tracked_kinds(self) -> tuple[str, ...]:
         return ("h", "u")
 
@@ -87,7 +79,7 @@ class LocalSCGDAM(Algorithm):
             g_w = inner_ce_step(site.model, batch.x, batch.y, self.p.rho, batch.mask, create_graph=exact,
                                 update_buffers=True)
         g = [t.detach() for t in g_w.values()] + [site.state["a"], site.state["b"]]
-        h = self.tracked(site, "h")
+        h = self.group(site, "h")
         torch._foreach_lerp_(h, g, 1.0 if first else self.p.h_rate)
 
         def jacobian_t(z_w: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -98,19 +90,13 @@ class LocalSCGDAM(Algorithm):
 
         return [t.detach().requires_grad_() for t in h], jacobian_t
 
-    def forward_at(self, site: Site, weights: list[torch.Tensor], batch: Batch) -> torch.Tensor:
-        names = [n for n, _ in site.model.named_parameters()]
-        with self.autocast():
-            logits = functional_forward(site.model, dict(zip(names, weights)), batch.x)
-        return logits.float().reshape(len(batch.x), -1)
-
     # --- one local step -------------------------------------------------------------------------
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
         first = site.iteration == 0
         st = site.state
         if not first:
             with torch.no_grad():
-                torch._foreach_add_(self.x(site), self.tracked(site, "u"), alpha=-self.fed.lr)
+                torch._foreach_add_(self.x(site), self.group(site, "u"), alpha=-self.fed.lr)
                 st["alpha"].add_(st["v"], alpha=self.p.dual_lr)
         h, jacobian_t = self.outer_point(site, batch, first)
         alpha = st["alpha"].detach().requires_grad_()
@@ -119,6 +105,6 @@ class LocalSCGDAM(Algorithm):
         z = torch.autograd.grad(loss, h + [alpha], allow_unused=True, materialize_grads=True)
         jz = jacobian_t(list(z[:-3])) + list(z[-3:-1])
         with torch.no_grad():
-            torch._foreach_lerp_(self.tracked(site, "u"), [t.detach() for t in jz], 1.0 if first else self.p.beta_x)
+            torch._foreach_lerp_(self.group(site, "u"), [t.detach() for t in jz], 1.0 if first else self.p.beta_x)
             st["v"].lerp_(z[-1], 1.0 if first else self.p.beta_y)
         return loss.detach()

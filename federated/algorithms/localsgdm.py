@@ -29,7 +29,7 @@ class LocalSGDM(FedAvg):
         return {f"momentum.{n}": Comm.MEAN for n in site.parameter_names()}
 
     def init_site_state(self, site: Site):
-        return {f"momentum.{n}": torch.zeros_like(p) for n, p in site.model.named_parameters()}
+        return {f"momentum.{n}": torch.zeros_like(p) for n, p in self.named_params(site)}
 
     def direction(self, site: Site, grads):
         buffers = [site.state[f"momentum.{n}"] for n in site.parameter_names()]

@@ -30,7 +30,7 @@ class Scaffold(FedAvg):
         return spec
 
     def init_site_state(self, site: Site):
-        return {f"{kind}.{n}": torch.zeros_like(p) for n, p in site.model.named_parameters()
+        return {f"{kind}.{n}": torch.zeros_like(p) for n, p in self.named_params(site)
                 for kind in ("c_site", "c", "grad_sum")}
 
     def _get(self, site: Site, kind: str) -> list[torch.Tensor]:

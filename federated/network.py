@@ -1,0 +1,60 @@
+"""The network a federated run trains and the device it trains on.
+
+``build_model(config, input_shape, num_classes)`` is the one place a run's network is made:
+``linear`` / ``mlp`` for feature-vector tasks (convex tests, synthetic benchmarks), every other name an
+image network of ``models.networks.build_network``. ``initial_model`` seeds it so that every site starts
+from the same weights, and ``training_device`` resolves the config's device (one GPU per local rank
+under torchrun).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from federated.config import TrainConfig
+from federated.data import SiteData
+
+
+def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The config's network for inputs of ``input_shape`` (without the batch dimension), unseeded."""
+    dim = int(np.prod(input_shape))
+    if config.network == "linear":
+        return nn.Sequential(nn.Flatten(), nn.Linear(dim, num_classes))
+    if config.network == "mlp":
+        hidden = int(config.network_kwargs.get("hidden", 64))
+        return nn.Sequential(nn.Flatten(), nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                             nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                             nn.Linear(hidden, num_classes))
+    from models.networks import build_network
+
+    return build_network(config.network, num_classes=num_classes, in_channels=input_shape[0],
+                         **config.network_kwargs)
+
+
+def initial_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int,
+                  device: torch.device) -> nn.Module:
+    """The run's initial network (seeded by ``config.seed``: the same at every site), on ``device`` in
+    train mode, channels-last on CUDA when the config asks for it."""
+    torch.manual_seed(config.seed)
+    model = build_model(config, input_shape, num_classes).to(device)
+    if config.channels_last and device.type == "cuda" and len(input_shape) == 3:
+        model = model.to(memory_format=torch.channels_last)
+    return model.train()
+
+
+def model_input_shape(data: SiteData) -> tuple[int, ...]:
+    """The network's input shape for a site's training rows: (channels, H, W) for uint8 images."""
+    images = data.train.images
+    if images.dtype == np.uint8 or images.dtype == torch.uint8:
+        return (1, *images.shape[1:3]) if images.ndim == 3 else (images.shape[3], *images.shape[1:3])
+    return tuple(images.shape[1:])
+
+
+def training_device(config: TrainConfig) -> torch.device:
+    """The device this process trains on: under the distributed backend, GPU ``LOCAL_RANK`` of its machine."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if config.backend == "distributed" else 0
+    return config.resolve_device(local_rank)
