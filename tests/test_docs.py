@@ -1,0 +1,145 @@
+"""The repository stands alone: every cited document and section exists in it, every Markdown link
+resolves, and the algorithm lists of README.md and federated/README.md match the registry."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from federated.registry import algorithm_names
+
+REPO = Path(__file__).resolve().parents[1]
+SKIPPED_DIRS = {"__pycache__", "build", "demo_data", "mlartifacts", "mlruns", "node_modules"}
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".sh"}
+
+# "docs/algorithms.md section 3", "docs/algorithms.md sections 1.2 and 5", "`docs/datasets.md` section 2"
+CITATION = re.compile(r"(?P<path>[\w./-]+\.md)`?\s+sections?\s+(?P<numbers>\d+(?:\.\d+)?(?:(?:,\s*|,?\s+and\s+|-)\d+(?:\.\d+)?)*)")
+MENTION = re.compile(r"(?<![\w./-])(?P<path>[\w./-]*[\w-]\.md)\b")
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)|<img\s[^>]*src=\"(?P<src>[^\"]+)\"")
+HEADING = re.compile(r"^#{1,6}\s+(?P<number>\d+(?:\.\d+)?)[.\s]", re.MULTILINE)
+
+
+def text_files() -> list[Path]:
+    files = []
+    for path in REPO.rglob("*"):
+        relative = path.relative_to(REPO)
+        if any(part.startswith(".") or part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
+            continue
+        if relative == Path(__file__).relative_to(REPO):  # this file's examples are not citations
+            continue
+        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name == "Makefile"):
+            files.append(path)
+    return sorted(files)
+
+
+def documents() -> set[str]:
+    """Lower-case names of the repository's Markdown files: a mention of one must resolve to it (other
+    .md names, such as the QC report's ``qc/report.md``, are outputs the code writes)."""
+    return {path.name.lower() for path in text_files() if path.suffix == ".md"}
+
+
+def resolve(mention: str, where: Path) -> Path | None:
+    """A cited path, from the repository root or from the citing file's folder."""
+    for base in (REPO, where.parent):
+        candidate = (base / mention).resolve()
+        if candidate.is_file() and REPO in candidate.parents:
+            return candidate
+    return None
+
+
+def section_numbers(document: Path) -> set[str]:
+    return {m["number"] for m in HEADING.finditer(document.read_text())}
+
+
+def cited_numbers(text: str) -> list[str]:
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+def test_citation_patterns_read_what_the_code_writes():
+    cited = [(m["path"], cited_numbers(m["numbers"])) for m in CITATION.finditer(
+        "docs/algorithms.md section 3; `docs/algorithms.md` sections 1.2 and 5; docs/datasets.md sections 2, 3 and 10")]
+    assert cited == [("docs/algorithms.md", ["3"]), ("docs/algorithms.md", ["1.2", "5"]),
+                     ("docs/datasets.md", ["2", "3", "10"])]
+    assert section_numbers(REPO / "docs" / "algorithms.md") >= {"0", "1", "1.5", "3", "10"}
+    assert [m["path"] for m in MENTION.finditer("see algorithms.md and docs/shards.md, not x.mdx")] == [
+        "algorithms.md", "docs/shards.md"]
+
+
+def test_every_cited_document_and_section_exists():
+    problems, names = [], documents()
+    for path in text_files():
+        text = path.read_text(errors="replace")
+        where = path.relative_to(REPO)
+        for m in MENTION.finditer(text):
+            if Path(m["path"]).name.lower() in names and resolve(m["path"], path) is None:
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{where}:{line}: {m['path']} is not a file of this repository")
+        for m in CITATION.finditer(text):
+            document = resolve(m["path"], path)
+            if document is None:
+                continue  # reported above
+            known = section_numbers(document)
+            for number in cited_numbers(m["numbers"]):
+                if number not in known:
+                    line = text.count("\n", 0, m.start()) + 1
+                    problems.append(f"{where}:{line}: {m['path']} has no section {number}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_markdown_link_resolves():
+    problems = []
+    for path in text_files():
+        if path.suffix != ".md":
+            continue
+        text = path.read_text()
+        for m in LINK.finditer(text):
+            target = (m["target"] or m["src"]).split("#")[0]
+            if not target or re.match(r"[a-z]+:", target):  # an anchor, or http:, mailto:
+                continue
+            if not (path.parent / target).exists():
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{path.relative_to(REPO)}:{line}: link to {target} does not resolve")
+    assert not problems, "\n".join(problems)
+
+
+def test_nothing_refers_outside_the_repository():
+    outside = ".." + "/shared"  # spelled in two parts so that this file does not match itself
+    offenders = [f"{path.relative_to(REPO)}:{n}" for path in text_files()
+                 for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                 if outside in line or "shared/docs" in line]
+    assert not offenders, "references to a folder outside the repository:\n" + "\n".join(offenders)
+
+
+# --- algorithm lists against the registry --------------------------------------------------------
+
+
+def backticked(text: str) -> set[str]:
+    return set(re.findall(r"`([a-z0-9_]+)`", text))
+
+
+def test_federated_readme_lists_every_registered_algorithm_once():
+    text = (REPO / "federated" / "README.md").read_text()
+    table = text[text.index("## Shipped here"):]
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\S+) \| (sections? [^|]+) \|", table, re.MULTILINE)
+    assert sorted(name for name, _, _ in rows) == algorithm_names()
+    known = section_numbers(REPO / "docs" / "algorithms.md")
+    for name, file, sections in rows:
+        assert (REPO / "federated" / "algorithms" / file).is_file(), f"{name}: {file} does not exist"
+        assert set(cited_numbers(sections)) <= known, f"{name}: docs/algorithms.md has no {sections}"
+
+
+def test_readme_names_every_registered_algorithm():
+    text = (REPO / "README.md").read_text()
+    paragraph = text[text.index("Algorithms (`federated/algorithms/`"):]
+    paragraph = paragraph[: paragraph.index("\n\n")]
+    assert backticked(paragraph) >= set(algorithm_names())
+    unknown = {name for name in backticked(paragraph) if name.islower() and "/" not in name} - set(algorithm_names())
+    assert not unknown, f"README names algorithms that are not registered: {sorted(unknown)}"
+
+
+def test_site_yaml_examples_name_real_files():
+    """``sites/x.yaml`` is the command-line help's placeholder; every other example must exist."""
+    problems = [f"{path.relative_to(REPO)}: {mention}" for path in text_files()
+                for mention in re.findall(r"sites/[\w/.-]+\.yaml", path.read_text(errors="replace"))
+                if mention != "sites/x.yaml" and not (REPO / mention).is_file()]
+    assert not problems, "site files that do not exist:\n" + "\n".join(problems)
