@@ -1,4 +1,4 @@
-"""AUC and partial-AUC metrics per disease, per site and pooled (algorithms.md section 2).
+"""AUC and partial-AUC metrics per disease, per site and pooled (docs/algorithms.md section 2).
 
 Pure numpy functions with scikit-learn's argument order ``(y_true, y_score)``. A metric that is not
 defined (a class absent, every label missing) returns a :class:`MetricResult` equal to NaN that carries
@@ -137,11 +137,11 @@ def _area_up_to(fpr: np.ndarray, tpr: np.ndarray, max_fpr: float) -> float:
 def partial_roc_auc(y_true, y_score, max_fpr: float, standardized: bool = True) -> MetricResult:
     """One-way partial AUC over FPR in [0, max_fpr].
 
-    ``standardized=True``: McClish's correction ``(1 + (A - A_min)/(A_max - A_min)) / 2`` with
-    ``A_min = max_fpr^2 / 2`` (the diagonal) and ``A_max = max_fpr``, identical to scikit-learn's
-    ``roc_auc_score(y_true, y_score, max_fpr=max_fpr)``; 0.5 is chance, 1 perfect.
-    ``standardized=False``: the raw area divided by ``max_fpr``, in [0, 1], chance ``max_fpr / 2``
-    (the value FeDXL's tables report).
+    ``standardized=True``: McClish's correction ``(1 + (A - A_min)/(A_max - A_min)) / 2`` of the area A,
+    with ``A_min = max_fpr^2 / 2`` (the diagonal) and ``A_max = max_fpr``, identical to scikit-learn's
+    ``roc_auc_score(y_true, y_score, max_fpr=max_fpr)``; 0.5 is chance, 1 perfect. This is the value
+    FeDXL's tables report: the authors' evaluation calls scikit-learn's ``max_fpr``.
+    ``standardized=False``: the raw area divided by ``max_fpr``, in [0, 1], chance ``max_fpr / 2``.
     """
     _check_rate(max_fpr, "max_fpr")
     y, s = _binary_inputs(y_true, y_score)

@@ -1,4 +1,4 @@
-"""Metrics (algorithms.md 2) against scikit-learn and against ROC areas computed by hand."""
+"""Metrics (docs/algorithms.md section 2) against scikit-learn and against ROC areas computed by hand."""
 
 import json
 import math
@@ -38,6 +38,18 @@ def test_auc_and_mcclish_pauc_equal_scikit_learn(seed, ties):
     assert roc_auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
     for beta in (0.05, 0.3, 0.5, 1.0):
         assert partial_roc_auc(y, s, beta) == pytest.approx(roc_auc_score(y, s, max_fpr=beta), abs=1e-12)
+
+
+@pytest.mark.parametrize("beta", [0.3, 0.5])
+def test_mcclish_and_raw_pauc_are_told_apart_by_their_chance_level(beta):
+    """McClish's value (scikit-learn's max_fpr) puts chance at 0.5; the raw area / beta puts it at beta / 2."""
+    y = np.array([0, 1] * 50)
+    chance = np.full(len(y), 0.5)  # one tied score: the ROC is the diagonal
+    assert partial_roc_auc(y, chance, beta) == pytest.approx(0.5)
+    assert roc_auc_score(y, chance, max_fpr=beta) == pytest.approx(0.5)
+    assert partial_roc_auc(y, chance, beta, standardized=False) == pytest.approx(beta / 2)
+    perfect = y.astype(float)
+    assert partial_roc_auc(y, perfect, beta) == partial_roc_auc(y, perfect, beta, standardized=False) == 1.0
 
 
 def test_roc_areas_computed_by_hand():

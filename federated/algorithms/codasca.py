@@ -1,4 +1,5 @@
-"""CODASCA (Yuan, Guo, Xu, Ying, Yang, ICML 2021, Algorithm 2), algorithms.md section 5.
+"""CODASCA (Yuan, Guo, Xu, Ying, Yang, ICML 2021; Algorithms 3 and 4 of the arXiv long version),
+docs/algorithms.md section 5.
 
 CODA+ plus SCAFFOLD-style control variates on primal v = (w, a, b) and dual alpha, and a global
 extrapolation step eta_g. Per site k, local step:

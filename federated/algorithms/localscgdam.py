@@ -1,5 +1,6 @@
-"""LocalSCGDAM: local stochastic compositional gradient descent ascent with momentum (Zhang, Hu, Guo, Yang,
-NeurIPS 2023), on the compositional AUC objective. algorithms.md 1.3 and 6.
+"""LocalSCGDAM: local stochastic compositional gradient descent ascent with momentum (Zhang, Zhang, Yang,
+Souvenir, Gao: "Federated Compositional Deep AUC Maximization", NeurIPS 2023), on the compositional AUC
+objective. docs/algorithms.md sections 1.3 and 6.
 
 min over x = (w, a, b), max over y = alpha of f(g(x), y): the inner g(x) = (w - rho grad_w CE(w), a, b) is one
 cross-entropy step, the outer f the AUC square loss (1.1, global prior) of the network run with weights g_w.
