@@ -1,4 +1,4 @@
-"""AUC algorithms against each other on synthetic federations (algorithms.md 6-8, CPU, a few minutes).
+"""AUC algorithms against each other on synthetic federations (docs/algorithms.md sections 6-8, CPU, a few minutes).
 
     .venv/bin/python benchmarks/auc_methods.py [--quick]
 

@@ -1,6 +1,6 @@
 """CODASCA vs CODA+ as the communication period I grows, on an imbalanced class-split federation.
 
-Construction (algorithms.md section 10): 2K Gaussian classes in R^d; the first K are negative, the
+Construction (docs/algorithms.md section 10): 2K Gaussian classes in R^d; the first K are negative, the
 last K positive; site k owns exactly one negative class (k) and one positive class (K + k), with
 positives / total = imratio (0.1) at every site (heterogeneity (a): disjoint classes per site). The
 test set is balanced over all classes and pooled over sites. Both algorithms run the same number of

@@ -1,4 +1,4 @@
-"""FeDXL2 with score pools against Local Pair, with Centralized as the upper reference (algorithms.md 7).
+"""FeDXL2 with score pools against Local Pair, with Centralized as the upper reference (docs/algorithms.md section 7).
 
     .venv/bin/python benchmarks/fedxl_pauc.py [--seeds 5]
 

@@ -1,4 +1,4 @@
-"""Choose the default temperature k of the sigmoid pairwise surrogate 1/(1 + exp(k t)) (algorithms.md 1.4).
+"""Choose the default temperature k of the sigmoid pairwise surrogate 1/(1 + exp(k t)) (docs/algorithms.md section 1.4).
 
 FeDXL claims the sigmoid loss is robust to flipped labels. A two-layer MLP on synthetic imbalanced data
 (20 features, about 12% positives from a noisy linear rule) is trained with ``pairwise_auc_loss`` on

@@ -108,7 +108,7 @@ class TrainConfig(BaseModel):
     resume: bool = False
     bn_stats: Literal["mean", "local"] = "mean"
     aggregation: Literal["uniform", "weighted"] = "uniform"  # weighted = by number of training samples
-    prior: Literal["global", "local"] = "global"  # algorithms.md section 0
+    prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
     augment_flip: bool = False  # random horizontal flips of training images, on the training device
     augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels

@@ -3,7 +3,7 @@
 Images stay uint8 on the host (memory-mapped, so a site's data set never has to fit in RAM) and are
 converted to float on the training device, where the division costs nothing next to the network.
 Missing labels (NaN) become ``mask = 0``; they are never read as negatives. Every batch carries the
-dataset indices of its samples (KL-OPAUC keeps one state value per positive sample, algorithms.md 1.5).
+dataset indices of its samples (KL-OPAUC keeps one state value per positive sample, docs/algorithms.md section 1.5).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def synthetic_site(name: str, n: dict[str, int], shape: tuple[int, ...], num_cla
     """A Gaussian multi-label site: x = noise + shift * u_site + signal * sum_c y_c w_c.
 
     ``w_c`` come from ``task_seed`` (shared by all sites: one task), ``u_site`` and the noise from
-    ``site_seed`` (heterogeneous inputs, as FeDXL's site-specific input shift, algorithms.md 10b).
+    ``site_seed`` (heterogeneous inputs, as FeDXL's site-specific input shift, docs/algorithms.md section 10 (b)).
     """
     dim = int(np.prod(shape))
     w = np.random.default_rng(task_seed).standard_normal((num_classes, dim)).astype(np.float32) / np.sqrt(dim)

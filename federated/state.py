@@ -1,4 +1,4 @@
-"""The federated state schema (algorithms.md section 3): named per-site tensors and what a round does
+"""The federated state schema (docs/algorithms.md section 3): named per-site tensors and what a round does
 with each of them.
 
 An algorithm declares ``{name: Comm}`` for its own tensors; the model's parameters and buffers are added

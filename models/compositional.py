@@ -1,4 +1,4 @@
-"""Compositional AUC building block (Yuan et al. ICLR 2022; LocalSCGDAM; algorithms.md 1.3 and 6).
+"""Compositional AUC building block (Yuan et al. ICLR 2022; LocalSCGDAM; docs/algorithms.md sections 1.3 and 6).
 
 The inner function is one cross-entropy gradient step on the network weights,
 ``g_w(w) = w - rho * grad_w CE(w; xi)``; the outer AUC loss is evaluated with the network run on
@@ -11,7 +11,7 @@ those weights. These functions give algorithms the three pieces they need:
 
 BatchNorm: by default neither function touches the model's running statistics (``update_buffers=False``
 runs on copies of the buffers), so a training-mode forward uses batch statistics and leaves the
-running estimates, which belong to x (algorithms.md 6), to the step that owns them.
+running estimates, which belong to x (docs/algorithms.md section 6), to the step that owns them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""AUC objectives for multi-label tasks, exactly as algorithms.md section 1 defines them.
+"""AUC objectives for multi-label tasks, exactly as docs/algorithms.md section 1 defines them.
 
 AUC square (1.1) and AUC-margin (1.2) min-max losses, pairwise X-risk with five surrogates (1.4),
 KL-OPAUC with its functional pieces (1.5) plus CVaR-OPAUC and two-way KL-TPAUC, and the ratio loss
@@ -11,7 +11,7 @@ diseases.
 Missing labels. ``mask`` (N, C), bool or {0, 1} float, True = label present. A NaN label is treated as
 masked too, so a shard's label columns (NaN = missing, docs/shards.md) can be passed as they are.
 
-Edge cases (algorithms.md section 0), the same for every AUC loss here:
+Edge cases (docs/algorithms.md section 0), the same for every AUC loss here:
 
 * A disease whose batch has no present positive or no present negative is *undefined* for that batch
   (``defined_diseases``): its term is exactly 0 with zero gradient, never NaN. A disease masked
@@ -44,7 +44,7 @@ from torch import Tensor, nn
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
 
-# Upper bound of alpha in the closed-form AUC-M ascent (algorithms.md 1.2, the authors' clamp).
+# Upper bound of alpha in the closed-form AUC-M ascent (docs/algorithms.md section 1.2, the authors' clamp).
 ALPHA_MAX = 999.0
 
 
@@ -161,7 +161,7 @@ def _masked_batch_mean(per_sample: Tensor, batch: _Batch) -> Tensor:
 def auc_square_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha: Tensor,
                     prior: float | Tensor, mask: Tensor | None = None,
                     reduction: Reduction = "mean") -> Tensor:
-    """AUC square min-max loss (Ying et al. 2016; algorithms.md 1.1), minimised in (w, a, b), maximised in alpha.
+    """AUC square min-max loss (Ying et al. 2016; docs/algorithms.md section 1.1), minimised in (w, a, b), maximised in alpha.
 
     Per sample, for each disease with prior p:
     ``(1-p)(s-a)^2 [y=1] + p(s-b)^2 [y=0] + 2(1+alpha)(p s [y=0] - (1-p) s [y=1]) - p(1-p) alpha^2``,
@@ -182,7 +182,7 @@ def auc_square_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
 def auc_margin_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha: Tensor,
                     prior: float | Tensor, margin: float = 1.0, mask: Tensor | None = None,
                     reduction: Reduction = "mean") -> Tensor:
-    """AUC-margin loss (AUC-M, Yuan et al. 2021; algorithms.md 1.2), the form CODASCA uses.
+    """AUC-margin loss (AUC-M, Yuan et al. 2021; docs/algorithms.md section 1.2), the form CODASCA uses.
 
     Per sample, for each disease with prior p and margin m:
     ``(1-p)(s-a)^2 [y=1] + p(s-b)^2 [y=0] + 2 alpha (p(1-p) m + p s [y=0] - (1-p) s [y=1]) - p(1-p) alpha^2``,
@@ -203,7 +203,7 @@ def auc_margin_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
 
 
 def auc_margin_dual_direction(a: Tensor, b: Tensor, alpha: Tensor, margin: float = 1.0) -> Tensor:
-    """Closed-form AUC-M ascent direction ``d_alpha = 2(m + b - a) - 2 alpha`` (algorithms.md 1.2).
+    """Closed-form AUC-M ascent direction ``d_alpha = 2(m + b - a) - 2 alpha`` (docs/algorithms.md section 1.2).
 
     It is the expected alpha-gradient divided by p(1-p), with a ~ E[s|y=1] and b ~ E[s|y=0]; evaluate it
     after a and b have been updated, step ``alpha + lr * d_alpha`` and clamp with :func:`clamp_alpha`.
@@ -258,7 +258,7 @@ Surrogate = Callable[[Tensor], Tensor]
 
 
 def get_surrogate(name: str | Surrogate, margin: float = 1.0, temperature: float | None = None) -> Surrogate:
-    """The pairwise surrogate l(t) of a score difference t = s_pos - s_neg (algorithms.md 1.4).
+    """The pairwise surrogate l(t) of a score difference t = s_pos - s_neg (docs/algorithms.md section 1.4).
 
     ``squared_hinge`` (m - t)_+^2, ``square`` (m - t)^2 and ``hinge`` (m - t)_+ use ``margin``;
     ``logistic`` log(1 + exp(-t/T)) and ``sigmoid`` 1/(1 + exp(k t)) use ``temperature`` (defaults in
@@ -281,7 +281,7 @@ def get_surrogate(name: str | Surrogate, margin: float = 1.0, temperature: float
 def pairwise_auc_loss(scores: Tensor, labels: Tensor, surrogate: str | Surrogate = "squared_hinge",
                       margin: float = 1.0, mask: Tensor | None = None, temperature: float | None = None,
                       reduction: Reduction = "mean") -> Tensor:
-    """Pairwise X-risk with a linear outer function (FeDXL1; algorithms.md 1.4).
+    """Pairwise X-risk with a linear outer function (FeDXL1; docs/algorithms.md section 1.4).
 
     For each disease, the mean over present positives i and present negatives j of ``l(s_i - s_j)``
     with l from :func:`get_surrogate`. Memory is O(N^2 C): meant for minibatches, not whole datasets.
@@ -328,7 +328,7 @@ def kl_opauc_inner_mean(pos_scores: Tensor, neg_scores: Tensor, lam: float = 1.0
 
 
 def kl_opauc_ema(u: Tensor, g: Tensor, gamma: float) -> Tensor:
-    """``u <- (1 - gamma) u + gamma g`` (EMA with weight gamma on the new value, algorithms.md 1.5).
+    """``u <- (1 - gamma) u + gamma g`` (EMA with weight gamma on the new value, docs/algorithms.md section 1.5).
 
     ``u == 0`` marks a positive never visited (every real u is >= 1): its first visit sets u = g.
     """
@@ -341,7 +341,7 @@ def kl_opauc_ema(u: Tensor, g: Tensor, gamma: float) -> Tensor:
 def kl_opauc_surrogate(pos_scores: Tensor, neg_scores: Tensor, u_pos: Tensor, lam: float = 1.0,
                        surrogate: str | Surrogate = "squared_hinge", margin: float = 1.0,
                        temperature: float | None = None) -> Tensor:
-    """``mean_i mean_j [exp(l_ij / lam) / u_i]_detached * l_ij`` for one disease (algorithms.md 1.5).
+    """``mean_i mean_j [exp(l_ij / lam) / u_i]_detached * l_ij`` for one disease (docs/algorithms.md section 1.5).
 
     Its gradient is the exact gradient of ``mean_i lam log(mean_j exp(l_ij / lam))`` with the inner mean
     g_i replaced by ``u_pos`` (no extra 1/lam factor). ``u_pos`` (P,) are the already updated u values
@@ -542,7 +542,7 @@ RATIO_CAP = 5000.0
 
 
 def ratio_positive_weight(n_pos: Tensor, n_neg: Tensor, cap: float = RATIO_CAP) -> Tensor:
-    """Per-disease positive weight ``1 + 0.1 * min(R, cap)`` with ``R = n_neg / n_pos`` (algorithms.md 1.6).
+    """Per-disease positive weight ``1 + 0.1 * min(R, cap)`` with ``R = n_neg / n_pos`` (docs/algorithms.md section 1.6).
 
     Deviation from Wang et al. (AAAI 2021), who estimate R on a balanced auxiliary set held by the
     server: hospitals share no such data, so R comes from the global class counts. A disease without
@@ -561,7 +561,7 @@ def masked_bce_with_logits(logits: Tensor, labels: Tensor, mask: Tensor | None =
     """Multi-label binary cross-entropy on logits, per disease averaged over its present labels.
 
     A disease with no present label contributes 0. ``pos_weight`` (C,) multiplies the positive terms.
-    This is the CE of the baselines and of the compositional inner step (algorithms.md 1.3, 4).
+    This is the CE of the baselines and of the compositional inner step (docs/algorithms.md sections 1.3, 4).
     """
     batch = _prepare(logits, labels, mask, what="logits")
     z = batch.scores

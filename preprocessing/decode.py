@@ -1,7 +1,7 @@
 """Decode one image file (DICOM, PNG, JPEG) into float32 intensities in [0, 1], the way preprocessing does.
 
 The decoder keeps full precision (float32 holds every 16-bit value exactly) until the final 8-bit
-quantisation in ``preprocessing.resize``. DICOM follows ``datasets.md`` "DICOM facts that bite":
+quantisation in ``preprocessing.resize``. DICOM follows docs/datasets.md section 10:
 
 1. pixel data through pydicom 3 and its pylibjpeg plugins (JPEG baseline/lossless, JPEG-LS, JPEG 2000,
    RLE); YBR colour (e.g. YBR_FULL_422 dermoscopy) comes back as RGB from pydicom;

@@ -1,6 +1,6 @@
 """Label harmonization shared by the adapters: CheXpert-style label codes and the uncertain-label policy.
 
-Conventions (``../shared/docs/datasets.md``, "CheXpert"): 1 positive, 0 negative, -1 uncertain, blank
+Conventions (docs/datasets.md section 2): 1 positive, 0 negative, -1 uncertain, blank
 "not mentioned". The uncertain policy per disease is U-Ones, U-Zeros or U-Ignore (masked, NaN); the common
 DAM choice, our default, is U-Ones for Edema and Atelectasis and U-Zeros for the others.
 """

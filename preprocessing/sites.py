@@ -1,12 +1,12 @@
 """A site: one hospital's dataset, declared once in ``sites/<name>.yaml``.
 
-Example (``sites/chexpert.yaml``)::
+Example (abridged from ``sites/stanford-chexpert.yaml``)::
 
     name: stanford
     format: chexpert            # a registered adapter: preprocessing/adapters/
     root: /data/CheXpert-v1.0-small   # relative paths are relative to the YAML's folder
     task: chest-xray            # or melanoma
-    uncertain_policy: {Edema: ones, Atelectasis: ones}   # the rest default per datasets.md
+    uncertain_policy: {Edema: ones, Atelectasis: ones}   # the rest default per docs/datasets.md section 2
     views: [PA, AP]
     split: {seed: 0, valid: 0.1, test: 0.2, use_official: true}
     image_size: 224

@@ -1,4 +1,4 @@
-"""The CE baselines' update rules (algorithms.md section 4), each checked against the equations
+"""The CE baselines' update rules (docs/algorithms.md section 4), each checked against the equations
 computed by hand in numpy on a logistic-regression model with full-batch steps."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CODA+, CoDA and CODASCA update rules (algorithms.md sections 1.2 and 5), against the equations
+"""CODA+, CoDA and CODASCA update rules (docs/algorithms.md sections 1.2 and 5), against the equations
 written out here step by step (gradients of the AUC-M loss by autograd, everything else by hand)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LocalSCGDAM and LocalSGDAM (algorithms.md 1.3 and 6): the exact Jacobian against a finite-difference
+"""LocalSCGDAM and LocalSGDAM (docs/algorithms.md sections 1.3 and 6): the exact Jacobian against a finite-difference
 Jacobian-vector product, the update rules against the chain rule and the AUC-square closed forms,
 BatchNorm running statistics, masked diseases."""
 

@@ -1,4 +1,4 @@
-"""Client drift on convex problems with a known optimum (algorithms.md sections 4 and 5).
+"""Client drift on convex problems with a known optimum (docs/algorithms.md sections 4 and 5).
 
 Strongly heterogeneous sites (per-site shifted inputs and label rates), full-batch local steps so that
 the fixed points are deterministic. FedAvg and CODA+ converge to a point whose distance from the

@@ -1,4 +1,4 @@
-"""FedSGDA+ and FedSGDA-M (algorithms.md 8) and the ratio-loss baseline LocalSGDM_RL (1.6): the steps against
+"""FedSGDA+ and FedSGDA-M (docs/algorithms.md section 8) and the ratio-loss baseline LocalSGDM_RL (1.6): the steps against
 the AUC-square loss written out sample by sample, server step sizes, the anchor, STORM's two-point
 correction and the previous iterate after a sync."""
 
@@ -22,7 +22,7 @@ def config(algorithm: str, params: dict | None = None, rounds: int = 1, local_st
 
 
 def auc_square_loop(w, bias, x, y, mask, a, b, alpha, p):
-    """Algorithms.md 1.1 sample by sample: per disease the mean over its present samples, then the mean over C."""
+    """docs/algorithms.md section 1.1 sample by sample: per disease the mean over its present samples, then the mean over C."""
     total = 0
     for c in range(C):
         terms = []

@@ -1,4 +1,4 @@
-"""FeDXL1, FeDXL2, Local Pair, Centralized (algorithms.md 1.4, 1.5, 7): estimators against explicit pair
+"""FeDXL1, FeDXL2, Local Pair, Centralized (docs/algorithms.md sections 1.4, 1.5, 7): estimators against explicit pair
 loops, the pool payload (bounded, counted, scores only), multi-label masking."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_passive_draws_are_uniform_over_valid_entries():
 
 
 def kl_brute(pos_s, neg_s, u_old, gamma, lam=1.0):
-    """Explicit loops of algorithms.md 1.5: u update, then the surrogate whose gradient uses u."""
+    """Explicit loops of docs/algorithms.md section 1.5: u update, then the surrogate whose gradient uses u."""
     u_new, loss = [], pos_s.sum() * 0
     for i in range(len(pos_s)):
         g = sum(math.exp(float(pair_loss("squared_hinge", pos_s[i].detach() - n)) / lam) for n in neg_s) / len(neg_s)
@@ -150,7 +150,7 @@ def test_fedxl2_local_step_matches_pair_loops():
 
 def test_localpair_gradient_is_exact_kl_opauc_gradient_when_u_is_fresh():
     """With gamma = 1 the stored u equals the batch inner mean, so the surrogate's gradient must be the exact
-    gradient of F = mean_i lam log(mean_j exp(l_ij / lam)) over the batch's pairs (algorithms.md 1.5)."""
+    gradient of F = mean_i lam log(mean_j exp(l_ij / lam)) over the batch's pairs (docs/algorithms.md section 1.5)."""
     eng = make_engine("localpair", {"gamma": 1.0, "lam": 0.5})
     alg, site = eng.algorithm, eng.sites[0]
     batch = next(site.loader.batches(1))

@@ -1,4 +1,4 @@
-"""Objectives (algorithms.md 1) against brute-force references written as explicit loops, and finite differences."""
+"""Objectives (docs/algorithms.md section 1) against brute-force references written as explicit loops, and finite differences."""
 
 import copy
 import math

@@ -1,4 +1,4 @@
-"""The algorithm contract (algorithms.md section 3) and the per-site object algorithms act on.
+"""The algorithm contract (docs/algorithms.md section 3) and the per-site object algorithms act on.
 
 An algorithm is a class with
 
@@ -101,7 +101,7 @@ class Algorithm:
     Params: ClassVar[type[BaseModel]] = NoParams
     stage_length: int | None = None
     # True: before round 0 the engine gathers the GATHER tensors that init_site_state filled, then runs
-    # round_end (FeDXL's pools from an initial scoring pass, algorithms.md 7); the bytes count in round 0.
+    # round_end (FeDXL's pools from an initial scoring pass, docs/algorithms.md section 7); the bytes count in round 0.
     initial_gather: ClassVar[bool] = False
 
     def __init__(self, params: dict, fed: FederationContext):

@@ -1,5 +1,5 @@
 """CoDA (Guo, Liu, Yuan, Shen, Liu, Yang, "Communication-efficient distributed stochastic AUC
-maximization with deep neural networks", ICML 2020), as CODASCA's baseline (algorithms.md section 5).
+maximization with deep neural networks", ICML 2020), as CODASCA's baseline (docs/algorithms.md section 5).
 
 CODA+ plus one step at every stage start: alpha is reset from the primal through pooled class means
 of the scores over all sites,

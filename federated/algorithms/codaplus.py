@@ -1,5 +1,5 @@
 """CODA+ (Yuan, Guo, Xu, Ying, Yang: "Federated Deep AUC Maximization for Heterogeneous Data with a
-Constant Communication Complexity", ICML 2021), algorithms.md sections 1.2 and 5.
+Constant Communication Complexity", ICML 2021), docs/algorithms.md sections 1.2 and 5.
 
 Objective: the AUC-margin min-max (1.2) with the global prior p per disease, primal v = (w, a, b),
 dual alpha >= 0, plus the proximal term (1/(2 gamma)) ||v - v_ref||^2 of the stagewise framework.
@@ -39,7 +39,7 @@ class CODAPlusParams(BaseModel):
     weight_decay: float = Field(default=1e-5, ge=0)
     dual: Literal["closed_form", "gradient"] = "closed_form"
     # "identity" feeds raw logits to the loss: the linear-score AUC regression (convex-concave) of the
-    # drift tests; "sigmoid" is the deep AUC setting (algorithms.md section 0).
+    # drift tests; "sigmoid" is the deep AUC setting (docs/algorithms.md section 0).
     score: Literal["sigmoid", "identity"] = "sigmoid"
 
 

@@ -1,4 +1,4 @@
-"""FedAvg / Local SGD (McMahan et al. 2017; Stich 2019), binary cross-entropy. algorithms.md section 4.
+"""FedAvg / Local SGD (McMahan et al. 2017; Stich 2019), binary cross-entropy. docs/algorithms.md section 4.
 
 Per site k, each local step on a minibatch xi:
     w_k <- w_k - lr * (grad BCE(w_k; xi) + wd * w_k)

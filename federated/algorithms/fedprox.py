@@ -1,4 +1,4 @@
-"""FedProx (Li et al., MLSys 2020). algorithms.md section 4.
+"""FedProx (Li et al., MLSys 2020). docs/algorithms.md section 4.
 
 FedAvg whose local objective adds a proximal term to the model received at the round start w0:
     w <- w - lr * (grad BCE + wd * w + mu * (w - w0))

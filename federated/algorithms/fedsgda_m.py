@@ -1,5 +1,5 @@
 """FedSGDA-M (Wu, Sun, Huang, Huang, NeurIPS 2023, Algorithm 2): FedSGDA with two-point STORM momentum,
-on the AUC square min-max (1.1, strongly concave in alpha). algorithms.md section 8.
+on the AUC square min-max (1.1, strongly concave in alpha). docs/algorithms.md section 8.
 
 Per site, x = (w, a, b), y = alpha, effective rates c_hat eta = the engine's lr, c eta = ``dual_lr``:
     step t on minibatch B (the same batch at both points):

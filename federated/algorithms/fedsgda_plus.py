@@ -1,5 +1,5 @@
 """FedSGDA+ (Wu, Sun, Huang, Huang: "Solving a Class of Non-Convex Minimax Optimization in Federated
-Learning", NeurIPS 2023, Algorithm 1), on the AUC square min-max (1.1). algorithms.md section 8.
+Learning", NeurIPS 2023, Algorithm 1), on the AUC square min-max (1.1). docs/algorithms.md section 8.
 
 x = (w, a, b) minimised, y = alpha maximised; the anchor x~ is refreshed every S rounds.
 Per site, Q = I local SGDA steps from the round's global (x, y), minibatch xi:

@@ -1,4 +1,4 @@
-"""FeDXL1: federated pairwise X-risk, linear outer function (Guo et al., ICML 2023). algorithms.md 1.4 and 7.
+"""FeDXL1: federated pairwise X-risk, linear outer function (Guo et al., ICML 2023). docs/algorithms.md sections 1.4 and 7.
 
 Per site k and disease c, each local step t on a minibatch (active scores s = sigmoid(model(x)), through
 which gradients flow; P_c / N_c = the batch's positives / negatives of disease c):
@@ -12,7 +12,7 @@ Round 0's pools come from an initial scoring pass with the initial model (one ga
 ``Algorithm.initial_gather``): for each disease, P random positives and P random negatives of the
 site are scored.
 
-Pool payload, the one thing beyond parameters a site sends (algorithms.md 3): per round and disease,
+Pool payload, the one thing beyond parameters a site sends (docs/algorithms.md section 3): per round and disease,
 exactly P = ``pool_size`` positive scores and P negative scores (float32: 2 * P * C * 4 bytes per site
 per round; FeDXL2 adds the positives' u values, 3 * P * C * 4), drawn with replacement from the round's
 active scores by federated/algorithms/score_pool.py, which says why that keeps the paper's estimator

@@ -1,5 +1,5 @@
 """Local Pair: FeDXL2's KL-OPAUC estimator on local current pairs only (Guo et al., ICML 2023, baseline).
-algorithms.md 1.5 and 7.
+docs/algorithms.md sections 1.5 and 7.
 
 Per site k and disease c, each local step t (P_c / N_c the batch's positives / negatives):
     g_i = mean_{j in N_c} exp(l(s_i - s_j) / lam);  u_i <- (1 - gamma) u_i + gamma g_i

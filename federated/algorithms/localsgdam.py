@@ -1,5 +1,5 @@
 """LocalSGDAM: local stochastic gradient descent ascent with momentum (Sharma, Panda, Joshi, Varshney,
-ICML 2022), on the AUC square min-max (1.1). algorithms.md section 6.
+ICML 2022), on the AUC square min-max (1.1). docs/algorithms.md section 6.
 
 LocalSCGDAM with rho = 0: g is the identity and h = x, so the outer point is x itself and
     x <- x - lr u;  y <- y + dual_lr v

@@ -1,4 +1,4 @@
-"""LocalSGDM: Local SGD with heavy-ball momentum (Yu, Jin, Yang, ICML 2019). algorithms.md section 4.
+"""LocalSGDM: Local SGD with heavy-ball momentum (Yu, Jin, Yang, ICML 2019). docs/algorithms.md section 4.
 
 FedAvg plus, per site, momentum buffers m (averaged with the model every I steps):
     m <- mu * m + (grad BCE + wd * w);   w <- w - lr * m

@@ -1,4 +1,4 @@
-"""LocalSGDM_RL: LocalSGDM with the ratio loss (Wang et al., AAAI 2021). algorithms.md sections 1.6 and 4.
+"""LocalSGDM_RL: LocalSGDM with the ratio loss (Wang et al., AAAI 2021). docs/algorithms.md sections 1.6 and 4.
 
 LocalSGDM (heavy-ball local SGD, momentum averaged with the model every I steps) whose loss is the
 class-weighted BCE with positive weight ``1 + 0.1 * min(R, 5000)`` per disease.

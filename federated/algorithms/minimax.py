@@ -1,4 +1,4 @@
-"""What the AUC min-max algorithms with x = (w, a, b) and y = alpha share (algorithms.md 1.1, 6 and 8):
+"""What the AUC min-max algorithms with x = (w, a, b) and y = alpha share (docs/algorithms.md sections 1.1, 6 and 8):
 LocalSCGDAM / LocalSGDAM and FedSGDA+ / FedSGDA-M.
 
 ``AUCMinimax``: the primal block x as names and tensors, per-site copies of it in ``site.state``

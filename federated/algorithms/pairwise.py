@@ -1,4 +1,4 @@
-"""What the pairwise algorithms share (Guo et al., ICML 2023; algorithms.md 1.4, 1.5 and 7): FeDXL1,
+"""What the pairwise algorithms share (Guo et al., ICML 2023; docs/algorithms.md sections 1.4, 1.5 and 7): FeDXL1,
 FeDXL2, Local Pair and Centralized.
 
 ``PairwiseAlgorithm``: the local step of all of them, on active scores s = sigmoid(model(x)):
@@ -6,7 +6,7 @@ FeDXL2, Local Pair and Centralized.
 ``KLOPAUC``: the KL-OPAUC pieces of FeDXL2 and Local Pair: a stored inner mean u per training row and
 disease (never leaves the site except as FeDXL2 pool entries), the positives' surrogate term with its u
 update (1.5), and the gradient EMA v <- (1 - beta) v + beta grad G as the direction (v averaged with the
-model every round: all of v, algorithms.md 9).
+model every round: all of v, docs/algorithms.md section 9).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SCAFFOLD, option II (Karimireddy et al., ICML 2020). algorithms.md section 4.
+"""SCAFFOLD, option II (Karimireddy et al., ICML 2020). docs/algorithms.md section 4.
 
 Per site k, local step with control variates c_k (local) and c (global):
     w <- w - lr * (g - c_k + c),      g = grad BCE(w; xi) + wd * w

@@ -1,4 +1,4 @@
-"""FeDXL's score pools (Guo et al., ICML 2023; algorithms.md 7): the component FeDXL1 and FeDXL2 use for
+"""FeDXL's score pools (Guo et al., ICML 2023; docs/algorithms.md section 7): the component FeDXL1 and FeDXL2 use for
 their passive scores.
 
 A pool entry is a prediction score of one class (``pos`` or ``neg``) for one disease, with optional extra

@@ -2,7 +2,7 @@
 
 Input row: one CSV row = one image. The official valid set (radiologist consensus) becomes the test split.
 Patient and study come from the path (``train/patient00001/study1/view1_frontal.jpg``). Blank labels
-("not mentioned") are negative by default (the DAM convention, datasets.md), -1 is resolved later by the
+("not mentioned") are negative by default (the DAM convention, docs/datasets.md section 3), -1 is resolved later by the
 site's uncertain policy.
 """
 

@@ -3,7 +3,7 @@
 Input row: one CSV row = one image. ``Labels`` is a Python-list string of lower-case findings, parsed as
 a literal (never evaluated); blank or unparsable -> UNPARSABLE_LABEL (the real file has 103 rows whose Labels is "nan").
 A finding counts for a disease when it contains the disease term, torchxrayvision's convention
-(datasets.md): "lobar atelectasis" is Atelectasis, "loculated pleural effusion" is Pleural Effusion, and
+(docs/datasets.md section 6): "lobar atelectasis" is Atelectasis, "loculated pleural effusion" is Pleural Effusion, and
 so is every finding containing "effusion". PadChest has no uncertain labels and no official split.
 """
 
