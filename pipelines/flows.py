@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
 from prefect import flow, task
@@ -21,7 +20,7 @@ from prefect.deployments import run_deployment
 
 from federated.backends import SiteFailure
 from pipelines import runs, tracking
-from pipelines.preprocess_flow import preprocess_site
+from pipelines.preprocess_flow import artifact_key, preprocess_site
 from pipelines.tables import markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
@@ -34,10 +33,6 @@ def _transient(task, task_run, state) -> bool:
     """Retry what a second attempt can fix (a dropped connection, a busy disk, a site process that died),
     not a bad config or a bug, which would fail the same way after minutes of retraining."""
     return isinstance(state.result(raise_on_failure=False), (OSError, SiteFailure))
-
-
-def _artifact_key(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
 # --- onboarding ---------------------------------------------------------------------------------------
@@ -58,7 +53,7 @@ def onboard_site(site_yaml: str) -> dict:
     """The gate before a site joins: its YAML and data root validate, and its labels are worth reading."""
     validate(site_yaml)
     report = labels_only_report(site_yaml)
-    create_markdown_artifact(key=f"onboard-{_artifact_key(Path(site_yaml).stem)}",
+    create_markdown_artifact(key=f"onboard-{artifact_key(Path(site_yaml).stem)}",
                              markdown=runs.label_report_markdown(report),
                              description=f"labels-only report of {site_yaml}")
     return report
@@ -109,7 +104,7 @@ def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: s
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites)."""
     summary = train_task(federation_yaml, shards_root, config, run_name)
-    create_markdown_artifact(key=f"train-{_artifact_key(summary['run_name'])}",
+    create_markdown_artifact(key=f"train-{artifact_key(summary['run_name'])}",
                              markdown=runs.training_markdown(summary), description="federated training")
     return summary
 

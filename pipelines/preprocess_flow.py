@@ -21,6 +21,11 @@ from preprocessing.shards import ShardSummary, shard_site
 from preprocessing.sites import SiteConfig, load_site
 
 
+def artifact_key(text: str) -> str:
+    """A Prefect artifact key from a site, file or run name (keys allow lower-case letters, digits and '-')."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
 @task(name="scan", cache_policy=NO_CACHE)
 def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
     config = load_site(site_yaml)
@@ -37,7 +42,7 @@ def report(summary: ShardSummary) -> dict:
     qc = build_report(summary.site_dir)
     json_path, md_path = write_report(summary.site_dir, qc)
     create_markdown_artifact(
-        key="qc-" + re.sub(r"[^a-z0-9-]+", "-", summary.site.lower()),
+        key=f"qc-{artifact_key(summary.site)}",
         markdown=render_markdown(qc),
         description=f"QC report of site {summary.site}",
     )

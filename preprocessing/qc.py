@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from preprocessing.markdown import markdown_cell
 from preprocessing.records import SPLITS
 from preprocessing.shard_format import (
     IMAGE_STATS_FILE,
@@ -236,12 +237,7 @@ def render_markdown(report: dict) -> str:
         lines += [f"| {r['stage']} | {r['reason']} | {r['count']} |" for r in quarantine["by_stage_and_reason"]]
         lines += ["", "| record | source row | image | stage | reason | detail |", "|---|---|---|---|---|---|"]
         columns = ("record_id", "source_row", "image_path", "stage", "reason", "detail")
-        lines += ["| " + " | ".join(_cell(row[column]) for column in columns) + " |" for row in quarantine["rows"]]
+        lines += ["| " + " | ".join(markdown_cell(row[column]) for column in columns) + " |" for row in quarantine["rows"]]
     else:
         lines.append("Nothing quarantined.")
     return "\n".join(lines) + "\n"
-
-
-def _cell(value) -> str:
-    """A Markdown table cell: a '|' inside a file name or error message would split the row."""
-    return str(value).replace("|", "\\|").replace("\n", " ")
