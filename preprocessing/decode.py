@@ -10,9 +10,16 @@ quantisation in ``preprocessing.resize``. DICOM follows docs/datasets.md section
    scaled from that transform's output range to [0, 1]; without either, min-max over the image;
 4. MONOCHROME1 inverted so that high values are bright, as in MONOCHROME2.
 
-PNG/JPEG: 8-bit divides by 255; 16-bit PNG (PadChest: 10 or 12 bits stored in 16, the stored depth is not
+PNG/JPEG/TIFF: 8-bit divides by 255; 16-bit PNG (PadChest: 10 or 12 bits stored in 16, the stored depth is not
 in the file) is min-max scaled, like a DICOM without a window, so a 12-bit image is not left at 1/16
 brightness.
+
+Hostile files (``docs/quarantine.md``): a file is opened only when it is a regular file that resolves, after
+symlinks, inside the site's data root (``check_file``); its header is read first and nothing is decoded
+when it declares more than ``DecodeLimits`` allow (pixels, bits, frames, file and inflated bytes, and for
+JPEG / JPEG 2000 DICOMs the codestream's own size); NaN or infinite rescale or window values, constant
+images and images a window turns into one value are rejected after decoding. The per-file time limit is
+enforced by the worker pool (``preprocessing.pool``), which can kill a stuck decoder.
 
 Every failure is a ``DecodeError`` carrying the quarantine ``Reason`` and a detail naming the file.
 """
@@ -20,19 +27,25 @@ Every failure is a ``DecodeError`` carrying the quarantine ``Reason`` and a deta
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
+import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pydantic
 import pydicom
 from PIL import Image, UnidentifiedImageError
+from pydicom.encaps import generate_fragmented_frames
 from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing, get_decoder
 
 from preprocessing.quarantine import Reason
 
 # Part of the shard content hash: bump it whenever decoded intensities can change for the same file.
-DECODER_VERSION = "1"
+DECODER_VERSION = "2"
 
 # Modality (0008,0060) values a task accepts; a file without the tag (PNG, JPEG, sparse DICOM) is accepted.
 # XC (external-camera photography) is what dermoscopy DICOMs such as SIIM-ISIC 2020 carry; OT is "other".
@@ -43,6 +56,7 @@ ALLOWED_MODALITIES: dict[str, frozenset[str]] = {
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
 _DICOM_SUFFIXES = (".dcm", ".dicom", ".dic")
 # ITU-R BT.601 luma, the weights Pillow's RGB -> L conversion uses, so a colour file fed to a grayscale
 # task looks the same whichever library converted it.
@@ -58,14 +72,32 @@ class DecodeError(Exception):
         self.detail = detail
 
 
+@pydantic.dataclasses.dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid"))
+class DecodeLimits:
+    """What a file may declare before anything is decoded (``decode_limits:`` in a site YAML).
+
+    The defaults fit the largest real inputs with room to spare (4320 x 4320 16-bit flat-panel radiographs,
+    6000 x 4000 RGB dermoscopy photographs) and bound a decode worker's memory: see docs/quarantine.md.
+    """
+
+    max_pixels: int = pydantic.Field(36_000_000, ge=1)  # rows x columns of the decoded frame (6000 x 6000)
+    max_bits: int = pydantic.Field(16, ge=1)  # bits per sample (DICOM BitsAllocated, Pillow mode)
+    max_frames: int = pydantic.Field(1024, ge=1)  # frames in the file; only the first is decoded
+    max_file_bytes: int = pydantic.Field(256 * 2**20, ge=1)  # the file, and a deflated DICOM once inflated
+    timeout_s: float = pydantic.Field(60.0, gt=0)  # per file; enforced by the worker pool
+
+
+DEFAULT_LIMITS = DecodeLimits()
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     """What decoding found and did; ``fedauc inspect`` prints it and the QC report aggregates it."""
 
     path: str
-    format: str  # "dicom", "png" or "jpeg"
+    format: str  # "dicom", "png", "jpeg" or "tiff"
     modality: str | None  # None when the file has no Modality tag (always for PNG/JPEG)
-    photometric: str  # PhotometricInterpretation for DICOM, the Pillow mode for PNG/JPEG
+    photometric: str  # PhotometricInterpretation for DICOM, the Pillow mode for PNG/JPEG/TIFF
     bits_stored: int
     transfer_syntax: str | None
     rows: int
@@ -92,33 +124,43 @@ def decode_image(
     channels: int | None = None,
     allowed_modalities: frozenset[str] | None = None,
     min_size: int = 0,
+    root: str | Path | None = None,
+    limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> DecodedImage:
     """Decode ``path`` to float32 in [0, 1].
 
     ``channels`` (1 or 3) converts colour to luma or replicates gray; None keeps what the file holds.
     ``allowed_modalities`` rejects a DICOM whose Modality is present and not listed (WRONG_MODALITY).
     ``min_size`` rejects images whose shorter side is below it (IMAGE_TOO_SMALL).
+    ``root``: the site's data root; a file resolving outside it is never opened (OUTSIDE_ROOT).
+    ``limits``: what the header may declare (TOO_LARGE); ``timeout_s`` is the caller's to enforce.
     Raises ``DecodeError`` with the quarantine reason on any failure.
     """
     path = Path(path)
     if channels not in (None, 1, 3):
         raise ValueError(f"channels must be 1, 3 or None, got {channels!r}")
+    resolved, size = check_file(path, root)
+    if size > limits.max_file_bytes:
+        raise DecodeError(
+            Reason.TOO_LARGE, f"{path}: {size:,} bytes, more than max_file_bytes={limits.max_file_bytes:,}"
+        )
     try:
-        with path.open("rb") as handle:
+        with resolved.open("rb") as handle:
             head = handle.read(132)
-    except FileNotFoundError:
-        raise DecodeError(Reason.MISSING_FILE, f"{path}: file not found") from None
     except OSError as err:
         raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: {err}") from None
 
-    if head.startswith(_PNG_MAGIC) or head.startswith(_JPEG_MAGIC):
-        pixels, info = _decode_pillow(path)
-    elif head[128:132] == b"DICM" or path.suffix.lower() in _DICOM_SUFFIXES:
-        pixels, info = _decode_dicom(path, allowed_modalities)
+    # "DICM" first: a DICOM preamble may hold a TIFF header (dual-personality files) and is then a DICOM.
+    if head[128:132] == b"DICM":
+        pixels, info = _decode_dicom(resolved, path, allowed_modalities, limits)
+    elif head.startswith((_PNG_MAGIC, _JPEG_MAGIC, *_TIFF_MAGICS)):
+        pixels, info = _decode_pillow(resolved, path, limits)
+    elif path.suffix.lower() in _DICOM_SUFFIXES:
+        pixels, info = _decode_dicom(resolved, path, allowed_modalities, limits)
     else:
         raise DecodeError(
             Reason.UNREADABLE_FILE,
-            f"{path}: not a DICOM, PNG or JPEG file (starts with {head[:8]!r}, {len(head)} bytes read)",
+            f"{path}: not a DICOM, PNG, JPEG or TIFF file (starts with {head[:8]!r}, {len(head)} bytes read)",
         )
 
     if min(info.rows, info.columns) < min_size:
@@ -126,21 +168,106 @@ def decode_image(
             Reason.IMAGE_TOO_SMALL,
             f"{path}: {info.rows}x{info.columns} pixels, the shorter side is below min_image_size={min_size}",
         )
+    check_values(pixels, info, path)
     return DecodedImage(_to_channels(pixels, channels), info)
 
 
-def _decode_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
+def check_file(path: Path, root: str | Path | None) -> tuple[Path, int]:
+    """The real path of ``path`` and its size, when it is a regular file inside ``root`` (if given).
+
+    Decided by ``realpath`` and ``stat`` alone, before any open: opening a FIFO blocks forever and a
+    device such as /dev/zero never ends. ``..`` in a label file, an absolute path and a symlink out of the
+    root all resolve outside it.
+    """
+    resolved = Path(os.path.realpath(path))
+    if root is not None:
+        real_root = Path(os.path.realpath(root))
+        if not resolved.is_relative_to(real_root):
+            raise DecodeError(
+                Reason.OUTSIDE_ROOT, f"{path}: resolves to {resolved}, outside the site's data root {real_root}"
+            )
     try:
-        with Image.open(path) as image:
+        status = os.stat(resolved)
+    except FileNotFoundError:
+        raise DecodeError(Reason.MISSING_FILE, f"{path}: file not found") from None
+    except OSError as err:
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: {err}") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path}: {_file_kind(status.st_mode)}, not a regular file")
+    return resolved, status.st_size
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), f"file type {stat.S_IFMT(mode):o}")
+
+
+def check_values(pixels: np.ndarray, info: ImageInfo, path: Path) -> None:
+    """Reject decoded images that carry no picture: NaN/inf values, one stored value, one value after VOI."""
+    if not (np.isfinite(info.raw_min) and np.isfinite(info.raw_max) and np.isfinite(pixels).all()):
+        raise DecodeError(Reason.NONFINITE_VALUES, f"{path}: NaN or infinite pixel values")
+    per_channel = pixels.reshape(-1, pixels.shape[2]) if pixels.ndim == 3 else pixels.reshape(-1, 1)
+    if not (per_channel.min(axis=0) == per_channel.max(axis=0)).all():
+        return
+    # No VOI transform applies to colour, so one colour everywhere means one stored value everywhere.
+    if info.raw_min == info.raw_max or pixels.ndim == 3:
+        raise DecodeError(Reason.CONSTANT_IMAGE, f"{path}: every pixel stores the same value")
+    raise DecodeError(
+        Reason.BLANK_AFTER_WINDOW,
+        f"{path}: stored values {info.raw_min:g}..{info.raw_max:g} all become {float(pixels.min()):g} "
+        f"after the {info.intensity} transform (the window lies outside the data)",
+    )
+
+
+# Bits per sample of each Pillow mode; modes not listed (P, 1, RGB...) hold at most 8.
+_PILLOW_MODE_BITS = {"I": 32, "F": 32, "I;16": 16, "I;16B": 16, "I;16L": 16, "I;16N": 16, "I;16S": 16}
+
+
+def _check_pillow_header(image: Image.Image, shown: Path, limits: DecodeLimits) -> None:
+    """TOO_LARGE from what ``Image.open`` parsed (size, mode, frames), before ``load`` allocates anything."""
+    columns, rows = image.size
+    bits = _PILLOW_MODE_BITS.get(image.mode, 8)
+    frames = int(getattr(image, "n_frames", 1))
+    _check_declared(shown, rows, columns, bits, frames, limits)
+
+
+def _check_declared(shown: Path, rows: int, columns: int, bits: int, frames: int, limits: DecodeLimits) -> None:
+    problems = []
+    if rows * columns > limits.max_pixels:
+        problems.append(f"{rows}x{columns} pixels, more than max_pixels={limits.max_pixels:,}")
+    if bits > limits.max_bits:
+        problems.append(f"{bits} bits per sample, more than max_bits={limits.max_bits}")
+    if frames > limits.max_frames:
+        problems.append(f"{frames} frames, more than max_frames={limits.max_frames}")
+    if problems:
+        raise DecodeError(
+            Reason.TOO_LARGE, f"{shown}: the header declares {'; '.join(problems)} (decode_limits in the site YAML)"
+        )
+
+
+def _decode_pillow(path: Path, shown: Path, limits: DecodeLimits) -> tuple[np.ndarray, ImageInfo]:
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns about large images at open; the limits below decide, before anything is decoded.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(path)
+    except Image.DecompressionBombError as err:
+        raise DecodeError(Reason.TOO_LARGE, f"{shown}: {err}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: {err}") from None
+    try:
+        with image:
+            _check_pillow_header(image, shown, limits)
             image.load()
             mode = image.mode
             file_format = (image.format or "").lower()
             stored = np.asarray(image)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: {err}") from None
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: {err}") from None
 
     if mode == "P" or mode == "PA":
-        raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: palette image (mode {mode}) is not a photograph")
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: palette image (mode {mode}) is not a photograph")
     if stored.ndim == 3 and stored.shape[2] == 4:
         stored = stored[..., :3]  # an alpha channel carries no intensity
     if stored.ndim == 3 and stored.shape[2] == 2:
@@ -152,7 +279,7 @@ def _decode_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
     else:
         pixels, intensity, bits = _minmax(stored.astype(np.float32)), "minmax", 16
     info = ImageInfo(
-        path=str(path),
+        path=str(shown),
         format="jpeg" if file_format in ("jpeg", "mpo") else file_format,
         modality=None,
         photometric=mode,
@@ -169,13 +296,19 @@ def _decode_pillow(path: Path) -> tuple[np.ndarray, ImageInfo]:
     return pixels, info
 
 
-def _decode_dicom(path: Path, allowed_modalities: frozenset[str] | None) -> tuple[np.ndarray, ImageInfo]:
+def _decode_dicom(
+    path: Path, shown: Path, allowed_modalities: frozenset[str] | None, limits: DecodeLimits
+) -> tuple[np.ndarray, ImageInfo]:
     try:
+        _check_inflated_size(path, shown, limits)
+        # The header first (up to the pixel data): its declared sizes decide whether the rest is read.
         # force: some archives store DICOM without the 128-byte preamble; the check below catches garbage.
+        _check_dicom_header(pydicom.dcmread(path, force=True, stop_before_pixels=True), shown, limits)
         ds = pydicom.dcmread(path, force=True)
         identified = "SOPClassUID" in ds or "PixelData" in ds
-    except (InvalidDicomError, OSError, ValueError, EOFError, KeyError, TypeError) as err:
-        raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: pydicom cannot parse it: {err}") from None
+    except (InvalidDicomError, OSError, ValueError, EOFError, KeyError, TypeError, zlib.error) as err:
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: pydicom cannot parse it: {err}") from None
+    path = shown  # from here on messages name the file as the label file does
     if not identified:
         raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: not a DICOM file (no SOP Class UID, no pixel data)")
 
@@ -205,6 +338,8 @@ def _decode_dicom(path: Path, allowed_modalities: frozenset[str] | None) -> tupl
             )
 
     frames = int(ds.get("NumberOfFrames", 1) or 1)
+    if transfer_syntax.is_encapsulated:
+        _check_codestream(ds.PixelData, frames, path, limits)
     try:
         # index=0 decodes only the first frame of a multi-frame object instead of all of them.
         stored = ds.pixel_array if frames == 1 else pydicom.pixels.pixel_array(ds, index=0)
@@ -247,8 +382,118 @@ def _decode_dicom(path: Path, allowed_modalities: frozenset[str] | None) -> tupl
     return np.clip(pixels, 0.0, 1.0, out=pixels), info
 
 
+def _check_inflated_size(path: Path, shown: Path, limits: DecodeLimits) -> None:
+    """A deflated DICOM is inflated whole by pydicom: inflate it here first, stopping at max_file_bytes.
+
+    The data set starts after the preamble, "DICM" and the file meta group (its length is element
+    (0002,0000), 12 bytes in Explicit VR Little Endian: PS3.10 7.1).
+    """
+    meta = pydicom.filereader.read_file_meta_info(path)
+    if meta.get("TransferSyntaxUID") != pydicom.uid.DeflatedExplicitVRLittleEndian:
+        return
+    if "FileMetaInformationGroupLength" not in meta:
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: deflated DICOM without (0002,0000) group length")
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    inflated = 0
+    with path.open("rb") as handle:
+        handle.seek(132 + 12 + int(meta.FileMetaInformationGroupLength))
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            inflated += len(inflater.decompress(block, limits.max_file_bytes + 1 - inflated))
+            if inflated > limits.max_file_bytes or inflater.unconsumed_tail:
+                raise DecodeError(
+                    Reason.TOO_LARGE,
+                    f"{shown}: the deflated data set inflates to more than max_file_bytes={limits.max_file_bytes:,}",
+                )
+
+
+def _check_dicom_header(header: pydicom.Dataset, shown: Path, limits: DecodeLimits) -> None:
+    try:
+        rows, columns = int(header.get("Rows", 0) or 0), int(header.get("Columns", 0) or 0)
+        bits = int(header.get("BitsAllocated", 0) or 0)
+        frames = int(header.get("NumberOfFrames", 1) or 1)
+    except (TypeError, ValueError) as err:
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: unreadable image size in the header: {err}") from None
+    _check_declared(shown, rows, columns, bits, frames, limits)
+
+
+def _check_codestream(pixel_data: bytes, frames: int, shown: Path, limits: DecodeLimits) -> None:
+    """TOO_LARGE when the first frame's JPEG or JPEG 2000 codestream declares more pixels than allowed.
+
+    Those decoders size their output from the codestream, not from the DICOM Rows and Columns, so a file
+    whose header is small can still ask for gigabytes.
+    """
+    try:
+        first = next(generate_fragmented_frames(pixel_data, number_of_frames=frames))[0]
+    except (StopIteration, ValueError, IndexError, TypeError):
+        return  # the decoder reports broken encapsulation as unreadable
+    size = codestream_size(first)
+    if size is not None and size[0] * size[1] > limits.max_pixels:
+        raise DecodeError(
+            Reason.TOO_LARGE,
+            f"{shown}: the compressed frame declares {size[0]}x{size[1]} pixels, "
+            f"more than max_pixels={limits.max_pixels:,} (decode_limits in the site YAML)",
+        )
+
+
+# JPEG start-of-frame markers (ITU-T T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15) and JPEG-LS SOF55 (T.87).
+_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF, 0xF7})
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  "
+
+
+def codestream_size(data: bytes) -> tuple[int, int] | None:
+    """(rows, columns) a JPEG / JPEG-LS (T.81 B.2.2 frame header) or JPEG 2000 (15444-1 A.5.1 SIZ, raw or
+    in a JP2 file's ``jp2c`` box) codestream declares; None when ``data`` is neither or is cut short."""
+    if data.startswith(_JP2_SIGNATURE):
+        offset = 0
+        while offset + 8 <= len(data):
+            length = int.from_bytes(data[offset : offset + 4], "big")
+            header = 8
+            if length == 1:
+                length, header = int.from_bytes(data[offset + 8 : offset + 16], "big"), 16
+            if data[offset + 4 : offset + 8] == b"jp2c":
+                return codestream_size(data[offset + header :])
+            if length < header:
+                return None
+            offset += length
+        return None
+    if data[:4] == b"\xff\x4f\xff\x51" and len(data) >= 28:
+        xsiz, ysiz, xosiz, yosiz = (int.from_bytes(data[k : k + 4], "big") for k in (8, 12, 16, 20))
+        return ysiz - yosiz, xsiz - xosiz
+    if data[:2] != b"\xff\xd8":
+        return None
+    offset = 2
+    while offset + 4 <= len(data):
+        if data[offset] != 0xFF:
+            return None
+        marker = data[offset + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            offset += 1
+            continue
+        if marker in _SOF_MARKERS:
+            if offset + 9 > len(data):
+                return None
+            return int.from_bytes(data[offset + 5 : offset + 7], "big"), int.from_bytes(data[offset + 7 : offset + 9], "big")
+        offset += 2 + int.from_bytes(data[offset + 2 : offset + 4], "big")
+    return None
+
+
+def _check_rescale_and_window(ds: pydicom.Dataset, path: Path) -> None:
+    for keyword in ("RescaleSlope", "RescaleIntercept", "WindowCenter", "WindowWidth"):
+        value = ds.get(keyword)
+        if value is None or value == "":
+            continue
+        values = value if isinstance(value, pydicom.multival.MultiValue) else [value]
+        try:
+            finite = all(np.isfinite(float(v)) for v in values)
+        except (TypeError, ValueError):
+            raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: {keyword} {value!r} is not a number") from None
+        if not finite:
+            raise DecodeError(Reason.NONFINITE_VALUES, f"{path}: {keyword} is {value}, not a finite number")
+
+
 def _grayscale_intensity(stored: np.ndarray, ds: pydicom.Dataset, path: Path) -> tuple[np.ndarray, str]:
     """Modality LUT then VOI, scaled to [0, 1] over the VOI output range (DICOM PS3.3 C.11)."""
+    _check_rescale_and_window(ds, path)
     values = apply_modality_lut(stored, ds)
     try:
         if ds.get("VOILUTSequence"):
@@ -294,7 +539,8 @@ def inspect_file(path: str | Path) -> dict:
     """Decode ``path`` the way preprocessing does and describe it, for ``fedauc inspect``.
 
     Returns the ``ImageInfo`` fields plus shape, dtype, min/max after decoding and ``error`` (None, or the
-    quarantine reason and detail); never raises for a bad file.
+    quarantine reason and detail); never raises for a bad file. Without a site there is no data root: only
+    the regular-file check and the default limits apply.
     """
     try:
         decoded = decode_image(path)

@@ -20,14 +20,24 @@ class Reason(str, Enum):
     PATIENT_IN_TWO_SPLITS = "patient_in_two_splits"
     # decode stage: the image file
     MISSING_FILE = "missing_file"
+    OUTSIDE_ROOT = "outside_root"  # resolves (after symlinks) outside the site's data root: never read
+    NOT_A_REGULAR_FILE = "not_a_regular_file"  # a FIFO, device, socket or folder: never opened
+    TOO_LARGE = "too_large"  # the header declares more than the decode limits allow: never decoded
+    DECODE_TIMEOUT = "decode_timeout"  # decoding ran past the per-file limit; the worker was replaced
+    DECODER_CRASHED = "decoder_crashed"  # the worker decoding it died (a decoder segfault, the OOM killer)
     UNREADABLE_FILE = "unreadable_file"  # truncated, corrupt, not a DICOM/PNG/JPEG
     NOT_AN_IMAGE = "not_an_image"  # a DICOM object without pixel data (SR, presentation state...)
     UNSUPPORTED_TRANSFER_SYNTAX = "unsupported_transfer_syntax"
     WRONG_MODALITY = "wrong_modality"
     IMAGE_TOO_SMALL = "image_too_small"
+    NONFINITE_VALUES = "nonfinite_values"  # NaN or infinite rescale slope/intercept, window or pixel value
+    CONSTANT_IMAGE = "constant_image"  # every stored pixel has the same value
+    BLANK_AFTER_WINDOW = "blank_after_window"  # stored values vary, the VOI LUT or window maps them to one
+    # shard stage: across records
+    DUPLICATE_CONTENT = "duplicate_content"  # byte-identical to a kept image of another patient or split
 
 
-STAGES = ("scan", "split", "decode")
+STAGES = ("scan", "split", "decode", "dedup")
 
 QUARANTINE_COLUMNS: tuple[str, ...] = ("record_id", "source_row", "image_path", "stage", "reason", "detail")
 

@@ -13,15 +13,19 @@ file is simply renamed. Failed records go to ``quarantine.parquet`` with their d
 Resume: each finished chunk appends one line per record to ``.staging/<hash>/<split>.jsonl`` after its
 images are written, so an interrupted run (Ctrl-C, a killed worker, a crash) redoes only the chunks whose
 lines are missing. ``shard.json`` is written last; when it holds the same content hash, a re-run does no work.
-The resume survives a process interruption; after a power loss, delete ``.staging`` and run again.
+The resume survives a process interruption; a log it cannot read (a power loss) restarts that split.
+
+One writer per site: the run holds ``<site>/.lock`` (``preprocessing.locks``); a second run of the same
+site is refused with the holder's pid, host and start time. Decoding runs in ``preprocessing.pool``
+workers with a per-file time limit. Byte-identical files kept under two patients or in two splits would
+leak a test image into training: all but the first (train before valid before test, then record order)
+are quarantined DUPLICATE_CONTENT (stage "dedup").
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +36,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from preprocessing.locks import notice, site_lock
+from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
 from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
 from preprocessing.shard_format import (
@@ -47,7 +53,7 @@ from preprocessing.shard_format import (
     ShardInfo,
     load_shard_info,
 )
-from preprocessing.tiles import STAT_COLUMNS, Chunk, ChunkResult, TransformSettings, process_chunk
+from preprocessing.tiles import STAT_COLUMNS, Chunk, ChunkResult, TransformSettings
 
 
 @dataclass(frozen=True)
@@ -118,11 +124,29 @@ def write_site_shards(
     if workers < 0 or chunk_size < 1:
         raise ValueError(f"workers must be >= 0 and chunk_size >= 1, got {workers}, {chunk_size}")
     site_dir = Path(out_dir) / site
-    info = load_shard_info(site_dir)
-    if info is not None and info.get("content_hash") == content_hash:
-        return _summary_from_info(site, site_dir, info, reused=True)
+    with site_lock(site_dir):
+        info = load_shard_info(site_dir)
+        if info is not None and info.get("content_hash") == content_hash:
+            return _summary_from_info(site, site_dir, info, reused=True)
+        return _write_locked(
+            records, scan_quarantine, site, data_root, site_dir, transform, content_hash, input_rows,
+            workers, chunk_size, progress,
+        )
 
-    site_dir.mkdir(parents=True, exist_ok=True)
+
+def _write_locked(
+    records: pd.DataFrame,
+    scan_quarantine: pd.DataFrame,
+    site: str,
+    data_root: Path,
+    site_dir: Path,
+    transform: TransformSettings,
+    content_hash: str,
+    input_rows: int,
+    workers: int,
+    chunk_size: int,
+    progress: bool,
+) -> ShardSummary:
     # From here the shards on disk are stale: without shard.json they cannot be mistaken for a finished run.
     (site_dir / SHARD_FILE).unlink(missing_ok=True)
     staging = site_dir / STAGING_DIR / content_hash[:16]
@@ -131,11 +155,16 @@ def write_site_shards(
 
     splits = {name: part.reset_index(drop=True) for name in SPLITS if len(part := records[records["split"] == name])}
     stages = {name: _SplitStaging(staging, name, len(part), transform.tile_shape) for name, part in splits.items()}
+    resumed = sum(stage.done_count for stage in stages.values())
+    if resumed:
+        notice(f"{site_dir}: resuming an interrupted run, {resumed} of {len(records)} images already done")
     _decode_pending(splits, stages, data_root, transform, workers, chunk_size, progress, site)
 
+    outcomes = {name: stages[name].outcomes() for name in splits}
+    _quarantine_duplicate_content(splits, outcomes)
     decode_failures, stats, counts = [], [], dict.fromkeys(SPLITS, 0)
     for name, part in splits.items():
-        kept, failures, split_stats = _finalize_split(part, stages[name], site_dir / name, chunk_size)
+        kept, failures, split_stats = _finalize_split(part, outcomes[name], stages[name], site_dir / name, chunk_size)
         counts[name] = kept
         decode_failures.append(failures)
         stats.append(split_stats)
@@ -184,33 +213,52 @@ def _decode_pending(
     total = sum(len(part) for part in splits.values())
     done = sum(stage.done_count for stage in stages.values())
     chunks = (
-        Chunk(name, start, tuple(str(data_root / p) for p in splits[name]["image_path"].iloc[start:stop]))
+        Chunk(name, start, tuple(str(data_root / p) for p in splits[name]["image_path"].iloc[start:stop]), str(data_root))
         for name, stage in stages.items()
         for start, stop in stage.pending_ranges(chunk_size)
     )
     with tqdm(total=total, initial=done, desc=f"{site}: images", unit="img", disable=not progress) as bar:
-        for result in _run_chunks(chunks, transform, workers):
+        for result in decode_chunks(chunks, transform, workers):
             stages[result.split].record(result)
             bar.update(len(result.outcomes))
 
 
-def _run_chunks(chunks: Iterator[Chunk], transform: TransformSettings, workers: int) -> Iterator[ChunkResult]:
-    if workers == 0:
-        for chunk in chunks:
-            yield process_chunk(chunk, transform)
+def _quarantine_duplicate_content(splits: dict[str, pd.DataFrame], outcomes: dict[str, pd.DataFrame]) -> None:
+    """Turn the outcomes of leaked duplicates into DUPLICATE_CONTENT failures (in place).
+
+    A group of byte-identical kept files is a leak when it spans patients or splits; its first file (in
+    SPLITS order, then record order) stays. Duplicates within one patient and split are not a leak and stay.
+    """
+    kept = []
+    for name, part in splits.items():
+        ok = outcomes[name]["ok"].to_numpy(dtype=bool)
+        kept.append(
+            pd.DataFrame(
+                {
+                    "split": name,
+                    "row": np.flatnonzero(ok),
+                    "sha256": outcomes[name].loc[ok, "sha256"].to_numpy(),
+                    "patient_id": part.loc[ok, "patient_id"].astype(str).to_numpy(),
+                    "image_path": part.loc[ok, "image_path"].astype(str).to_numpy(),
+                    "source_row": part.loc[ok, "source_row"].astype(str).to_numpy(),
+                }
+            )
+        )
+    if not kept:
         return
-    # spawn, not fork: the parent may run Prefect's threads, and forking a threaded process can deadlock.
-    context = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        in_flight: set[cf.Future] = set()
-        for chunk in chunks:
-            in_flight.add(pool.submit(process_chunk, chunk, transform))
-            if len(in_flight) >= 2 * workers:
-                finished, in_flight = cf.wait(in_flight, return_when=cf.FIRST_COMPLETED)
-                for future in finished:
-                    yield future.result()
-        for future in cf.as_completed(in_flight):
-            yield future.result()
+    files = pd.concat(kept, ignore_index=True)
+    groups = files.groupby("sha256")
+    leak = (groups["patient_id"].transform("nunique") > 1) | (groups["split"].transform("nunique") > 1)
+    duplicates = files[leak & files["sha256"].duplicated(keep="first")]
+    first = files.drop_duplicates("sha256").set_index("sha256")
+    for row in duplicates.itertuples(index=False):
+        original = first.loc[row.sha256]
+        outcomes[row.split].loc[row.row, ["ok", "reason", "detail"]] = [
+            False,
+            Reason.DUPLICATE_CONTENT.value,
+            f"{row.image_path} (patient {row.patient_id}, {row.split}) is byte-identical to {original.image_path} "
+            f"({original.source_row}, patient {original.patient_id}, {original.split}), which is kept",
+        ]
 
 
 # --------------------------------------------------------------------------- staging and finalization
@@ -228,13 +276,23 @@ class _SplitStaging:
         self.size = size
         self.tile_shape = tile_shape
         self.row_bytes = int(np.prod(tile_shape))
+        self.done = np.zeros(size, dtype=bool)
+        try:
+            self._open()
+        except (ValueError, KeyError, IndexError, TypeError, OSError) as err:
+            notice(f"{staging}: cannot resume split {split} of an interrupted run ({err}); decoding it again")
+            self.images.unlink(missing_ok=True)
+            self.log.unlink(missing_ok=True)
+            self.done[:] = False
+            self._open()
+
+    def _open(self) -> None:
         self.finalized = not self.images.exists() and self.log.exists()
         if not self.images.exists() and not self.finalized:
             # open_memmap writes the .npy header and sizes the file (sparse); rows are then pwritten.
-            np.lib.format.open_memmap(self.images, mode="w+", dtype=IMAGE_DTYPE, shape=(size,) + tile_shape)
+            np.lib.format.open_memmap(self.images, mode="w+", dtype=IMAGE_DTYPE, shape=(self.size,) + self.tile_shape)
             self.log.unlink(missing_ok=True)
         self.header_bytes = _npy_header_bytes(self.images) if self.images.exists() else 0
-        self.done = np.zeros(size, dtype=bool)
         for outcome in self._complete_lines():
             self.done[json.loads(outcome)["i"]] = True
 
@@ -269,7 +327,10 @@ class _SplitStaging:
     def outcomes(self) -> pd.DataFrame:
         """One row per record of the split, in record order; raises if any record is missing."""
         frame = pd.read_json(self.log, lines=True, dtype=False, convert_dates=False)
-        frame = frame.reindex(columns=["i", "ok", "reason", "detail", *STAT_COLUMNS]).sort_values("i")
+        # A chunk redone after an interruption may log a record twice; the later line is the one whose image
+        # is on disk.
+        frame = frame.drop_duplicates("i", keep="last")
+        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", *STAT_COLUMNS]).sort_values("i")
         if not np.array_equal(frame["i"].to_numpy(), np.arange(self.size)):
             undone = np.setdiff1d(np.arange(self.size), frame["i"].to_numpy())
             raise RuntimeError(
@@ -291,9 +352,8 @@ class _SplitStaging:
 
 
 def _finalize_split(
-    part: pd.DataFrame, stage: _SplitStaging, split_dir: Path, chunk_size: int
+    part: pd.DataFrame, outcomes: pd.DataFrame, stage: _SplitStaging, split_dir: Path, chunk_size: int
 ) -> tuple[int, pd.DataFrame, pd.DataFrame]:
-    outcomes = stage.outcomes()
     ok = outcomes["ok"].to_numpy(dtype=bool)
 
     failed = part.loc[~ok]
@@ -302,7 +362,7 @@ def _finalize_split(
             "record_id": failed["record_id"].astype("object").to_numpy(),
             "source_row": failed["source_row"].astype("object").to_numpy(),
             "image_path": failed["image_path"].astype("object").to_numpy(),
-            "stage": "decode",
+            "stage": np.where(outcomes.loc[~ok, "reason"] == Reason.DUPLICATE_CONTENT.value, "dedup", "decode"),
             "reason": outcomes.loc[~ok, "reason"].to_numpy(),
             "detail": outcomes.loc[~ok, "detail"].to_numpy(),
         },
@@ -404,6 +464,7 @@ def _remove_other_staging(root: Path, keep: Path) -> None:
     if root.exists():
         for stale in root.iterdir():
             if stale != keep:
+                notice(f"{stale}: removing the staging of an interrupted run over other inputs")
                 shutil.rmtree(stale, ignore_errors=True)
 
 

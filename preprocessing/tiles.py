@@ -6,11 +6,19 @@ to decode is an outcome carrying its quarantine reason, never an exception that 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeError, decode_image
+from preprocessing.decode import (
+    ALLOWED_MODALITIES,
+    DECODER_VERSION,
+    DEFAULT_LIMITS,
+    DecodeError,
+    DecodeLimits,
+    decode_image,
+)
 from preprocessing.quarantine import Reason
 from preprocessing.records import TASK_CHANNELS, label_columns
 from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
@@ -41,6 +49,7 @@ class TransformSettings:
     resize_mode: str = RESIZE_MODE
     interpolation: str = INTERPOLATION
     decoder_version: str = DECODER_VERSION
+    limits: DecodeLimits = DEFAULT_LIMITS
 
     def __post_init__(self) -> None:
         label_columns(self.task)  # rejects an unknown task with the list of known ones
@@ -64,6 +73,7 @@ class Chunk:
     split: str
     start: int  # first record index within the split; the chunk covers start .. start + len(paths) - 1
     paths: tuple[str, ...]
+    root: str  # the site's data root: a path resolving outside it is never read
 
 
 @dataclass
@@ -75,43 +85,64 @@ class ChunkResult:
 
 
 def process_chunk(chunk: Chunk, transform: TransformSettings) -> ChunkResult:
-    """Decode and resize one chunk; runs in a worker process. A failure is an outcome, never an exception."""
+    """Decode and resize one chunk in this process. A failure is an outcome, never an exception."""
     tiles = np.zeros((len(chunk.paths),) + transform.tile_shape, dtype=np.uint8)
     outcomes = []
-    allowed = ALLOWED_MODALITIES[transform.task]
-    for offset, path in enumerate(chunk.paths):
-        index = chunk.start + offset
-        try:
-            decoded = decode_image(
-                path, channels=transform.channels, allowed_modalities=allowed, min_size=transform.min_image_size
-            )
-        except DecodeError as err:
-            outcomes.append({"i": index, "ok": False, "reason": err.reason.value, "detail": err.detail})
-            continue
-        except Exception as err:
-            detail = f"{path}: unexpected {type(err).__name__} while decoding: {err}"
-            outcomes.append({"i": index, "ok": False, "reason": Reason.UNREADABLE_FILE.value, "detail": detail})
-            continue
-        tile = resize_to_square(decoded.pixels, transform.image_size)
-        tiles[offset] = tile.pixels
-        top, left, height, width = tile.content
-        content = tile.pixels[top : top + height, left : left + width]
-        info = decoded.info
-        outcomes.append(
-            {
-                "i": index,
-                "ok": True,
-                "format": info.format,
-                "modality": info.modality,
-                "photometric": info.photometric,
-                "bits_stored": info.bits_stored,
-                "transfer_syntax": info.transfer_syntax,
-                "intensity": info.intensity,
-                "inverted": info.inverted,
-                "rows": info.rows,
-                "columns": info.columns,
-                "mean": float(content.mean()),
-                "std": float(content.std()),
-            }
-        )
+    for offset in range(len(chunk.paths)):
+        tile, outcome = process_file(chunk, offset, transform)
+        if tile is not None:
+            tiles[offset] = tile
+        outcomes.append(outcome)
     return ChunkResult(chunk.split, chunk.start, tiles, outcomes)
+
+
+def failed_outcome(index: int, reason: Reason, detail: str) -> dict:
+    return {"i": index, "ok": False, "reason": reason.value, "detail": detail}
+
+
+def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tuple[np.ndarray | None, dict]:
+    """The tile (None on failure) and the outcome of the chunk's file ``offset``."""
+    index, path = chunk.start + offset, chunk.paths[offset]
+    try:
+        decoded = decode_image(
+            path,
+            channels=transform.channels,
+            allowed_modalities=ALLOWED_MODALITIES[transform.task],
+            min_size=transform.min_image_size,
+            root=chunk.root,
+            limits=transform.limits,
+        )
+        digest = file_digest(path)
+    except DecodeError as err:
+        return None, failed_outcome(index, err.reason, err.detail)
+    except Exception as err:
+        return None, failed_outcome(index, Reason.UNREADABLE_FILE, f"{path}: unexpected {type(err).__name__} while decoding: {err}")
+    tile = resize_to_square(decoded.pixels, transform.image_size)
+    top, left, height, width = tile.content
+    content = tile.pixels[top : top + height, left : left + width]
+    info = decoded.info
+    return tile.pixels, {
+        "i": index,
+        "ok": True,
+        "format": info.format,
+        "modality": info.modality,
+        "photometric": info.photometric,
+        "bits_stored": info.bits_stored,
+        "transfer_syntax": info.transfer_syntax,
+        "intensity": info.intensity,
+        "inverted": info.inverted,
+        "rows": info.rows,
+        "columns": info.columns,
+        "mean": float(content.mean()),
+        "std": float(content.std()),
+        "sha256": digest,
+    }
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of the file's bytes: byte-identical images under two patients or splits are a leak."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

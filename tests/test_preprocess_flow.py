@@ -39,7 +39,9 @@ def site_yaml(tmp_path):
     rows = []
     for k in range(24):
         name = f"img/{k:03d}.png"
-        Image.fromarray(np.full((100 + k, 90), 5 * k, dtype=np.uint8)).save(root / name)
+        pixels = np.full((100 + k, 90), 5 * k, dtype=np.uint8)
+        pixels[-1, -1] = 255  # one pixel off: a constant image is quarantined
+        Image.fromarray(pixels).save(root / name)
         rows.append({"path": name, "patient": f"P{k // 2}", "cardio": k % 2, "edema": "" if k % 3 else "-1"})
     _monochrome1_rle(root / "img" / "m1.dcm")
     (root / "img" / "broken.dcm").write_bytes(b"\x00" * 400)

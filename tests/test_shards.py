@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-import preprocessing.shards as shards
+import preprocessing.pool as pool
 from preprocessing.qc import AccountingError, build_report, check_accounting, render_markdown, write_report
 from preprocessing.quarantine import Reason, quarantine_rows
 from preprocessing.records import CHEST_XRAY_DISEASES, RECORD_COLUMNS
@@ -43,7 +43,9 @@ def site(tmp_path):
         if level == "junk":
             (root / name).write_bytes(b"\x00" * 300)
         elif level != "missing":
-            Image.fromarray(np.full((rows, columns), level, dtype=np.uint8)).save(root / name)
+            pixels = np.full((rows, columns), level, dtype=np.uint8)
+            pixels[-1, -1] = level + 1  # a constant image would be quarantined; one pixel off keeps each tile's level
+            Image.fromarray(pixels).save(root / name)
     records = pd.DataFrame(
         {
             "record_id": [f"r{k}" for k in range(len(IMAGES))],
@@ -132,7 +134,7 @@ def test_rerun_with_same_hash_does_no_work(site, tmp_path):
 
 
 def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(site, tmp_path, monkeypatch):
-    real = shards.process_chunk
+    real = pool.process_chunk
     calls = []
 
     def interrupted_after_two_chunks(chunk, transform):
@@ -141,7 +143,7 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(site, tmp_path
         calls.append(chunk.start)
         return real(chunk, transform)
 
-    monkeypatch.setattr(shards, "process_chunk", interrupted_after_two_chunks)
+    monkeypatch.setattr(pool, "process_chunk", interrupted_after_two_chunks)
     with pytest.raises(KeyboardInterrupt):
         _write(site, tmp_path / "resumed")
     assert not (tmp_path / "resumed" / "demo" / "shard.json").exists()
@@ -156,7 +158,7 @@ def test_interrupted_run_resumes_and_matches_an_uninterrupted_one(site, tmp_path
         redone.append(len(chunk.paths))
         return real(chunk, transform)
 
-    monkeypatch.setattr(shards, "process_chunk", counting)
+    monkeypatch.setattr(pool, "process_chunk", counting)
     summary = _write(site, tmp_path / "resumed")
     assert sum(redone) == len(IMAGES) - 6  # only what the interrupted run had not finished
     _write(site, tmp_path / "fresh")
@@ -255,7 +257,9 @@ def test_melanoma_shards_are_rgb(tmp_path):
     root.mkdir()
     colours = [(200, 40, 10), (10, 90, 220)]
     for k, colour in enumerate(colours):
-        Image.fromarray(np.full((48, 64, 3), colour, dtype=np.uint8)).save(root / f"{k}.jpg", quality=95)
+        pixels = np.full((48, 64, 3), colour, dtype=np.uint8)
+        pixels[-8:, -8:] = 0  # one colour everywhere would be quarantined as a constant image
+        Image.fromarray(pixels).save(root / f"{k}.jpg", quality=95)
     records = pd.DataFrame(
         {
             "record_id": ["0", "1"],
