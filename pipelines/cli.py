@@ -120,8 +120,23 @@ def preprocess(
     workers: int = typer.Option(2, "--workers", min=0, help="Decoding processes (0: in this process)."),
 ) -> None:
     """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
-    from pipelines.prefect_env import configure_prefect_env
+    from pathlib import Path
 
+    from pipelines.prefect_env import configure_prefect_env
+    from preprocessing.locks import SiteBusyError, check_site_free
+    from preprocessing.sites import load_site, validate_site
+
+    # Problems found before the flow starts are reported as such, not as a failed Prefect task run.
+    problems = validate_site(site_yaml)
+    for problem in problems:
+        typer.echo(str(problem), err=True)
+    if problems:
+        raise typer.Exit(code=1)
+    try:
+        check_site_free(Path(out) / load_site(site_yaml).name)
+    except SiteBusyError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=1) from None
     configure_prefect_env()
     from pipelines.preprocess_flow import preprocess_site
 

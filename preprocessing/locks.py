@@ -23,7 +23,6 @@ from pathlib import Path
 from preprocessing.errors import FedaucError
 
 LOCK_FILE = ".lock"
-_STARTING = {"pid": "?", "host": "?", "since": "? (it is starting)"}
 
 
 class SiteBusyError(FedaucError):
@@ -50,20 +49,27 @@ def _read_holder(descriptor: int) -> dict | None:
     return holder if isinstance(holder, dict) else None
 
 
-def lock_holder(site_dir: Path) -> dict | None:
-    """Who holds the site's lock now, or None when nobody does (a check; nothing is locked)."""
+def check_site_free(site_dir: Path) -> None:
+    """Raise ``SiteBusyError`` naming the holder when a run holds ``site_dir``'s lock now (nothing is locked)."""
     path = Path(site_dir) / LOCK_FILE
     if not path.exists():
-        return None
+        return
     descriptor = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _read_holder(descriptor) or _STARTING
-        return None
+            raise _busy(site_dir, descriptor) from None
     finally:
         os.close(descriptor)
+
+
+def _busy(site_dir: Path, descriptor: int) -> SiteBusyError:
+    holder = _read_holder(descriptor) or {"pid": "?", "host": "?", "since": "? (it is starting)"}
+    return SiteBusyError(
+        f"{site_dir}: another preprocess of this site is running ({_holder_text(holder)})",
+        fix="wait for it to finish or stop it; a run that was killed leaves no lock behind",
+    )
 
 
 @contextlib.contextmanager
@@ -76,10 +82,7 @@ def site_lock(site_dir: Path, announce: Callable[[str], None] = notice) -> Itera
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SiteBusyError(
-                f"{site_dir}: another preprocess of this site is running ({_holder_text(_read_holder(descriptor) or _STARTING)})",
-                fix="wait for it to finish or stop it; a run that was killed leaves no lock behind",
-            ) from None
+            raise _busy(site_dir, descriptor) from None
         stale = _read_holder(descriptor)
         if stale is not None:
             announce(f"{site_dir}: taking over the lock of an interrupted run ({_holder_text(stale)})")

@@ -11,6 +11,7 @@ Example (abridged from ``sites/stanford-chexpert.yaml``)::
     split: {seed: 0, valid: 0.1, test: 0.2, use_official: true}
     image_size: 224
     options: {train_csv: train.csv, valid_csv: valid.csv}   # adapter-specific, real names by default
+    decode_limits: {max_pixels: 36000000, timeout_s: 60}    # optional; docs/quarantine.md
 
 ``load_site`` fails on the first unreadable file and reports every field problem of the YAML at once;
 ``validate_site`` also checks the data: root, metadata files, their columns, image folders.
@@ -22,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from preprocessing.adapters import ADAPTERS
-from preprocessing.adapters.base import AdapterOptions, resolve_metadata
+from preprocessing.adapters.base import AdapterOptions, MetadataError, read_metadata, resolve_metadata
+from preprocessing.decode import DecodeLimits
 from preprocessing.errors import ConfigError
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
 from preprocessing.records import TASK_DISEASES, VIEWS
@@ -80,6 +81,7 @@ class SiteConfig(BaseModel):
     split: SplitPolicy = Field(default_factory=SplitPolicy)
     image_size: int = Field(224, ge=8)
     min_image_size: int = Field(64, ge=1)  # smaller source images are quarantined by the decoder
+    decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
 
     _adapter_options: AdapterOptions = PrivateAttr()
@@ -145,7 +147,7 @@ class SiteConfig(BaseModel):
 
 
 def _message(error: dict) -> str:
-    if error["type"] == "extra_forbidden":
+    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return "unknown field"
     if error["type"] == "missing":
         return "required field is missing"
@@ -180,54 +182,84 @@ def read_yaml_mapping(path: Path, kind: str) -> dict:
 
 
 def load_site(path: str | Path) -> SiteConfig:
-    """Read and check a site YAML; relative ``root`` is resolved against the YAML's folder."""
+    """Read and check a site YAML; relative ``root`` is resolved against the YAML's folder.
+
+    A ``SiteConfigError`` lists every problem of the file at once, the ``options:`` block's included even
+    when other fields fail too (pydantic checks it only once every field is valid).
+    """
     path = Path(path)
-    shown = str(path)
+    raw = _read_site_yaml(path)
+    try:
+        config = SiteConfig.model_validate(raw)
+    except ValidationError as err:
+        problems = validation_problems(str(path), err)
+        if not any(p.field.startswith("options") for p in problems):
+            problems += _option_problems(str(path), raw)
+        raise SiteConfigError(problems) from None
+    config._path = path
+    return config
+
+
+def _read_site_yaml(path: Path) -> dict:
     raw = read_yaml_mapping(path, "site")
     if isinstance(raw.get("root"), str) and not Path(raw["root"]).expanduser().is_absolute():
         raw["root"] = str((path.parent / raw["root"]).resolve())
     elif isinstance(raw.get("root"), str):
         raw["root"] = str(Path(raw["root"]).expanduser())
+    return raw
+
+
+def _option_problems(shown: str, raw: dict) -> list[Problem]:
+    adapter = ADAPTERS.get(raw.get("format"))
+    if adapter is None or not isinstance(raw.get("options", {}), dict):
+        return []
     try:
-        config = SiteConfig.model_validate(raw)
+        adapter.options.model_validate(raw.get("options", {}))
     except ValidationError as err:
-        raise SiteConfigError(validation_problems(shown, err)) from None
-    config._path = path
-    return config
+        return [Problem(shown, f"options.{p.field}", p.message) for p in validation_problems(shown, err)]
+    return []
 
 
 def validate_site(config_or_path: SiteConfig | str | Path) -> list[Problem]:
-    """Every problem with a site: the YAML's fields, then the data root, metadata files and columns."""
+    """Every problem with a site at once: the YAML's fields, then the data root, metadata files (read as
+    preprocess reads them: encoding, delimiter, columns) and image folders, as far as the YAML allows."""
     if isinstance(config_or_path, SiteConfig):
         config = config_or_path
         shown = str(config._path) if config._path else f"site {config.name!r}"
-    else:
-        shown = str(config_or_path)
-        try:
-            config = load_site(config_or_path)
-        except SiteConfigError as err:
-            return err.problems
-    if not config.root.is_dir():
-        return [Problem(shown, "root", f"data root not found: {config.root}")]
-    adapter = ADAPTERS[config.format]
-    options = config.adapter_options
+        return _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options)
+    shown = str(config_or_path)
+    try:
+        config = load_site(config_or_path)
+    except SiteConfigError as err:
+        return err.problems + _data_problems_of_invalid_yaml(Path(config_or_path), err.problems)
+    return _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options)
+
+
+def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem]) -> list[Problem]:
+    """The data checks a YAML with problems still allows: its root, format and options must be usable."""
+    if any(p.field in ("", "root", "format") or p.field.startswith("options") for p in yaml_problems):
+        return []
+    raw = _read_site_yaml(path)
+    adapter = ADAPTERS[raw["format"]]
+    return _data_problems(str(path), Path(raw["root"]), adapter, adapter.options.model_validate(raw.get("options", {})))
+
+
+def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions) -> list[Problem]:
+    if not root.is_dir():
+        return [Problem(shown, "root", f"data root not found: {root}")]
     problems = []
     for metadata in adapter.files(options):
         name = getattr(options, metadata.option)
-        file = resolve_metadata(config.root, name)
+        file = resolve_metadata(root, name)
         if not file.is_file():
             if metadata.required:
                 problems.append(Problem(shown, f"options.{metadata.option}", f"metadata file not found: {file}"))
             continue
         try:
-            header = pd.read_csv(file, nrows=0).columns
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
-            problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: cannot read as CSV: {err}"))
-            continue
-        for column in metadata.columns:
-            if column not in header:
-                problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: missing column {column!r}"))
+            read_metadata(file, metadata.columns)  # what preprocess reads, read the same way
+        except MetadataError as err:
+            problems.append(Problem(shown, f"options.{metadata.option}", str(err)))
     for folder in adapter.image_dirs(options):
-        if not (config.root / folder).is_dir():
-            problems.append(Problem(shown, "root", f"image folder not found: {config.root / folder}"))
+        if not (root / folder).is_dir():
+            problems.append(Problem(shown, "root", f"image folder not found: {root / folder}"))
     return problems

@@ -128,11 +128,9 @@ def test_validate_checks_the_data(tmp_path, chexpert_root):
     problems = [str(p) for p in validate_site(site)]
     train = chexpert_root / "train.csv"
     assert problems == [
-        f"{site}: options.train_csv: {train}: missing column 'AP/PA'",
-        f"{site}: options.train_csv: {train}: missing column 'Edema'",
-        f"{site}: options.train_csv: {train}: missing column 'Consolidation'",
-        f"{site}: options.train_csv: {train}: missing column 'Atelectasis'",
-        f"{site}: options.train_csv: {train}: missing column 'Pleural Effusion'",
+        f"{site}: options.train_csv: {train}: missing column(s) ['AP/PA', 'Edema', 'Consolidation', 'Atelectasis', "
+        "'Pleural Effusion']; found ['Path', 'Sex', 'Age', 'Frontal/Lateral', 'Cardiomegaly']\n"
+        "  fix: check that the site YAML's options name the right file (and, for a generic layout, its columns)",
         f"{site}: options.valid_csv: metadata file not found: {chexpert_root / 'valid.csv'}",
         f"{site}: root: image folder not found: {chexpert_root / 'train'}",
     ]

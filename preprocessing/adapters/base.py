@@ -8,6 +8,9 @@ only and never opens an image. Rows it cannot turn into a record go to its quara
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,7 @@ class AdapterOptions(BaseModel):
 
 
 class MetadataError(DataError):
-    """A metadata file is missing or lacks a column; the message names the file and the column."""
+    """A metadata file is missing, not UTF-8, not comma-separated or lacks a column; names file, line, column."""
 
 
 @dataclass
@@ -68,18 +71,68 @@ def resolve_metadata(root: Path, name: str) -> Path:
 
 
 def read_metadata(path: Path, columns: tuple[str, ...] | list[str]) -> pd.DataFrame:
-    """Read the given columns of a CSV as strings, failing with the file and the missing column names."""
-    if not path.is_file():
-        raise MetadataError(f"{path}: metadata file not found")
-    try:
-        header = pd.read_csv(path, nrows=0).columns
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
-        raise MetadataError(f"{path}: cannot read as CSV: {err}") from err
+    """Read the given columns of a CSV (or .csv.gz) as strings: the one reader of ``validate`` and ``preprocess``.
+
+    Fails with a ``MetadataError`` naming the file and, for each problem, where it is and what to do: a
+    byte that is not UTF-8 (line and byte), a header that is one column on "," (the delimiter it probably
+    uses), the missing columns with the ones found, a row the CSV parser rejects.
+    """
+    text = read_metadata_text(path)
+    header_line = text.partition("\n")[0]
+    header = next(csv.reader([header_line]), [])
     missing = [column for column in columns if column not in header]
     if missing:
-        raise MetadataError(f"{path}: missing column(s) {missing}; found {list(header)}")
-    # Everything as text: ids such as PadChest's StudyID mix digits and letters and must not become floats.
-    return pd.read_csv(path, usecols=list(columns), dtype=str, keep_default_na=False, na_values=[""])
+        hint = delimiter_hint(header, header_line)
+        raise MetadataError(
+            f"{path}: missing column(s) {missing}; found {header}" + (f"; {hint}" if hint else ""),
+            fix=f"re-export {path.name} comma-separated" if hint
+            else "check that the site YAML's options name the right file (and, for a generic layout, its columns)",
+        )
+    try:
+        # Everything as text: ids such as PadChest's StudyID mix digits and letters and must not become floats.
+        return pd.read_csv(io.StringIO(text), usecols=list(columns), dtype=str, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as err:
+        raise MetadataError(f"{path}: cannot read as CSV: {err}") from None
+
+
+def read_metadata_text(path: Path) -> str:
+    """The file's text (gunzipped for .gz; a UTF-8 byte-order mark dropped); a byte that is not UTF-8 is an
+    error naming its line, its byte within the line and its value, since pandas would only say "codec"."""
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+    except FileNotFoundError:
+        raise MetadataError(f"{path}: metadata file not found") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise MetadataError(f"{path}: cannot read: {err}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        byte = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise MetadataError(
+            f"{path}: line {line}, byte {byte}: 0x{data[err.start]:02x} is not UTF-8 (the file is probably "
+            "Latin-1 or Windows-1252, as spreadsheet programs export by default)",
+            fix=f"re-save it as UTF-8, e.g. iconv -f WINDOWS-1252 -t UTF-8 {path.name} > utf8-{path.name}",
+        ) from None
+
+
+_OTHER_DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+
+
+def delimiter_hint(header: list[str], header_line: str) -> str | None:
+    """When the header is one column split on ",", which other delimiter splits it, and into how many."""
+    if len(header) != 1:
+        return None
+    counts = {delimiter: header_line.count(delimiter) for delimiter in _OTHER_DELIMITERS}
+    delimiter, count = max(counts.items(), key=lambda item: item[1])
+    if not count:
+        return None
+    return (
+        f"the header is one column when split on ',' but {count + 1} columns on {_OTHER_DELIMITERS[delimiter]} "
+        f"({delimiter!r}): the file is probably {_OTHER_DELIMITERS[delimiter]}-separated"
+    )
 
 
 def source_rows(path: Path, count: int) -> np.ndarray:
