@@ -155,3 +155,47 @@ def test_example_sites_load():
     formats = {load_site(p).format for p in examples}
     assert formats == {"chexpert", "mimic-cxr-jpg", "nih-cxr14", "padchest", "vindr-cxr", "siim-isic-2020",
                        "generic-csv", "generic-dicom"}
+
+
+def _generic_site(tmp_path, csv_bytes: bytes, extra: str = "") -> object:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "labels.csv").write_bytes(csv_bytes)
+    return write(tmp_path / "generic.yaml", "name: g\nformat: generic-csv\nroot: data\ntask: chest-xray\n"
+                 "options: {labels_csv: labels.csv, path_column: path, patient_column: patient,\n"
+                 "          label_columns: {Edema: edema}" + extra + "}\n")
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_line_and_byte_in_validate_and_preprocess(tmp_path):
+    site = _generic_site(tmp_path, b"path,patient,edema\na.png,P1,1\nb.png,Jos\xe9,0\n")
+    problems = [str(p) for p in validate_site(site)]
+    assert len(problems) == 1
+    assert "labels.csv: line 3, byte 10: 0xe9 is not UTF-8" in problems[0]
+    assert "fix: re-save it as UTF-8, e.g. iconv -f WINDOWS-1252 -t UTF-8 labels.csv" in problems[0]
+    runner = CliRunner()
+    for command in (["sites", "validate", str(site)], ["preprocess", str(site), "--out", str(tmp_path / "out")]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 1, command
+        assert "line 3, byte 10: 0xe9 is not UTF-8" in result.output and "Traceback" not in result.output
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+
+
+def test_a_semicolon_separated_file_gets_a_delimiter_hint(tmp_path):
+    site = _generic_site(tmp_path, b"path;patient;edema\na.png;P1;1\n")
+    (problem,) = validate_site(site)
+    assert "found ['path;patient;edema']" in str(problem)
+    assert "3 columns on semicolon (';'): the file is probably semicolon-separated" in str(problem)
+    assert "fix: re-export labels.csv comma-separated" in str(problem)
+
+
+def test_yaml_fields_options_and_csv_header_problems_are_reported_together(tmp_path):
+    site = _generic_site(tmp_path, b"path,patient,oedema\na.png,P1,1\n", extra=", colour: blue")
+    assert [(p.field, p.message) for p in validate_site(site)] == [("options.colour", "unknown field")]
+    site.write_text(site.read_text() + "speed: fast\ndecode_limits: {max_pixel: 5}\n")
+    fields = {p.field: p.message for p in validate_site(site)}
+    assert fields == {"speed": "unknown field", "decode_limits.max_pixel": "unknown field",
+                      "options.colour": "unknown field"}
+    site = _generic_site(tmp_path, b"path,patient,oedema\na.png,P1,1\n", extra="")
+    site.write_text(site.read_text() + "speed: fast\n")
+    fields = {p.field: p.message for p in validate_site(site)}
+    assert set(fields) == {"speed", "options.labels_csv"}
+    assert "missing column(s) ['edema']" in fields["options.labels_csv"]
