@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipelines.lifeline import guard_children
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,12 @@ def prefect_env_defaults() -> dict[str, str]:
 
 
 def configure_prefect_env() -> dict[str, str]:
-    """Set each default that is unset in ``os.environ``; returns what was set."""
+    """Set each default that is unset in ``os.environ``; returns what was set.
+
+    Also starts this process's guardian (``pipelines.lifeline``): the ephemeral Prefect server Prefect
+    starts, and every other child, must not outlive a fedauc command that is killed.
+    """
+    guard_children()
     applied = {}
     for name, value in prefect_env_defaults().items():
         if name not in os.environ:

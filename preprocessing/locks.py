@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from preprocessing.errors import FedaucError
-
-LOCK_FILE = ".lock"
+from preprocessing.shard_format import LOCK_FILE
 
 
 class SiteBusyError(FedaucError):

@@ -31,6 +31,7 @@ QUARANTINE_FILE = "quarantine.parquet"
 QC_DIR = "qc"
 IMAGE_STATS_FILE = f"{QC_DIR}/image_stats.parquet"
 STAGING_DIR = ".staging"
+LOCK_FILE = ".lock"  # flock-ed by the run writing the site (preprocessing.locks); empty after a clean exit
 
 IMAGE_DTYPE = np.dtype(np.uint8)  # (N, H, W) for 1-channel tasks, (N, H, W, 3) for RGB
 LABEL_DTYPE = np.dtype(np.float32)  # 1.0 positive, 0.0 negative, NaN missing

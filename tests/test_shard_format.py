@@ -28,7 +28,9 @@ def _records(root: Path) -> pd.DataFrame:
     splits = ["train", "train", "train", "test"]
     for k in range(len(splits)):
         if not (root / f"{k}.png").exists():  # rewriting would change the files' mtime, and so the content hash
-            Image.fromarray(np.full((20, 24), 40 * k, dtype=np.uint8)).save(root / f"{k}.png")
+            pixels = np.full((20, 24), 40 * k, dtype=np.uint8)
+            pixels[0, 0] = 255  # a constant image is quarantined (constant_image)
+            Image.fromarray(pixels).save(root / f"{k}.png")
     records = pd.DataFrame({
         "record_id": [f"r{k}" for k in range(len(splits))], "source_row": [f"labels.csv:{k + 2}" for k in range(4)],
         "patient_id": [f"p{k}" for k in range(4)], "study_id": [f"s{k}" for k in range(4)],
