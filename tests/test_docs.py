@@ -3,7 +3,9 @@ resolves, and the algorithm lists of README.md and federated/README.md match the
 
 from __future__ import annotations
 
+import functools
 import re
+import subprocess
 from pathlib import Path
 
 from federated.registry import algorithm_names, get_algorithm
@@ -27,17 +29,21 @@ def shipped_algorithms() -> list[str]:
 HEADING = re.compile(r"^#{1,6}\s+(?P<number>\d+(?:\.\d+)?)[.\s]", re.MULTILINE)
 
 
-def text_files() -> list[Path]:
-    files = []
-    for path in REPO.rglob("*"):
-        relative = path.relative_to(REPO)
-        if any(part.startswith(".") or part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
-            continue
-        if relative == Path(__file__).relative_to(REPO):  # this file's examples are not citations
-            continue
-        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name == "Makefile"):
-            files.append(path)
-    return sorted(files)
+@functools.cache
+def text_files() -> tuple[Path, ...]:
+    """The repository's text files: git's view (tracked, or untracked and not ignored) in a checkout, so a
+    user's virtualenv or output folder is never read; a walk that skips the usual outputs elsewhere."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+        candidates = [REPO / name for name in listed]
+    except (OSError, subprocess.CalledProcessError):
+        candidates = [p for p in REPO.rglob("*") if not any(
+            part.startswith(".") or part in SKIPPED_DIRS or part.endswith(".egg-info")
+            for part in p.relative_to(REPO).parts)]
+    this = Path(__file__).resolve()  # this file's examples are not citations
+    return tuple(sorted(p for p in candidates if p.is_file() and p.resolve() != this
+                        and (p.suffix in TEXT_SUFFIXES or p.name == "Makefile")))
 
 
 def documents() -> set[str]:
@@ -79,7 +85,8 @@ def test_every_cited_document_and_section_exists():
         text = path.read_text(errors="replace")
         where = path.relative_to(REPO)
         for m in MENTION.finditer(text):
-            if Path(m["path"]).name.lower() in names and resolve(m["path"], path) is None:
+            cites_a_document = Path(m["path"]).name.lower() in names or m["path"].startswith("docs/")
+            if cites_a_document and resolve(m["path"], path) is None:
                 line = text.count("\n", 0, m.start()) + 1
                 problems.append(f"{where}:{line}: {m['path']} is not a file of this repository")
         for m in CITATION.finditer(text):
