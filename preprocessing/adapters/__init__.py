@@ -1,6 +1,7 @@
 """The dataset layouts a site can declare (``format:`` in ``sites/<name>.yaml``), one module each.
 
-To add a layout: write a module exposing ``ADAPTER`` (see ``base.Adapter``) and list it here.
+To add a layout: write a module exposing ``ADAPTER`` (see ``base.Adapter``) and list it here; describe what it
+reads in docs/datasets.md.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Input row: one CSV row = one image. The official valid set (radiologist consensu
 Patient and study come from the path (``train/patient00001/study1/view1_frontal.jpg``). Blank labels
 ("not mentioned") are negative by default (the DAM convention, docs/datasets.md section 3), -1 is resolved later by the
 site's uncertain policy.
+Reference: docs/datasets.md section 3.
 """
 
 from __future__ import annotations

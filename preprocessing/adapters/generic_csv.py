@@ -4,6 +4,7 @@ Input row: one CSV row = one image. ``label_columns`` maps canonical diseases to
 1 / 0 / -1 (uncertain) / blank; a task disease without a mapping is missing (never negative), and blank
 cells are missing unless ``blank: zeros``. Optional columns (study, view, sex, age, official split)
 fill the record when declared. ``generic-dicom`` reads its labels CSV through the same code.
+Reference: docs/datasets.md section 9.
 """
 
 from __future__ import annotations

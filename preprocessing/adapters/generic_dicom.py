@@ -5,6 +5,7 @@ Input row: one CSV row = one image. Keyed by ``file_name``, the key is the file'
 SOPInstanceUID (never its pixel data); a row whose UID matches no file is quarantined (MISSING_FIELD),
 and so is a row whose UID two files share. Labels, patient and the optional columns are read as in
 ``generic-csv``.
+Reference: docs/datasets.md section 9.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Input row: one row of ``mimic-cxr-2.0.0-metadata.csv`` = one image, joined to it
 are per study). An image whose study has no label row, or several conflicting ones, is quarantined.
 Image path: ``files/p10/p10000032/s50414267/<dicom_id>.jpg``. The release ships the CSVs gzipped; both
 names are accepted. Sex and age are not in these files (they live in MIMIC-IV): unknown.
+Reference: docs/datasets.md section 4.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ is Pleural Effusion; there are no uncertain labels. A finding outside the 14 NIH
 not what we think it is: quarantined as UNPARSABLE_LABEL. The official split lists (by patient) are used
 when present; a listed image in neither list gets its split from its patient's other images, or by
 patient like a site without an official split.
+Reference: docs/datasets.md section 5.
 """
 
 from __future__ import annotations

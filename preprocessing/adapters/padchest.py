@@ -5,6 +5,7 @@ a literal (never evaluated); blank or unparsable -> UNPARSABLE_LABEL (the real f
 A finding counts for a disease when it contains the disease term, torchxrayvision's convention
 (docs/datasets.md section 6): "lobar atelectasis" is Atelectasis, "loculated pleural effusion" is Pleural Effusion, and
 so is every finding containing "effusion". PadChest has no uncertain labels and no official split.
+Reference: docs/datasets.md section 6.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 Input row: one CSV row = one image. ``target`` 1 = melanoma, 0 = not; anything else is UNPARSABLE_LABEL.
 No official labeled test split: patients are split by the site's policy. Views do not apply.
+Reference: docs/datasets.md section 8.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ when at least one radiologist marked it, negative otherwise; VinDr never labels 
 missing. A class name outside the 14 VinDr classes and "No finding" quarantines the image
 (UNPARSABLE_LABEL). The CSV has no patient id: each image is its own patient (the release is one image
 per study), and every image is a PA film (VinDr-CXR paper), declared by the ``view`` option.
+Reference: docs/datasets.md section 7.
 """
 
 from __future__ import annotations
