@@ -99,6 +99,10 @@ class TrainConfig(BaseModel):
     lr: float = Field(default=0.1, gt=0)
     seed: int = 0
     eval_every: int = Field(default=0, ge=0)  # rounds between evaluations; 0: only after the last round
+    # Score histogram bins of the site-local evaluation (federated/evaluation.py): the pooled metrics'
+    # error bound shrinks as 1/eval_bins, the evaluation payload grows as 16 * C * eval_bins bytes per site.
+    eval_bins: int = Field(default=1000, ge=1)
+    eval_min_count: int = Field(default=10, ge=1)  # site metrics from fewer positives or negatives are suppressed
     device: str = "auto"  # "auto" = cuda when available; in the distributed backend cuda:<local rank>
     amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
     channels_last: bool = True  # CUDA only

