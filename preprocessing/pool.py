@@ -133,6 +133,10 @@ class _Slot:
             return
         if self.process.is_alive() and time.monotonic() < self.deadline:
             return
+        if not self.ready and not self.process.is_alive():
+            # Died before its first file: the environment, not a file, is broken; quarantining every file
+            # as "crashed" would hide that.
+            raise RuntimeError(f"a decode worker exited while starting ({_exit_description(self.process.exitcode)})")
         offset = len(self.outcomes)
         path = self.chunk.paths[offset]
         if self.process.is_alive():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pydicom
@@ -277,13 +279,17 @@ def test_generic_dicom_keyed_by_sop_instance_uid(tmp_path):
     write_dicom(tmp_path / "dicom" / "2024" / "x1.dcm", uid1)
     write_dicom(tmp_path / "dicom" / "x2", uid2)
     (tmp_path / "dicom" / "notes.txt").write_text("not a DICOM")
-    (tmp_path / "labels.csv").write_text(f"uid,patient,edema\n{uid1},P1,1\n{uid2},P2,0\n{uid3},P3,1\n")
+    uid4 = generate_uid()
+    write_dicom(tmp_path / "elsewhere" / "x4.dcm", uid4)
+    os.symlink(tmp_path / "elsewhere" / "x4.dcm", tmp_path / "dicom" / "x4.dcm")  # out of the folder: never read
+    os.mkfifo(tmp_path / "dicom" / "pipe.dcm")  # opening it would block the scan forever
+    (tmp_path / "labels.csv").write_text(f"uid,patient,edema\n{uid1},P1,1\n{uid2},P2,0\n{uid3},P3,1\n{uid4},P4,1\n")
     options = {"labels_csv": "labels.csv", "key_column": "uid", "key": "sop_instance_uid", "patient_column": "patient",
                "label_columns": {"Edema": "edema"}, "default_view": "PA"}
     result = scan_site(site(tmp_path, "generic-dicom", options=options))
     assert by_id(result, uid1)["image_path"] == "dicom/2024/x1.dcm"
     assert by_id(result, uid2)["image_path"] == "dicom/x2" and by_id(result, uid2)["Edema"] == 0.0
-    assert reasons(result) == {uid3: "missing_field"}
+    assert reasons(result) == {uid3: "missing_field", uid4: "missing_field"}
 
 
 def test_generic_dicom_keyed_by_file_name(tmp_path):

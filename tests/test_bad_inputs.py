@@ -55,7 +55,7 @@ def hostile_site(tmp_path):
 
     for k in range(6):
         _png(img / f"ok{k}.png", k)
-        row(f"img/ok{k}.png", "kept", split="train" if k == 0 else "")
+        row(f"img/ok{k}.png", "kept", split="train" if k in (0, 3, 4) else "")
     # today's cases
     row("img/missing.png", "missing_file")
     (img / "junk.dcm").write_bytes(b"\x00" * 300)
@@ -111,6 +111,9 @@ def hostile_site(tmp_path):
     # leaks: ok0's bytes again under another patient, in the official test split
     shutil.copy(img / "ok0.png", img / "copy_of_ok0.png")
     row("img/copy_of_ok0.png", "duplicate_content", split="test")
+    row("./img/ok3.png", "duplicate_content", split="test")  # the same file spelled another way
+    os.symlink("ok4.png", img / "alias_of_ok4.png")
+    row("img/alias_of_ok4.png", "duplicate_content", split="test")
 
     pd.DataFrame(rows).to_csv(root / "labels.csv", index=False)
     site = {
@@ -162,5 +165,5 @@ def test_every_bad_input_ends_with_its_reason(hostile_site, tmp_path):
     report = build_report(summary.site_dir)
     assert report["accounting"]["holds"]
     counts = {(r["stage"], r["reason"]): r["count"] for r in report["quarantine"]["by_stage_and_reason"]}
-    assert counts[("dedup", "duplicate_content")] == 1 and counts[("decode", "too_large")] == 3
+    assert counts[("dedup", "duplicate_content")] == 3 and counts[("decode", "too_large")] == 3
     assert elapsed < 120, f"the bad-input run took {elapsed:.0f} s"

@@ -297,3 +297,14 @@ def test_inspect_reports_decoding_and_errors(tmp_path):
     assert "missing_file" in result.output
     result = runner.invoke(app, ["inspect", str(path)])
     assert result.exit_code == 0 and "MONOCHROME1" in result.output and "inverted" in result.output
+
+
+def test_tiff_8_and_16_bit(tmp_path):
+    Image.fromarray(ramp(high=255).astype(np.uint8)).save(tmp_path / "eight.tif")
+    Image.fromarray(ramp(high=4095).astype(np.uint16)).save(tmp_path / "sixteen.tif", compression="tiff_lzw")
+    eight = decode_image(tmp_path / "eight.tif")
+    assert (eight.info.format, eight.info.intensity) == ("tiff", "fixed")
+    np.testing.assert_allclose(eight.pixels, ramp(high=255) / 255.0, atol=1e-6)
+    sixteen = decode_image(tmp_path / "sixteen.tif")
+    assert (sixteen.info.format, sixteen.info.bits_stored, sixteen.info.intensity) == ("tiff", 16, "minmax")
+    np.testing.assert_allclose(sixteen.pixels, ramp(high=4095) / 4095.0, atol=1e-6)

@@ -37,10 +37,12 @@ def index_by_uid(folder: Path) -> tuple[dict[str, str], set[str]]:
     """SOPInstanceUID -> path relative to ``folder``, and the UIDs held by more than one file.
 
     Files that are not DICOM are skipped here: the decoder never sees them since no row points to them.
+    So is every file that resolves outside ``folder`` (a symlink out) or is no regular file: never opened.
     """
     found: dict[str, str] = {}
     counts: Counter[str] = Counter()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+    real_folder = folder.resolve()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.resolve().is_relative_to(real_folder)):
         try:
             header = pydicom.dcmread(file, stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
         except (InvalidDicomError, OSError, EOFError):
