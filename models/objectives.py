@@ -158,6 +158,17 @@ def _masked_batch_mean(per_sample: Tensor, batch: _Batch) -> Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _min_max_inputs(scores: Tensor, labels: Tensor, mask: Tensor | None, prior: float | Tensor, a, b, alpha
+                    ) -> tuple[_Batch, Tensor, Tensor, Tensor, Tensor]:
+    """The batch and the validated (C,) prior, a, b and alpha of the square min-max losses (1.1, 1.2)."""
+    batch = _prepare(scores, labels, mask)
+    s, C = batch.scores, batch.scores.shape[1]
+    p = _per_disease(prior, C, s, "prior")
+    _check_prior(p)
+    a, b, alpha = (_per_disease(v, C, s, n) for v, n in ((a, "a"), (b, "b"), (alpha, "alpha")))
+    return batch, p, a, b, alpha
+
+
 def auc_square_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha: Tensor,
                     prior: float | Tensor, mask: Tensor | None = None,
                     reduction: Reduction = "mean") -> Tensor:
@@ -168,11 +179,8 @@ def auc_square_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
     averaged over all present samples of the batch (not per-class means). alpha is unconstrained.
     The prior is passed explicitly (the global prior in a federation, section 0), never the batch ratio.
     """
-    batch = _prepare(scores, labels, mask)
-    s, C = batch.scores, batch.scores.shape[1]
-    p = _per_disease(prior, C, s, "prior")
-    _check_prior(p)
-    a, b, alpha = (_per_disease(v, C, s, n) for v, n in ((a, "a"), (b, "b"), (alpha, "alpha")))
+    batch, p, a, b, alpha = _min_max_inputs(scores, labels, mask, prior, a, b, alpha)
+    s = batch.scores
     per_sample = ((1 - p) * (s - a) ** 2 * batch.pos + p * (s - b) ** 2 * batch.neg
                   + 2 * (1 + alpha) * (p * s * batch.neg - (1 - p) * s * batch.pos)
                   - p * (1 - p) * alpha ** 2)
@@ -191,11 +199,8 @@ def auc_margin_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
     The plain stochastic dual gradient is this loss's autograd gradient with respect to alpha; the
     closed-form direction the authors' code ascends is :func:`auc_margin_dual_direction`.
     """
-    batch = _prepare(scores, labels, mask)
-    s, C = batch.scores, batch.scores.shape[1]
-    p = _per_disease(prior, C, s, "prior")
-    _check_prior(p)
-    a, b, alpha = (_per_disease(v, C, s, n) for v, n in ((a, "a"), (b, "b"), (alpha, "alpha")))
+    batch, p, a, b, alpha = _min_max_inputs(scores, labels, mask, prior, a, b, alpha)
+    s = batch.scores
     per_sample = ((1 - p) * (s - a) ** 2 * batch.pos + p * (s - b) ** 2 * batch.neg
                   + 2 * alpha * (p * (1 - p) * margin + p * s * batch.neg - (1 - p) * s * batch.pos)
                   - p * (1 - p) * alpha ** 2)
