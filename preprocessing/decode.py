@@ -388,7 +388,10 @@ def _check_inflated_size(path: Path, shown: Path, limits: DecodeLimits) -> None:
     The data set starts after the preamble, "DICM" and the file meta group (its length is element
     (0002,0000), 12 bytes in Explicit VR Little Endian: PS3.10 7.1).
     """
-    meta = pydicom.filereader.read_file_meta_info(path)
+    try:
+        meta = pydicom.filereader.read_file_meta_info(path)
+    except InvalidDicomError:
+        return  # no file meta, so no deflated transfer syntax; dcmread's force decides the rest
     if meta.get("TransferSyntaxUID") != pydicom.uid.DeflatedExplicitVRLittleEndian:
         return
     if "FileMetaInformationGroupLength" not in meta:
