@@ -39,10 +39,14 @@ def _command(pid: int) -> str:
 
 
 def _wait_gone(processes: dict[int, int], seconds: float) -> list[int]:
+    """The pids still running after ``seconds``; those are killed, so that a failed test leaves nothing behind."""
     deadline = time.monotonic() + seconds
     while running(processes) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return list(running(processes))
+    survivors = list(running(processes))
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return survivors
 
 
 def test_kill_9_of_the_parent_ends_its_children_and_grandchildren():
@@ -99,3 +103,4 @@ def test_kill_9_of_preprocess_ends_the_prefect_server_and_the_decode_workers(tmp
     finally:
         if parent.poll() is None:
             parent.kill()
+            _wait_gone(descendants([parent.pid], exclude=-1), 0)
