@@ -102,5 +102,6 @@ def test_kill_9_of_preprocess_ends_the_prefect_server_and_the_decode_workers(tmp
         assert not survivors, [_command(pid) for pid in survivors]
     finally:
         if parent.poll() is None:
+            leftovers = descendants([parent.pid], exclude=-1)
             parent.kill()
-            _wait_gone(descendants([parent.pid], exclude=-1), 0)
+            _wait_gone(leftovers, 10)
