@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -10,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from preprocessing.shard_format import shard_content_hash
 
 
 class ShardSite(BaseModel):
@@ -20,6 +22,10 @@ class ShardSite(BaseModel):
 
     def load(self, index: int) -> SiteData:
         return load_shard(self.path)
+
+    def fingerprint(self, index: int) -> str:
+        """What identifies the site's data (checkpoints refuse other data): the shard's content hash."""
+        return shard_content_hash(self.path)
 
 
 class SyntheticSite(BaseModel):
@@ -42,6 +48,10 @@ class SyntheticSite(BaseModel):
         n = {"train": self.n_train, "valid": self.n_valid, "test": self.n_test}
         return synthetic_site(f"synthetic{index}", n, self.shape, self.num_classes, self.pos_rate,
                               self.shift, self.signal, self.task_seed, seed)
+
+    def fingerprint(self, index: int) -> str:
+        """The generator's parameters and the site's index determine its data."""
+        return hashlib.sha256(f"{self.model_dump_json()}#{index}".encode()).hexdigest()
 
 
 class TensorSite(BaseModel):
@@ -68,6 +78,17 @@ class TensorSite(BaseModel):
         num_classes = splits["train"].labels.shape[1]
         diseases = self.diseases or tuple(f"class{c}" for c in range(num_classes))
         return SiteData(self.name or f"site{index}", tuple(diseases), splits)
+
+    def fingerprint(self, index: int) -> str:
+        """A hash of every split's arrays and the disease names."""
+        digest = hashlib.sha256(repr(self.diseases).encode())
+        for split, part in self.load(index).splits.items():
+            digest.update(split.encode())
+            for array in (part.images, part.labels):
+                array = array.cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+                digest.update(f"{array.dtype}{array.shape}".encode())
+                digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
 
 
 SiteSpec = Annotated[ShardSite | SyntheticSite | TensorSite, Field(discriminator="kind")]

@@ -75,6 +75,7 @@ class Engine:
             raise ValueError(f"the config lists {len(config.sites)} sites but the {backend.name} backend runs "
                              f"{backend.num_sites} (torchrun --nproc-per-node must equal the number of sites)")
         self.is_leader = 0 in backend.local_sites
+        self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
         self.datas = load_sites(config.sites, backend.local_sites)
         self.input_shape = model_input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
@@ -216,6 +217,11 @@ class Engine:
         return evaluation.evaluate(self.global_model(), self.sites, self.backend, self.fed, cfg.bn_stats,
                                    cfg.eval_bins, cfg.eval_min_count)
 
+    def _site_fingerprints(self) -> dict[int, str]:
+        if self.site_fingerprints is None:
+            self.site_fingerprints = {k: self.config.sites[k].fingerprint(k) for k in self.backend.local_sites}
+        return self.site_fingerprints
+
     # --- the loop -----------------------------------------------------------------------------
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
         cfg = self.config
@@ -225,7 +231,7 @@ class Engine:
         if ckpt_dir is not None and cfg.resume:
             round_dir = latest_round_dir(ckpt_dir)
             if round_dir is not None:
-                meta = load_round(round_dir, self.sites)
+                meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
                 start_round, history = meta["round"] + 1, meta["history"]
         bar = None
         if cfg.progress and self.is_leader:
@@ -280,7 +286,7 @@ class Engine:
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
-                           self.backend.barrier)
+                           self.backend.barrier, cfg, self._site_fingerprints())
             if self.is_leader:
                 for cb in callbacks:
                     cb(record)

@@ -190,6 +190,9 @@ def train_command(
     seed: int = typer.Option(0, "--seed"),
     eval_every: int = typer.Option(5, "--eval-every", min=0),
     run_name: str = typer.Option(None, "--run-name"),
+    checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
+                                       help="Checkpoint after every round here (default checkpoints/<run name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -204,8 +207,10 @@ def train_command(
             params[name] = json.loads(value)
         except json.JSONDecodeError:
             params[name] = value
+    run_name = run_name or f"{algorithm}-I{local_steps}"
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
-              "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every}
+              "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
+              "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
     summary = _flows().train_federated(federation, shards, config, run_name)
     typer.echo(json.dumps(summary, indent=2))
 

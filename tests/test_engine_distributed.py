@@ -52,7 +52,8 @@ def _torchrun(tmp_path, cfg: TrainConfig) -> dict:
 def test_two_processes_resumed_midway_give_the_in_process_model(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = _torchrun(tmp_path, _config(rounds=2, checkpoint_dir=ckpt))
-    assert sorted(p.name for p in (ckpt / "round_000001").iterdir()) == ["meta.pt", "site_0.pt", "site_1.pt"]
+    assert sorted(p.name for p in (ckpt / "round_000001").iterdir()) == [
+        "meta.json", "site_0.json", "site_0.pt", "site_1.json", "site_1.pt"]
     dist_result = _torchrun(tmp_path, _config(checkpoint_dir=ckpt, resume=True))
     # Rounds 0-1 come from the checkpoint (their wall-clock timings are the first run's), not a rerun.
     assert [h["seconds"] for h in dist_result["history"][:2]] == [h["seconds"] for h in first["history"]]
