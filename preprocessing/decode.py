@@ -27,6 +27,7 @@ Every failure is a ``DecodeError`` carrying the quarantine ``Reason`` and a deta
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import stat
 import warnings
@@ -181,7 +182,7 @@ def check_file(path: Path, root: str | Path | None) -> tuple[Path, int]:
     """
     resolved = Path(os.path.realpath(path))
     if root is not None:
-        real_root = Path(os.path.realpath(root))
+        real_root = _real_root(str(root))
         if not resolved.is_relative_to(real_root):
             raise DecodeError(
                 Reason.OUTSIDE_ROOT, f"{path}: resolves to {resolved}, outside the site's data root {real_root}"
@@ -195,6 +196,12 @@ def check_file(path: Path, root: str | Path | None) -> tuple[Path, int]:
     if not stat.S_ISREG(status.st_mode):
         raise DecodeError(Reason.NOT_A_REGULAR_FILE, f"{path}: {_file_kind(status.st_mode)}, not a regular file")
     return resolved, status.st_size
+
+
+@functools.lru_cache(maxsize=16)
+def _real_root(root: str) -> Path:
+    """A site root's real path, resolved once per process rather than once per file."""
+    return Path(os.path.realpath(root))
 
 
 def _file_kind(mode: int) -> str:

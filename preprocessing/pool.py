@@ -7,7 +7,7 @@ file as it finishes it, so the parent knows which file each worker is on and sin
 
 * a file past ``limits.timeout_s`` gets its worker killed and replaced, and is quarantined DECODE_TIMEOUT;
 * a worker that dies quarantines the file it was on as DECODER_CRASHED;
-* either way the rest of that chunk goes to the replacement, and the run goes on.
+* either way what the worker had not reported goes to the replacement, and the run goes on.
 
 Workers die with their parent however the parent ends (``die_with_parent``), and ignore Ctrl-C, which the
 parent handles by stopping them. ``workers=0`` decodes in this process, without a time limit.
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 
@@ -60,13 +61,35 @@ def _worker_main(connection: Connection, transform: TransformSettings, parent_pi
             connection.send(process_file(chunk, offset, transform))
 
 
+class _Pending:
+    """A chunk sent to a worker, filling up as its files are reported."""
+
+    def __init__(self, chunk: Chunk, tile_shape: tuple[int, ...]):
+        self.chunk = chunk
+        self.tiles = np.zeros((len(chunk.paths),) + tile_shape, dtype=np.uint8)
+        self.outcomes: list[dict] = []
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outcomes) == len(self.chunk.paths)
+
+    def rest(self) -> Chunk:
+        """The chunk's files not reported yet."""
+        done = len(self.outcomes)
+        return Chunk(self.chunk.split, self.chunk.start + done, self.chunk.paths[done:], self.chunk.root)
+
+
 class _Slot:
-    """One worker process and the chunk it is on; the process is replaced, the slot stays."""
+    """One worker process and the chunks sent to it (up to ``DEPTH``, so that it never waits for the parent
+    to write); the process is replaced, the slot and its chunks stay."""
+
+    DEPTH = 2
 
     def __init__(self, context, transform: TransformSettings):
         self.context = context
         self.transform = transform
-        self.chunk: Chunk | None = None
+        self.pending: deque[_Pending] = deque()
+        self.finished: list[ChunkResult] = []
         self._start_process()
 
     def _start_process(self) -> None:
@@ -77,16 +100,23 @@ class _Slot:
         self.process.start()
         child.close()
         self.ready = False
-        self.file_started = 0.0
+        self.file_started = time.monotonic()
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.pending) < self.DEPTH
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
 
     def assign(self, chunk: Chunk) -> None:
-        self.chunk = chunk
-        self.tiles = np.zeros((len(chunk.paths),) + self.transform.tile_shape, dtype=np.uint8)
-        self.outcomes: list[dict] = []
-        self.file_started = time.monotonic()
+        if not self.pending:
+            self.file_started = time.monotonic()  # an idle worker starts on it now
+        self.pending.append(_Pending(chunk, self.transform.tile_shape))
         self._send(chunk)
 
-    def _send(self, chunk: Chunk) -> None:
+    def _send(self, chunk: Chunk | None) -> None:
         # A dead worker cannot take it: its sentinel reports the death and the chunk moves to a replacement.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.connection.send(chunk)
@@ -101,6 +131,7 @@ class _Slot:
         return [self.connection, self.process.sentinel]
 
     def drain(self) -> None:
+        """Read what the worker reported; chunks it completed move to ``finished``."""
         while self.connection.poll():
             try:
                 message = self.connection.recv()
@@ -111,23 +142,24 @@ class _Slot:
                 self.ready = True
                 continue
             tile, outcome = message
-            offset = outcome["i"] - self.chunk.start
+            head = self.pending[0]  # a worker reports the files of its chunks in the order it got them
             if tile is not None:
-                self.tiles[offset] = tile
-            self.outcomes.append(outcome)
+                head.tiles[outcome["i"] - head.chunk.start] = tile
+            head.outcomes.append(outcome)
+            self._move_complete()
 
-    @property
-    def done(self) -> bool:
-        return self.chunk is not None and len(self.outcomes) == len(self.chunk.paths)
+    def _move_complete(self) -> None:
+        while self.pending and self.pending[0].complete:
+            done = self.pending.popleft()
+            self.finished.append(ChunkResult(done.chunk.split, done.chunk.start, done.tiles, done.outcomes))
 
-    def take(self) -> ChunkResult:
-        result = ChunkResult(self.chunk.split, self.chunk.start, self.tiles, self.outcomes)
-        self.chunk = None
-        return result
+    def take(self) -> list[ChunkResult]:
+        finished, self.finished = self.finished, []
+        return finished
 
     def replace_if_stuck(self) -> None:
         """Kill and replace a worker past its file's deadline, or replace one that died; quarantine that file."""
-        if self.chunk is None or self.done:
+        if not self.pending:
             if not self.process.is_alive():
                 self._restart()
             return
@@ -137,24 +169,25 @@ class _Slot:
             # Died before its first file: the environment, not a file, is broken; quarantining every file
             # as "crashed" would hide that.
             raise RuntimeError(f"a decode worker exited while starting ({_exit_description(self.process.exitcode)})")
-        offset = len(self.outcomes)
-        path = self.chunk.paths[offset]
+        head = self.pending[0]
+        index = head.chunk.start + len(head.outcomes)
+        path = head.chunk.paths[len(head.outcomes)]
         if self.process.is_alive():
             reason = Reason.DECODE_TIMEOUT
             detail = f"{path}: decoding took more than timeout_s={self.transform.limits.timeout_s:g} s; its worker was replaced"
         else:
             reason = Reason.DECODER_CRASHED
             detail = f"{path}: the worker decoding it died ({_exit_description(self.process.exitcode)})"
-        self.outcomes.append(failed_outcome(self.chunk.start + offset, reason, detail))
+        head.outcomes.append(failed_outcome(index, reason, detail))
+        self._move_complete()
         self._restart()
-        rest = Chunk(self.chunk.split, self.chunk.start + offset + 1, self.chunk.paths[offset + 1 :], self.chunk.root)
-        if rest.paths:
-            self._send(rest)
+        # The replacement gets what its predecessor had not reported, in the same order.
+        for pending in self.pending:
+            self._send(pending.rest())
 
     def _restart(self) -> None:
         self.stop(kill=True)
         self._start_process()
-        self.file_started = time.monotonic()
 
     def stop(self, kill: bool = False) -> None:
         if not kill:
@@ -184,23 +217,17 @@ def decode_chunks(chunks: Iterator[Chunk], transform: TransformSettings, workers
     try:
         while True:
             for slot in slots:
-                if slot.chunk is None:
-                    chunk = next(chunks, None)
-                    if chunk is not None:
-                        slot.assign(chunk)
-            busy = [slot for slot in slots if slot.chunk is not None]
+                while slot.has_room and (chunk := next(chunks, None)) is not None:
+                    slot.assign(chunk)
+            busy = [slot for slot in slots if slot.busy]
             if not busy:
                 return
             timeout = max(0.0, min(slot.deadline for slot in busy) - time.monotonic())
             wait([w for slot in busy for w in slot.waitables], timeout=min(timeout, 5.0))
             for slot in busy:
                 slot.drain()
-                if slot.done:
-                    yield slot.take()
-            for slot in busy:
                 slot.replace_if_stuck()
-                if slot.done:
-                    yield slot.take()
+                yield from slot.take()
     finally:
         for slot in slots:
             slot.stop(kill=sys.exc_info()[0] is not None)

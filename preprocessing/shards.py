@@ -1,7 +1,7 @@
 """Write a site's shards (``docs/shards.md``): decode and resize in worker processes, the parent writes.
 
 Memory stays bounded whatever the site size: images go from workers to disk one chunk at a time
-(``chunk_size`` images, one chunk per worker in flight), written with ``os.pwrite`` into a
+(``chunk_size`` images, at most two chunks per worker in flight), written with ``os.pwrite`` into a
 preallocated ``.npy`` rather than through a memory map, so written pages are page cache, not resident
 memory of this process.
 
