@@ -54,7 +54,7 @@ def onboard_site(site_yaml: str) -> dict:
     validate(site_yaml)
     report = labels_only_report(site_yaml)
     create_markdown_artifact(key=f"onboard-{artifact_key(Path(site_yaml).stem)}",
-                             markdown=runs.label_report_markdown(report),
+                             markdown=runs.label_report_markdown(report, load_site(site_yaml).sharing.min_count),
                              description=f"labels-only report of {site_yaml}")
     return report
 

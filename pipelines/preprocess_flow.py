@@ -15,7 +15,14 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from preprocessing.qc import build_report, check_accounting, render_markdown, write_report
+from preprocessing.qc import (
+    build_report,
+    central_summary,
+    check_accounting,
+    render_central_markdown,
+    write_central_summary,
+    write_report,
+)
 from preprocessing.scan import ScanResult, scan_site
 from preprocessing.shards import ShardSummary, shard_site
 from preprocessing.sites import SiteConfig, load_site
@@ -38,13 +45,16 @@ def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: 
 
 
 @task(name="qc-report", cache_policy=NO_CACHE)
-def report(summary: ShardSummary) -> dict:
+def report(config: SiteConfig, summary: ShardSummary) -> dict:
     qc = build_report(summary.site_dir)
     json_path, md_path = write_report(summary.site_dir, qc)
+    # The Prefect server is the consortium's: it gets the counts-only summary, the full report stays here.
+    shared = central_summary(qc, config.sharing.min_count, config.sharing.qc_grid)
+    write_central_summary(summary.site_dir, shared)
     create_markdown_artifact(
         key=f"qc-{artifact_key(summary.site)}",
-        markdown=render_markdown(qc),
-        description=f"QC report of site {summary.site}",
+        markdown=render_central_markdown(shared),
+        description=f"QC summary of site {summary.site} (the full report stays at the site)",
     )
     check_accounting(qc)  # after writing, so a broken identity can be read in the report itself
     return {"report_json": str(json_path), "report_md": str(md_path)}
@@ -54,7 +64,7 @@ def report(summary: ShardSummary) -> dict:
 def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
     config, result = scan(str(site_yaml))
     summary = write_shards(config, result, str(out_dir), workers)
-    paths = report(summary)
+    paths = report(config, summary)
     return {
         "site": summary.site,
         "site_dir": str(summary.site_dir),

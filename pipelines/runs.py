@@ -3,9 +3,10 @@
 One parent run per training (params: algorithm and every hyperparameter, sites, K, I, shard hashes, code
 version) and one child run per site. Per-round metrics go where they belong: pooled and
 macro-over-sites values and the bytes communicated to the parent, a site's own metrics and bytes to its
-child run. At the end: ROC curves, the sites' QC reports, the config, and the global model, registered
-as ``fedauc-<task>`` with the champion alias moved when it wins on pooled validation macro-AUC.
-Importable and testable without Prefect.
+child run. At the end: ROC curves, the sites' QC summaries (counts only, small ones suppressed; the QC
+report itself stays at the site), the config, and the global model, registered as ``fedauc-<task>`` with
+the champion alias moved when it wins on pooled validation macro-AUC. Importable and testable without
+Prefect.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from models.metrics import metric_reasons, per_site_and_pooled
 from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
-from preprocessing.qc import SAMPLE_GRID_FILE
+from preprocessing.qc import (
+    SAMPLE_GRID_FILE,
+    build_report,
+    central_summary,
+    render_central_markdown,
+    suppressed,
+    suppressed_label_counts,
+)
 from preprocessing.shard_format import QC_DIR, is_finished, shard_content_hash
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
@@ -158,7 +166,7 @@ def train_tracked(
             model = result.model().eval()
             _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
             final = result.history[-1].get("metrics", {})
-            version, promoted = tracking.register_model(model, federation.task, _input_example(shard_dirs[0]),
+            version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(shard_dirs[0]),
                                                         final.get(SELECTION_METRIC, float("nan")))
             status = "FINISHED"
         finally:
@@ -169,16 +177,19 @@ def train_tracked(
 
 
 def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config) -> None:
-    """Per site: its QC report and its test ROC curves; on the parent: the pooled test ROC curves."""
+    """Per site: its QC summary (and its sample grid where the site YAML opts in) and its test ROC curves; on
+    the parent: the pooled test ROC curves."""
     device = config.resolve_device()
     model = model.to(device)
     pooled_labels, pooled_scores = [], []
     for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
-        for report in ("report.json", "report.md", SAMPLE_GRID_FILE):
-            path = shard_dir / QC_DIR / report
-            if path.is_file():
-                client.log_artifact(run_id, str(path), artifact_path="qc")
-                mlflow.log_artifact(str(path), artifact_path=f"qc/{site.name}")
+        summary = central_summary(build_report(shard_dir), site.sharing.min_count, site.sharing.qc_grid)
+        for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{site.name}")):
+            client.log_dict(target, summary, f"{folder}/summary.json")
+            client.log_text(target, render_central_markdown(summary), f"{folder}/summary.md")
+            grid = shard_dir / QC_DIR / SAMPLE_GRID_FILE
+            if site.sharing.qc_grid and grid.is_file():
+                client.log_artifact(target, str(grid), artifact_path=folder)
         test = load_shard(shard_dir).splits.get("test")
         if test is None or len(test) == 0:
             continue
@@ -195,10 +206,12 @@ def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config
         plt.close(figure)
 
 
-def _input_example(shard_dir: Path) -> np.ndarray:
-    """Two training images as the model sees them (float in [0, 1], channels first)."""
-    images = load_shard(shard_dir).train.images[:2]
-    return to_model_input(np.array(images), torch.device("cpu")).numpy()
+def synthetic_input_example(shard_dir: Path) -> np.ndarray:
+    """Two mid-gray images of the shard's shape as the model sees them (float in [0, 1], channels first):
+    the registered model's signature and example, and torch.export's sample input, without a patient's
+    pixels (only the image array's shape is read)."""
+    shape = load_shard(shard_dir).train.images.shape[1:]
+    return to_model_input(np.full((2, *shape), 128, dtype=np.uint8), torch.device("cpu")).numpy()
 
 
 def training_summary(run: TrainingRun) -> dict:
@@ -220,17 +233,15 @@ def training_markdown(summary: dict) -> str:
     return markdown_table(pd.DataFrame([summary]))
 
 
-def label_report_markdown(report: dict) -> str:
-    """The labels-only report as Markdown: accounting, then per split and disease."""
-    rows = [
-        {"split": split, "disease": disease, "positives": counts["positives"], "negatives": counts["negatives"],
-         "missing": counts["missing"],
-         "prevalence": float("nan") if counts["prevalence"] is None else counts["prevalence"]}
-        for split, part in report["splits"].items() for disease, counts in part["labels"].items()
-    ]
-    head = (f"input rows {report['input_rows']} = kept {report['kept']} + quarantined {report['quarantined']}"
-            f" ({'balanced' if report['balanced'] else 'NOT balanced'}); quarantine by reason: "
-            f"{report['quarantine_by_reason'] or 'none'}\n\n")
+def label_report_markdown(report: dict, min_count: int = 10) -> str:
+    """The labels-only report as it may leave the site (a Prefect artifact): positives and negatives per split
+    and disease and quarantined rows per reason, below ``min_count`` suppressed, no totals beside them."""
+    rows = [{"split": split, "disease": disease,
+             **suppressed_label_counts(counts["positives"], counts["negatives"], min_count)}
+            for split, part in report["splits"].items() for disease, counts in part["labels"].items()]
+    reasons = {reason: suppressed(count, min_count) for reason, count in report["quarantine_by_reason"].items()}
+    head = (f"input rows = kept + quarantined: {'balanced' if report['balanced'] else 'NOT balanced'}; quarantined "
+            f"rows by reason: {reasons or 'none'} (counts below {min_count} shown as \"<{min_count}\")\n\n")
     return head + markdown_table(pd.DataFrame(rows))
 
 

@@ -1,8 +1,12 @@
 """The QC report of a site's shards: label table, image statistics, quarantine, and the accounting identity.
 
 Built from what is on disk (``shard.json``, the manifests, ``quarantine.parquet``, ``qc/image_stats.parquet``),
-so it describes exactly what training will read. Written as ``qc/report.json`` and ``qc/report.md``; the
-Prefect flow also publishes the Markdown as an artifact.
+so it describes exactly what training will read. Written as ``qc/report.json`` and ``qc/report.md``, which
+stay at the site: they hold quarantine rows (record ids, file paths, details) and per-image extremes.
+
+What leaves the site is ``central_summary``: counts per split, per split and disease, per quarantine reason,
+small counts suppressed; the site writes it as ``qc/central.json`` so it can read exactly what it shares,
+and the Prefect flow and MLflow publish only that.
 """
 
 from __future__ import annotations
@@ -82,6 +86,79 @@ def write_report(site_dir: Path, report: dict) -> tuple[Path, Path]:
 
 
 SAMPLE_GRID_FILE = "samples.png"
+CENTRAL_SUMMARY_FILE = "central.json"
+# Complementary suppression: a count hidden because its partner was below the threshold (positives +
+# negatives often equal the split size, so one shown count would give the small one away).
+WITHHELD = "withheld"
+
+
+def suppressed(count: int, min_count: int) -> int | str:
+    """A count as it may leave a site: below ``min_count`` it is the string ``"<min_count"`` (small cells can
+    single out a patient)."""
+    return int(count) if count >= min_count else f"<{min_count}"
+
+
+def suppressed_label_counts(positives: int, negatives: int, min_count: int) -> dict[str, int | str]:
+    """Positives and negatives of one disease as they may leave a site: each below ``min_count`` suppressed,
+    and its partner withheld (the two often add up to a count shown elsewhere)."""
+    cells = {"positives": suppressed(positives, min_count), "negatives": suppressed(negatives, min_count)}
+    if isinstance(cells["positives"], str) != isinstance(cells["negatives"], str):
+        cells = {key: WITHHELD if isinstance(value, int) else value for key, value in cells.items()}
+    return cells
+
+
+def central_summary(report: dict, min_count: int = 10, qc_grid: bool = False) -> dict:
+    """What of a QC report leaves the site. Kept images per split, positives and negatives per split and
+    disease, quarantined rows per stage and reason, each below ``min_count`` suppressed; no totals (a total
+    beside its parts gives a suppressed part away), no rows, paths, ids or per-image values. The accounting
+    identity is checked at the site and leaves as yes / no. ``qc_grid`` records the site's consent to share
+    its sample grid (real pixels)."""
+    labels = [{"split": row["split"], "disease": row["disease"],
+               **suppressed_label_counts(row["positives"], row["negatives"], min_count)} for row in report["labels"]]
+    return {
+        "site": report["site"],
+        "task": report["task"],
+        "content_hash": report["content_hash"],
+        "image_size": report["image_size"],
+        "min_count": min_count,
+        "accounting_holds": bool(report["accounting"]["holds"]),
+        "kept_per_split": {split: suppressed(count, min_count) for split, count in report["counts"].items()},
+        "labels": labels,
+        "quarantine_per_reason": [
+            {"stage": row["stage"], "reason": row["reason"], "count": suppressed(row["count"], min_count)}
+            for row in report["quarantine"]["by_stage_and_reason"]
+        ],
+        "qc_grid_shared": bool(qc_grid),
+    }
+
+
+def write_central_summary(site_dir: Path, summary: dict) -> Path:
+    """``qc/central.json``: the site's own copy of what it shares."""
+    path = Path(site_dir) / QC_DIR / CENTRAL_SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def render_central_markdown(summary: dict) -> str:
+    lines = [
+        f"# QC summary: site `{summary['site']}` ({summary['task']})",
+        "",
+        f"Content hash `{summary['content_hash'][:16]}`, images {summary['image_size']}x{summary['image_size']}; "
+        f"input rows = kept + quarantined: {'holds' if summary['accounting_holds'] else '**DOES NOT HOLD**'} "
+        f"(checked at the site). Counts below {summary['min_count']} are shown as \"<{summary['min_count']}\".",
+        "",
+        "Kept per split: " + ", ".join(f"{split} {count}" for split, count in summary["kept_per_split"].items()) + ".",
+        "",
+        "| split | disease | positives | negatives |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [f"| {r['split']} | {r['disease']} | {r['positives']} | {r['negatives']} |" for r in summary["labels"]]
+    lines += ["", "| quarantine stage | reason | rows |", "|---|---|---:|"]
+    lines += [f"| {r['stage']} | {r['reason']} | {r['count']} |" for r in summary["quarantine_per_reason"]]
+    if not summary["quarantine_per_reason"]:
+        lines.append("| - | nothing quarantined | 0 |")
+    return "\n".join(lines) + "\n"
 
 
 def write_sample_grid(site_dir: Path, path: Path, columns: int = 8, rows: int = 2) -> Path:

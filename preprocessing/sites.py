@@ -69,6 +69,15 @@ class SplitPolicy(BaseModel):
         return self
 
 
+class SharingPolicy(BaseModel):
+    """What of this site's QC leaves it (README "What leaves a site"). Counts below ``min_count`` are shown
+    as "<min_count"; ``qc_grid: true`` sends the QC sample grid, real patient pixels, to the central MLflow."""
+
+    model_config = ConfigDict(extra="forbid")
+    qc_grid: bool = False
+    min_count: int = Field(10, ge=1)
+
+
 class SiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -83,6 +92,7 @@ class SiteConfig(BaseModel):
     min_image_size: int = Field(64, ge=1)  # smaller source images are quarantined by the decoder
     decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
+    sharing: SharingPolicy = Field(default_factory=SharingPolicy)
 
     _adapter_options: AdapterOptions = PrivateAttr()
     _path: Path | None = PrivateAttr(default=None)  # the YAML it came from, for messages

@@ -28,6 +28,8 @@ def federation(tmp_path_factory):
         generate_site(fmt, root / "data" / name, n=120, seed=7, workers=0, progress=False)
         site = {"name": name, "format": fmt, "root": f"data/{name}", "task": "chest-xray", "image_size": 32,
                 "min_image_size": 16, "split": {"seed": 0, "valid": 0.25, "test": 0.3, "use_official": False}}
+        if name == "alpha":  # opts in to sharing its QC grid; beta keeps the default (off)
+            site["sharing"] = {"qc_grid": True}
         (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
         entries.append({"config": f"{name}.yaml"})
     (root / "federation.yaml").write_text(yaml.safe_dump({"name": "tiny", "task": "chest-xray", "sites": entries}))
@@ -73,7 +75,11 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     artifacts = {a.path for a in client.list_artifacts(summary["run_id"])}
     assert {"config.json", "roc_test_pooled.png", "qc"} <= artifacts
     assert {a.path for a in client.list_artifacts(summary["run_id"], "qc/alpha")} == {
-        "qc/alpha/report.json", "qc/alpha/report.md", "qc/alpha/samples.png"}
+        "qc/alpha/summary.json", "qc/alpha/summary.md", "qc/alpha/samples.png"}
+    assert {a.path for a in client.list_artifacts(summary["run_id"], "qc/beta")} == {
+        "qc/beta/summary.json", "qc/beta/summary.md"}
+    shared = mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/qc/beta/summary.json")
+    assert shared == json.loads((shards / "beta" / "qc" / "central.json").read_text())
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{summary['run_id']}'")
     assert sorted(c.data.tags["site"] for c in children) == ["alpha", "beta"]

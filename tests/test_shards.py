@@ -11,7 +11,16 @@ import pytest
 from PIL import Image
 
 import preprocessing.pool as pool
-from preprocessing.qc import AccountingError, build_report, check_accounting, render_markdown, write_report
+from preprocessing.qc import (
+    AccountingError,
+    build_report,
+    central_summary,
+    check_accounting,
+    render_central_markdown,
+    render_markdown,
+    write_central_summary,
+    write_report,
+)
 from preprocessing.quarantine import Reason, quarantine_rows
 from preprocessing.records import CHEST_XRAY_DISEASES, RECORD_COLUMNS
 from preprocessing.shards import TransformSettings, content_hash, write_site_shards
@@ -250,6 +259,34 @@ def test_qc_report_counts_labels_and_proves_accounting(site, tmp_path):
     with pytest.raises(AccountingError, match="input rows 18 != kept 13 \\+ quarantined 4"):
         check_accounting(report)
     assert "DOES NOT HOLD" in render_markdown(report)
+
+
+def test_central_qc_summary_is_counts_only_with_small_ones_suppressed(site, tmp_path):
+    _write(site, tmp_path / "out")
+    site_dir = tmp_path / "out" / "demo"
+    report = build_report(site_dir)
+    summary = central_summary(report, min_count=2)
+
+    assert summary["accounting_holds"] is True and summary["qc_grid_shared"] is False
+    assert summary["kept_per_split"] == {split: (n if n >= 2 else "<2") for split, n in report["counts"].items()}
+    # Each quarantine reason has one row here: all below 2.
+    assert {(r["stage"], r["reason"]): r["count"] for r in summary["quarantine_per_reason"]} == {
+        ("scan", "excluded_view"): "<2", ("decode", "missing_file"): "<2",
+        ("decode", "unreadable_file"): "<2", ("decode", "image_too_small"): "<2"}
+    for full, shared in zip(report["labels"], summary["labels"]):
+        small = {key: full[key] < 2 for key in ("positives", "negatives")}
+        for key, partner in (("positives", "negatives"), ("negatives", "positives")):
+            expected = "<2" if small[key] else "withheld" if small[partner] else full[key]
+            assert shared[key] == expected, (full, shared)
+    assert any(isinstance(row["positives"], int) for row in summary["labels"])
+    text = json.dumps(summary) + render_central_markdown(summary)
+    for private in ("tiny.png", "a.png", str(tmp_path), "record", "detail", "input_rows"):
+        assert private not in text
+    assert "| decode | missing_file | <2 |" in render_central_markdown(summary)
+    assert all(row["count"] == "<10" for row in central_summary(report)["quarantine_per_reason"])
+
+    path = write_central_summary(site_dir, summary)
+    assert path == site_dir / "qc" / "central.json" and json.loads(path.read_text()) == summary
 
 
 def test_melanoma_shards_are_rgb(tmp_path):

@@ -1,0 +1,282 @@
+"""Privacy canary: nothing patient-level reaches the centre.
+
+A tiny generic-CSV federation whose patient ids and file names are marker strings (all starting with
+``zqxcanary``) and whose images are made of 4x4 blocks of eight planted gray levels (no other value, so a
+run of them is recognisable as pixels in any encoding) is onboarded and preprocessed by a "site" process,
+then trained, registered and evaluated by a "centre" process, both against one temporary MLflow SQLite
+store and one isolated Prefect home (a real ephemeral Prefect server). Then every file of the MLflow store
+and its artifacts, of the Prefect home (database, results, logs) and the centre's captured console output is
+scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
+runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
+rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
+own output folder, where all of these must be found.
+
+On the pre-change main (2212bd3) this test failed with these leaks at the centre:
+- the registered model's ``input_example.json`` / ``serving_input_example.json``: real training pixels;
+- ``qc/samples.png`` of each site in the parent and child runs: rendered real images;
+- ``qc/report.json`` / ``qc/report.md`` in MLflow and the QC Markdown artifact in Prefect's database:
+  quarantine rows with record ids, file names, absolute paths.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+MARK = "zqxcanary"
+# The only pixel values of the planted images: no printable ASCII, no 0 or 255 (common padding bytes).
+LEVELS = np.array([3, 17, 141, 151, 167, 181, 197, 233], dtype=np.uint8)
+SIZE = 32  # source size = shard size, so the planted blocks reach the shards unresampled
+RUN = 16  # consecutive planted values that count as image content
+SITES = ("north", "south")
+DISEASES = {"Cardiomegaly": "cmg", "Edema": "edm", "Consolidation": "cns", "Atelectasis": "atl", "Pleural Effusion": "eff"}
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+# --- the federation ----------------------------------------------------------------------------------
+def planted_image(rng: np.random.Generator) -> np.ndarray:
+    blocks = rng.choice(LEVELS, size=(SIZE // 4, SIZE // 4))
+    return np.kron(blocks, np.ones((4, 4), dtype=np.uint8))
+
+
+def build_federation(root: Path, images_per_site: int = 36) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(20261123)
+    entries = []
+    for site in SITES:
+        data = root / "data" / site
+        (data / "images").mkdir(parents=True)
+        rows = []
+        for i in range(images_per_site):
+            name = f"{MARK}-img-{site}-{i:03d}.png"
+            Image.fromarray(planted_image(rng)).save(data / "images" / name)
+            rows.append([name, f"{MARK}-pat-{site}-{i // 2:03d}", *(rng.random(len(DISEASES)) < 0.5).astype(int)])
+        # Quarantined rows carry markers too: a file that is not there and a PNG cut short.
+        truncated = f"{MARK}-img-{site}-truncated.png"
+        buffer = io.BytesIO()
+        Image.fromarray(planted_image(rng)).save(buffer, format="PNG")
+        (data / "images" / truncated).write_bytes(buffer.getvalue()[:60])
+        for name in (f"{MARK}-img-{site}-missing.png", truncated):
+            rows.append([name, f"{MARK}-pat-{site}-{name.rsplit('-', 1)[1][:-4]}", 1, 0, 1, 0, 1])
+        with open(data / "labels.csv", "w") as handle:
+            handle.write(",".join(["file", "patient", *DISEASES.values()]) + "\n")
+            handle.writelines(",".join(map(str, row)) + "\n" for row in rows)
+        config = {"name": site, "format": "generic-csv", "root": f"data/{site}", "task": "chest-xray",
+                  "image_size": SIZE, "min_image_size": 16,
+                  "split": {"seed": 0, "valid": 0.25, "test": 0.25, "use_official": False},
+                  "options": {"labels_csv": "labels.csv", "path_column": "file", "image_dir": "images",
+                              "patient_column": "patient", "default_view": "PA",
+                              "label_columns": DISEASES}}
+        (root / f"{site}.yaml").write_text(yaml.safe_dump(config))
+        entries.append({"config": f"{site}.yaml"})
+    (root / "federation.yaml").write_text(yaml.safe_dump({"name": "canary", "task": "chest-xray", "sites": entries}))
+
+
+# --- the two processes (run as `python tests/test_privacy_canary.py site|centre ROOT`) -------------------
+def run_site(root: Path) -> None:
+    """A hospital: onboard and preprocess (its Prefect flow runs report to the central Prefect server)."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import flows
+
+    for site in SITES:
+        flows.onboard_site(str(root / f"{site}.yaml"))
+    flows.preprocess_federation(str(root / "federation.yaml"), str(root / "shards"), workers=0)
+
+
+def run_centre(root: Path) -> None:
+    """The centre: train (registering the model and moving the champion alias), then evaluate."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import flows
+
+    config = {"algorithm": "codasca", "params": {"T0": 2}, "network": "small_resnet", "rounds": 2,
+              "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False}
+    flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary")
+    flows.evaluate(str(root / "federation.yaml"), str(root / "shards"))
+
+
+def run_role(role: str, root: Path, centre: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(centre / "prefect"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{centre / 'mlruns.db'}", "PREFECT_LOGGING_LEVEL": "INFO",
+           "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    done = subprocess.run([sys.executable, __file__, role, str(root)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, f"{role} process failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+# --- the scanner -------------------------------------------------------------------------------------
+def _needles() -> list[bytes]:
+    mark = MARK.encode()
+    needles = [mark, MARK.encode("utf-16-le")]
+    for shift in range(3):  # base64 of the marker at each alignment, without the groups it shares
+        encoded = base64.b64encode(b"\0" * shift + mark)
+        needles.append(encoded[4 if shift else 0: -4])
+    return needles
+
+
+NEEDLES = _needles()
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _planted_run(values: np.ndarray, levels: np.ndarray, tolerance: float = 0.0, length: int = RUN) -> bool:
+    """``length`` consecutive values that are all planted levels, at least three different ones (a run of one
+    repeated byte is padding, not a picture)."""
+    if tolerance:
+        mask = np.zeros(len(values), dtype=bool)
+        with np.errstate(invalid="ignore", over="ignore"):  # reinterpreted bytes hold NaN and inf
+            for level in levels:
+                mask |= np.abs(values - level) <= tolerance
+    else:
+        mask = np.isin(values, levels)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    for start, end in zip(edges[::2], edges[1::2]):
+        if end - start >= length:
+            segment = values[start:end].astype(np.float64)
+            nearest = np.abs(segment[:, None] - levels.astype(np.float64)[None, :]).argmin(axis=1)
+            if len(np.unique(nearest)) >= 3:
+                return True
+    return False
+
+
+def _pixel_runs(data: bytes) -> list[str]:
+    """Planted pixels in ``data`` as uint8, float32, float64 (values / 255) or as numbers in text."""
+    found = []
+    if _planted_run(np.frombuffer(data, dtype=np.uint8), LEVELS):
+        found.append("uint8 pixels")
+    for dtype in (np.float32, np.float64):
+        width = np.dtype(dtype).itemsize
+        for offset in range(width):
+            usable = (len(data) - offset) // width * width
+            view = np.frombuffer(data[offset: offset + usable], dtype=dtype)
+            # float64 copies of float32 pixels differ from v / 255 in float64 by ~1e-9
+            if len(view) >= RUN and _planted_run(view, LEVELS / 255.0, tolerance=1e-7):
+                found.append(f"{np.dtype(dtype).name} pixels")
+                break
+    numbers = np.array([float(m) for m in _NUMBER.findall(data) if len(m) < 32])
+    if len(numbers) >= RUN and (_planted_run(numbers, LEVELS / 255.0, tolerance=1e-6)
+                                or _planted_run(numbers, LEVELS.astype(float))):
+        found.append("pixel values as text")
+    return found
+
+
+def _rendered_pixels(data: bytes) -> bool:
+    """A picture showing planted images: rows of planted gray levels (r = g = b, +-1)."""
+    from PIL import Image
+
+    try:
+        pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.int16)
+    except Exception:  # not a picture Pillow reads
+        return False
+    gray = (np.abs(pixels[..., 0] - pixels[..., 1]) <= 1) & (np.abs(pixels[..., 1] - pixels[..., 2]) <= 1)
+    return any(_planted_run(np.where(row_gray, row, -99), LEVELS, tolerance=1, length=24)
+               for row_gray, row in zip(gray, pixels[..., 0]))
+
+
+def scan_bytes(data: bytes, where: str, source_chunks: list[bytes]) -> list[str]:
+    leaks = [f"{where}: marker {needle!r}" for needle in NEEDLES if needle in data]
+    leaks += [f"{where}: {kind}" for kind in _pixel_runs(data)]
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and _rendered_pixels(data):
+        leaks.append(f"{where}: a rendered picture of planted images")
+    if data[:3] == b"\xff\xd8\xff" or data[128:132] == b"DICM":
+        leaks.append(f"{where}: a JPEG or DICOM file")
+    if any(chunk in data for chunk in source_chunks):
+        leaks.append(f"{where}: bytes of a source image file")
+    if data[:4] == b"PK\x03\x04":
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for member in archive.namelist():
+                leaks += scan_bytes(archive.read(member), f"{where}!{member}", source_chunks)
+    elif data[:2] == b"\x1f\x8b":
+        leaks += scan_bytes(gzip.decompress(data), f"{where}!gunzip", source_chunks)
+    return leaks
+
+
+def scan(paths: list[Path], source_chunks: list[bytes]) -> list[str]:
+    leaks = []
+    for path in paths:
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            leaks += scan_bytes(file.read_bytes(), str(file), source_chunks)
+    return leaks
+
+
+def source_chunks(root: Path) -> list[bytes]:
+    """32 bytes from the middle of every source image file: its compressed pixel stream."""
+    chunks = []
+    for file in sorted((root / "data").rglob("*.png")):
+        data = file.read_bytes()
+        if len(data) >= 96:
+            chunks.append(data[len(data) // 2 - 16: len(data) // 2 + 16])
+    return chunks
+
+
+# --- the test ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def canary(tmp_path_factory):
+    root = tmp_path_factory.mktemp("canary")
+    centre = root / "centre"
+    centre.mkdir()
+    build_federation(root)
+    run_role("site", root, centre)
+    console = run_role("centre", root, centre)
+    (root / "centre-console.txt").write_text(console.stdout + console.stderr)
+    return root
+
+
+def test_the_scanner_finds_what_a_site_keeps(canary):
+    """Positive control: the site's own output holds markers, pixels and a rendered grid, and the scanner
+    sees each kind, in every encoding it claims (so a clean centre below is not a blind scanner)."""
+    leaks = "\n".join(scan([canary / "shards"], source_chunks(canary)))
+    assert f"marker {MARK.encode()!r}" in leaks
+    assert "uint8 pixels" in leaks
+    assert "a rendered picture of planted images" in leaks
+
+    image = np.load(canary / "shards" / "north" / "train" / "images.npy")[0]
+    assert set(np.unique(image)) <= set(LEVELS)  # the planted blocks reach the shards unchanged
+    pixels = image.astype(np.float32) / np.float32(255)
+    encodings = {
+        "float32 pixels": b"header" + pixels.tobytes(),
+        "float64 pixels": b"abc" + pixels.astype(np.float64).tobytes(),
+        "pixel values as text": json.dumps({"inputs": pixels.tolist()}).encode(),
+        "marker": base64.b64encode(b"row id " + f"{MARK}-pat-north-000".encode()),
+        "a JPEG or DICOM file": b"\xff\xd8\xff\xe0" + bytes(200),
+        "bytes of a source image file": b"x" + source_chunks(canary)[0] + b"y",
+    }
+    for kind, data in encodings.items():
+        assert any(kind in leak for leak in scan_bytes(data, kind, source_chunks(canary))), kind
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
+        zipped.writestr("inner/example.bin", gzip.compress(pixels.tobytes()))
+    assert scan_bytes(archive.getvalue(), "model.zip", []) == ["model.zip!inner/example.bin!gunzip: float32 pixels"]
+
+
+def test_nothing_patient_level_reaches_the_centre(canary):
+    centre = canary / "centre"
+    assert (centre / "mlruns.db").is_file() and (centre / "mlartifacts").is_dir()
+    assert any((centre / "prefect").rglob("*.db"))
+    leaks = scan([centre, canary / "centre-console.txt"], source_chunks(canary))
+    assert not leaks, "patient-level data reached the centre:\n" + "\n".join(leaks)
+
+
+if __name__ == "__main__":
+    role, where = sys.argv[1], Path(sys.argv[2])
+    {"site": run_site, "centre": run_centre}[role](where)
