@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,31 @@ class RoundLogger:
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
 
+@contextmanager
+def training_runs(experiment: str, run_name: str, federation: str, sites: list[str]):
+    """The parent run of a training and one child run per site, each tagged with the process that owns it.
+    Runs that a killed process left RUNNING are closed first (``tracking.close_abandoned_runs``); on leaving,
+    the children end with the parent's status (FAILED when an exception escapes). Yields (parent, child ids)."""
+    client = MlflowClient()
+    tracking.close_abandoned_runs(experiment)
+    owner = tracking.owner_tags()
+    with mlflow.start_run(experiment_id=experiment, run_name=run_name,
+                          tags={"fedauc_role": "federated-training", "federation": federation, **owner}) as parent:
+        child_ids = [
+            client.create_run(experiment, run_name=f"{run_name}/{site}",
+                              tags={"mlflow.parentRunId": parent.info.run_id, "fedauc_role": "site", "site": site,
+                                    **owner}).info.run_id
+            for site in sites
+        ]
+        status = "FAILED"
+        try:
+            yield parent, child_ids
+            status = "FINISHED"
+        finally:
+            for run_id in child_ids:
+                client.set_terminated(run_id, status=status)
+
+
 def train_tracked(
     federation: Federation,
     shards_root: Path,
@@ -150,28 +176,16 @@ def train_tracked(
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
-    with mlflow.start_run(experiment_id=experiment, run_name=run_name,
-                          tags={"fedauc_role": "federated-training", "federation": federation.name}) as parent:
+    with training_runs(experiment, run_name, federation.name, [site.name for site in federation.sites]) as (
+            parent, child_ids):
         mlflow.log_params(training_params(config, federation, shard_dirs))
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
-        child_ids = [
-            client.create_run(experiment, run_name=f"{run_name}/{site.name}",
-                              tags={"mlflow.parentRunId": parent.info.run_id, "fedauc_role": "site",
-                                    "site": site.name}).info.run_id
-            for site in federation.sites
-        ]
-        status = "FAILED"
-        try:
-            result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
-            model = result.model().eval()
-            _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
-            final = result.history[-1].get("metrics", {})
-            version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(shard_dirs[0]),
-                                                        final.get(SELECTION_METRIC, float("nan")))
-            status = "FINISHED"
-        finally:
-            for run_id in child_ids:
-                client.set_terminated(run_id, status=status)
+        result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
+        model = result.model().eval()
+        _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
+        final = result.history[-1].get("metrics", {})
+        version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(shard_dirs[0]),
+                                                    final.get(SELECTION_METRIC, float("nan")))
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
@@ -259,8 +273,11 @@ def evaluate_registered(federation: Federation, shards_root: Path, model_uri: st
             scores[site.name] = predict_scores(model, test.images, torch.device("cpu"))
     results = per_site_and_pooled(labels, scores, list(federation.sites[0].diseases))
     metrics = {f"test/{key}": float(value) for key, value in results.items()}
-    with mlflow.start_run(experiment_id=tracking.experiment_id(federation.task), run_name="evaluate",
-                          tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name}):
+    experiment = tracking.experiment_id(federation.task)
+    tracking.close_abandoned_runs(experiment)
+    with mlflow.start_run(experiment_id=experiment, run_name="evaluate",
+                          tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name,
+                                **tracking.owner_tags()}):
         mlflow.log_metrics(metrics)
         # Why a metric is NaN (a site without positives for a disease...), next to the numbers.
         mlflow.log_dict({f"test/{key}": reason for key, reason in metric_reasons(results).items()},

@@ -2,12 +2,18 @@
 
 Embedded default: a SQLite store and an artifact folder inside the project directory, so nothing needs a
 server. Any tracking URI (a PostgreSQL-backed MLflow server) is used instead when MLFLOW_TRACKING_URI is set.
+
+Runs carry the host and process that own them (``owner_tags``), so a run left RUNNING by a process that was
+killed is closed as KILLED by the next start (``close_abandoned_runs``). The champion alias moves by a
+compare-and-set loop (``promote_best``), so racing trainings cannot both win.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import socket
+import time
 from pathlib import Path
 
 import matplotlib
@@ -17,8 +23,10 @@ import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
 import pandas as pd
+import psutil
 import torch
 from mlflow import MlflowClient
+from mlflow.entities import RunStatus
 from sklearn.metrics import roc_curve
 
 from models.metrics import roc_auc
@@ -27,6 +35,9 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
 # The model-version tag the champion comparison reads; written when a version is registered.
 SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
+# The process that owns a run: host name, pid and the process's start time (a pid alone can be reused).
+OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.owner.pid", "fedauc.owner.started"
+END_REASON_TAG = "fedauc.end_reason"
 
 
 def registered_model_name(task: str) -> str:
@@ -61,6 +72,42 @@ def experiment_id(name: str) -> str:
                                     tags={"mlflow.experimentKind": "custom_model_development"})
 
 
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process as the owner of a run it starts."""
+    process = psutil.Process()
+    return {OWNER_HOST_TAG: socket.gethostname(), OWNER_PID_TAG: str(process.pid),
+            OWNER_STARTED_TAG: repr(process.create_time())}
+
+
+def _owner_gone(tags: dict[str, str]) -> bool:
+    """True when the run's owning process ran on this host and no longer exists (its pid is free or now
+    belongs to a process started later). A run owned elsewhere, or without owner tags, is not judged."""
+    if tags.get(OWNER_HOST_TAG) != socket.gethostname() or OWNER_PID_TAG not in tags:
+        return False
+    try:
+        started = psutil.Process(int(tags[OWNER_PID_TAG])).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    return abs(started - float(tags[OWNER_STARTED_TAG])) > 1e-3
+
+
+def close_abandoned_runs(experiment: str) -> list[str]:
+    """Mark KILLED every run of ``experiment`` still RUNNING whose owning process on this host is gone (killed,
+    out of memory, power cut: nothing in it could close the run); returns their ids. Called when a training or
+    evaluation starts."""
+    client = MlflowClient()
+    runs = client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'", max_results=10_000)
+    closed = []
+    for run in runs:
+        if _owner_gone(run.data.tags):
+            client.set_tag(run.info.run_id, END_REASON_TAG,
+                           f"process {run.data.tags[OWNER_PID_TAG]} on {run.data.tags[OWNER_HOST_TAG]} ended without "
+                           f"closing the run; marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+            client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.KILLED))
+            closed.append(run.info.run_id)
+    return closed
+
+
 def roc_figure(y_true: np.ndarray, y_score: np.ndarray, diseases: tuple[str, ...], title: str):
     """One ROC curve per disease; NaN labels are missing and left out; undefined diseases are listed."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
@@ -86,8 +133,11 @@ def register_model(
     input_example: np.ndarray,
     selection_metric: float,
 ) -> tuple[str, bool]:
-    """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to it
-    when its pooled validation macro-AUC beats the current champion's. Returns (version, promoted).
+    """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
+    version with the best pooled validation macro-AUC (``promote_best``). Returns (version, promoted).
+
+    ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
+    centre: a synthetic batch of the right shape and dtype, never a patient's images.
 
     The model is exported in eval mode (torch.export, MLflow's pt2 format) so that BatchNorm uses its running
     statistics when the registered model is loaded; the example batch has two rows because torch.export
@@ -106,23 +156,38 @@ def register_model(
     version = str(info.registered_model_version)
     client = MlflowClient()
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
-    promoted = _beats_champion(client, name, selection_metric)
-    if promoted:
-        client.set_registered_model_alias(name, CHAMPION_ALIAS, version)
-    return version, promoted
+    return version, promote_best(client, name, version)
 
 
-def _beats_champion(client: MlflowClient, name: str, selection_metric: float) -> bool:
-    """The first model is champion whatever its metric (there is nothing to beat, and evaluation needs a
-    champion); after that a model must score higher, and an undefined score never wins."""
-    try:
-        champion = client.get_model_version_by_alias(name, CHAMPION_ALIAS)
-    except mlflow.exceptions.MlflowException:
-        return True
-    if math.isnan(selection_metric):
-        return False
-    current = float(champion.tags.get(SELECTION_METRIC_TAG, "nan"))
-    return math.isnan(current) or selection_metric > current
+def _best_version(client: MlflowClient, name: str) -> str:
+    """The registered version with the highest selection metric; an undefined one (NaN, untagged) never beats a
+    defined one, and ties go to the earlier version, so the first model is champion whatever its metric (there
+    is nothing to beat, and evaluation needs a champion) and a later one must score higher."""
+    def rank(version) -> tuple[bool, float, int]:
+        metric = float(version.tags.get(SELECTION_METRIC_TAG, "nan"))
+        return (not math.isnan(metric), -math.inf if math.isnan(metric) else metric, -int(version.version))
+
+    return str(max(client.search_model_versions(f"name = '{name}'"), key=rank).version)
+
+
+def promote_best(client: MlflowClient, name: str, version: str) -> bool:
+    """Point the champion alias at the best registered version; True when that is ``version``.
+
+    A compare-and-set loop, since MLflow has no conditional alias update: read the alias and the best version,
+    set the alias only when they differ, then read again, until they agree. Every version's metric tag is
+    written before its promotion starts, so the last write of any racing promotion is made after the best
+    version's tag is visible, and the alias ends on it: two racing trainings cannot both win, and the worse one
+    cannot overwrite the better one. (A champion set by hand is replaced by the best version.)
+    """
+    while True:
+        best = _best_version(client, name)
+        try:
+            current = str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
+        except mlflow.exceptions.MlflowException:
+            current = None
+        if current == best:
+            return best == version
+        client.set_registered_model_alias(name, CHAMPION_ALIAS, best)
 
 
 def compare_runs(experiment: str, sort_by: str = "AUC macro") -> pd.DataFrame:

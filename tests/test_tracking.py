@@ -1,3 +1,11 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pytest
@@ -5,7 +13,9 @@ import torch
 from mlflow import MlflowClient
 from sklearn.metrics import roc_auc_score
 
-from pipelines import tracking
+from pipelines import runs, tracking
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -40,6 +50,93 @@ def test_champion_moves_only_to_a_better_model(store):
     champion = MlflowClient().get_model_version_by_alias("fedauc-chest-xray", "champion")
     assert str(champion.version) == "5"
     assert float(champion.tags[tracking.SELECTION_METRIC_TAG]) == 0.75
+
+
+def _python(script: str, *args: str, timeout: float = 300) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# Each racer promotes its own version of every race, all racers starting a race together.
+RACER = """
+    import json, sys, time
+    from pathlib import Path
+    from mlflow import MlflowClient
+    from pipelines import tracking
+    tracking.configure()
+    gate, racers, me, version, races = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    won = []
+    for race in range(races):
+        (gate / f"{race}-{me}").touch()
+        while len(list(gate.glob(f"{race}-*"))) < racers:
+            time.sleep(0.001)
+        won.append(tracking.promote_best(MlflowClient(), f"race-{race}", version))
+    print(json.dumps(won))
+"""
+
+
+def test_racing_promotions_have_one_winner(store, tmp_path):
+    """Three trainings finish at once against a champion at 0.5: only the best (0.9, version 3) may win,
+    whatever the interleaving of their reads and writes on the one SQLite store."""
+    client, races = MlflowClient(), 4
+    metrics = {"1": 0.5, "2": 0.6, "3": 0.9, "4": 0.7}
+    for race in range(races):
+        client.create_registered_model(f"race-{race}")
+        for version, metric in metrics.items():
+            assert client.create_model_version(f"race-{race}", source=(tmp_path / "model").as_uri()).version == int(version)
+            client.set_model_version_tag(f"race-{race}", version, tracking.SELECTION_METRIC_TAG, repr(metric))
+        client.set_registered_model_alias(f"race-{race}", tracking.CHAMPION_ALIAS, "1")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    racers = {version: _python(RACER, str(gate), "3", f"racer{version}", version, str(races)) for version in "234"}
+    won = {}
+    for version, process in racers.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        won[version] = json.loads(out)
+    assert won == {"2": [False] * races, "3": [True] * races, "4": [False] * races}
+    for race in range(races):
+        assert str(client.get_model_version_by_alias(f"race-{race}", tracking.CHAMPION_ALIAS).version) == "3"
+
+
+def test_runs_of_a_killed_training_are_closed_as_killed_on_the_next_start(store):
+    experiment = tracking.experiment_id("chest-xray")
+    killed = _python("""
+        import os, signal, sys
+        from pipelines import runs, tracking
+        tracking.configure()
+        with runs.training_runs(sys.argv[1], "killed", "tiny", ["alpha", "beta"]) as (parent, children):
+            print(parent.info.run_id, *children, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """, experiment)
+    out, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    orphans = out.split()
+    client = MlflowClient()
+
+    def status(run_id):
+        return client.get_run(run_id).info.status
+
+    assert len(orphans) == 3 and {status(r) for r in orphans} == {"RUNNING"}
+    owner = tracking.owner_tags()
+    alive = client.create_run(experiment, tags=owner).info.run_id  # this process: still working
+    elsewhere = client.create_run(experiment, tags={**owner, tracking.OWNER_HOST_TAG: "another-host"}).info.run_id
+    reused_pid = client.create_run(experiment, tags={**owner, tracking.OWNER_STARTED_TAG: "1.0"}).info.run_id
+    with runs.training_runs(experiment, "next", "tiny", ["alpha"]) as (parent, _):
+        assert {status(r) for r in [*orphans, reused_pid]} == {"KILLED"}
+        assert "ended without closing the run" in client.get_run(orphans[0]).data.tags[tracking.END_REASON_TAG]
+        assert status(alive) == status(elsewhere) == "RUNNING"
+    assert status(parent.info.run_id) == "FINISHED"
+
+
+def test_a_training_that_raises_ends_all_its_runs_failed(store):
+    experiment = tracking.experiment_id("chest-xray")
+    with (pytest.raises(RuntimeError, match="site crashed"),
+          runs.training_runs(experiment, "crash", "tiny", ["alpha", "beta"]) as (parent, children)):
+        raise RuntimeError("site crashed")
+    client = MlflowClient()
+    assert {client.get_run(r).info.status for r in [parent.info.run_id, *children]} == {"FAILED"}
 
 
 def test_registered_model_reproduces_eval_mode_outputs(store):
