@@ -120,7 +120,10 @@ def test_preprocess_command_runs_the_prefect_flow(site_yaml, tmp_path):
 
     with get_client(sync_client=True) as client:
         artifact = client.read_latest_artifacts()
-    assert any(a.key == "qc-riverside" and "input rows 29" in a.data for a in artifact)
+    # Prefect gets the counts-only QC summary (small counts suppressed); the file names stay in the site's report.
+    shared = next(a.data for a in artifact if a.key == "qc-riverside")
+    assert "input rows = kept + quarantined: holds" in shared and "| decode | missing_file | <10 |" in shared
+    assert "not_there.png" in (site_dir / "qc" / "report.md").read_text() and "not_there" not in shared
 
     # A re-run with nothing changed does no work; the shards are left untouched.
     images = site_dir / m1_split / "images.npy"
