@@ -4,6 +4,11 @@
 sites beats vmap, see CONTRIBUTING). ``DistributedBackend`` runs one site per process and uses
 ``torch.distributed`` collectives (gloo on CPU, NCCL on GPU). Both flatten every dtype group into one
 buffer so a round costs one collective per kind, not one per tensor.
+
+Every backend reduces with :func:`weighted_sum`, in site order: float addition is not associative, and an
+all-reduce sums in an order of its own (ring chunks), so a few ulps differ per round, and at the demo's
+learning rates (element-wise clipped steps of size 1) those few ulps grew into a different model within
+rounds. Summing the same numbers in the same order on every backend keeps one computation.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+
+from preprocessing.errors import ConfigError
 
 
 class SiteFailure(RuntimeError):
@@ -29,6 +36,14 @@ def _dtype_groups(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[int]]:
 
 def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def weighted_sum(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """sum_k weights[k] * flats[k], accumulated in site order (the one reduction every backend uses)."""
+    total = flats[0] * weights[0]
+    for w, flat in zip(weights[1:], flats[1:]):
+        total.add_(flat, alpha=w)
+    return total
 
 
 def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
@@ -53,10 +68,7 @@ class InProcessBackend:
         if not per_site or not per_site[0]:
             return
         for _, idx in _dtype_groups(per_site[0]).items():
-            flats = [_flatten([tensors[i] for i in idx]) for tensors in per_site]
-            mean = flats[0] * weights[0]
-            for w, flat in zip(weights[1:], flats[1:]):
-                mean.add_(flat, alpha=w)
+            mean = weighted_sum([_flatten([tensors[i] for i in idx]) for tensors in per_site], weights)
             for tensors in per_site:
                 _unflatten_into(mean, [tensors[i] for i in idx])
 
@@ -69,52 +81,79 @@ class InProcessBackend:
 
 
 class DistributedBackend:
-    """One site per process, site index = rank. ``timeout_s`` bounds every collective."""
+    """One site per process. ``site`` is this process's site index, decided by the caller from the site's
+    name (``federated.distributed --site``), never by the order in which processes reached the rendezvous:
+    the backend learns which rank holds which site, and every reduction and gather runs in site order.
+    ``site=None`` takes the local rank, which only a single-machine launch fixes. ``timeout_s`` bounds
+    every collective."""
 
     name = "distributed"
 
-    def __init__(self, timeout_s: float, device: torch.device):
+    def __init__(self, timeout_s: float, device: torch.device, site: int | None = None):
+        if site is None:
+            if int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) != int(
+                    os.environ.get("WORLD_SIZE", "1")):
+                raise ConfigError("processes run on several machines, so the rank of a process says nothing "
+                                  "about which site it holds",
+                                  fix="start every process with `--site <name>` (python -m federated.distributed)")
+            site = int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
             # Without it an NCCL collective whose peer died blocks forever instead of timing out.
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             dist.init_process_group(backend=backend, timeout=dt.timedelta(seconds=timeout_s))
         self.timeout_s = timeout_s
+        self.device = device
         self.num_sites = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.local_sites = [self.rank]
+        self.site = site
+        self.local_sites = [site]
+        sites = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.num_sites)]
+        self._run("all_gather (site of each process)",
+                  lambda: dist.all_gather(sites, torch.tensor([site], dtype=torch.int64, device=device)))
+        held = [int(s.item()) for s in sites]
+        if sorted(held) != list(range(self.num_sites)):
+            doubled = sorted({k for k in held if held.count(k) > 1})
+            raise ConfigError(f"the {self.num_sites} processes hold sites {held} (by rank): site(s) {doubled} "
+                              f"twice, site(s) {sorted(set(range(self.num_sites)) - set(held))} by none",
+                              fix="give every process a different --site, one per site of the config")
+        self.rank_of_site = [held.index(k) for k in range(self.num_sites)]
 
     def _run(self, what: str, fn):
         try:
             return fn()
         except (RuntimeError, dist.DistBackendError) as err:
             raise SiteFailure(
-                f"site {self.rank}: {what} failed: another site crashed or did not answer within "
+                f"site {self.site}: {what} failed: another site crashed or did not answer within "
                 f"{self.timeout_s:.0f} s (see that site's log); the job stops here. Cause: {err}"
             ) from err
+
+    def _all_gather(self, what: str, local: torch.Tensor) -> list[torch.Tensor]:
+        """Every site's ``local`` (same shape everywhere), in site order."""
+        out = [torch.empty_like(local) for _ in range(self.num_sites)]
+        self._run(what, lambda: dist.all_gather(out, local))
+        return [out[r] for r in self.rank_of_site]
 
     def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float]) -> None:
         (tensors,) = per_site
         if not tensors:
             return
         (w,) = weights
+        all_weights = [float(v) for v in self._all_gather(
+            "all_gather (weights)", torch.tensor([w], dtype=torch.float64, device=self.device))]
         for _, idx in _dtype_groups(tensors).items():
             group = [tensors[i] for i in idx]
-            flat = _flatten(group).mul_(w)
-            self._run("all_reduce (mean)", lambda flat=flat: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
-            _unflatten_into(flat, group)
+            flats = self._all_gather("all_gather (mean)", _flatten(group))
+            _unflatten_into(weighted_sum(flats, all_weights), group)
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site
         rows = torch.tensor([local.shape[0]], device=local.device, dtype=torch.int64)
-        all_rows = [torch.zeros_like(rows) for _ in range(self.num_sites)]
-        self._run("all_gather (sizes)", lambda: dist.all_gather(all_rows, rows))
-        sizes = [int(r.item()) for r in all_rows]
+        sizes = [int(r.item()) for r in self._all_gather("all_gather (sizes)", rows)]
         # all_gather needs equal shapes: pad every site's rows to the longest, then trim.
         padded = local.new_zeros((max(sizes), *local.shape[1:]))
         padded[: local.shape[0]] = local
-        out = [torch.empty_like(padded) for _ in range(self.num_sites)]
-        self._run("all_gather", lambda: dist.all_gather(out, padded))
+        out = self._all_gather("all_gather", padded)
         return torch.cat([o[:n] for o, n in zip(out, sizes)], dim=0)
 
     def barrier(self) -> None:

@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
 
 
@@ -19,9 +20,14 @@ class ShardSite(BaseModel):
 
     kind: Literal["shard"] = "shard"
     path: Path
+    name: str | None = None  # the site's name; when given, the shard's own must match (no swapped paths)
 
     def load(self, index: int) -> SiteData:
-        return load_shard(self.path)
+        data = load_shard(self.path)
+        if self.name is not None and data.name != self.name:
+            raise DataError(f"{self.path}: the shard belongs to site {data.name!r}, the config says {self.name!r}",
+                            fix=f"point site {self.name!r} at its own shard folder (<shards>/{self.name})")
+        return data
 
     def fingerprint(self, index: int) -> str:
         """What identifies the site's data (checkpoints refuse other data): the shard's content hash."""

@@ -1,15 +1,20 @@
-"""One site per process: ``torchrun --nproc-per-node K -m federated.distributed config.json --out result.pt``.
+"""One site per process, one data centre: ``torchrun --nproc-per-node K -m federated.distributed config.json
+--out result.pt``.
 
-Across machines, run torchrun on each with ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``; site
-k of the config is the process of global rank k. The config is a ``TrainConfig`` as JSON (sites of
-kind ``shard`` or ``synthetic``). Rank 0 writes the result (global model state and history) with
-torch.save. A site that dies or stops answering makes every other site exit with status 1 and a
-message naming the failed collective, after at most ``timeout_s``.
+For many GPUs or machines inside one trust domain (plain TCP, no identities: across hospitals use the
+NVFlare consortium, infra/README.md). On one machine the process of local rank k holds site k. Across
+machines every process names its site (``--site <name>``): the rendezvous assigns ranks in arrival order,
+so a rank says nothing about the site, and the backend maps sites to ranks by these names. The config is
+a ``TrainConfig`` as JSON (sites of kind ``shard`` or ``synthetic``; ``fedauc train --backend torchrun``
+writes one from a federation YAML). The process holding site 0 writes the result (global model state
+and history) with torch.save. A site that dies or stops answering makes every other site exit with
+status 1 and a message naming the failed collective, after at most ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -17,15 +22,33 @@ from pathlib import Path
 
 import torch
 
-from federated.backends import SiteFailure
+from federated.backends import DistributedBackend, SiteFailure
 from federated.config import TrainConfig
 from federated.engine import Engine
+from federated.sites import site_index, site_names
+from preprocessing.errors import ConfigError, FedaucError
+
+
+def _check_same_config(config: TrainConfig, backend: DistributedBackend) -> None:
+    """Every process must train the same job: a process started with another learning rate or algorithm
+    would otherwise be averaged in silently. Shard paths may differ between machines; site names may not."""
+    job = json.loads(config.model_dump_json(exclude={"sites", "device"}))
+    job["sites"] = site_names(config)
+    digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).digest()
+    mine = torch.tensor(list(digest), dtype=torch.uint8, device=backend.device)[None]
+    everyone = backend.gather([mine])
+    differing = [name for name, row in zip(job["sites"], everyone) if not torch.equal(row, everyone[0])]
+    if differing:
+        raise ConfigError(f"the processes of site(s) {', '.join(differing)} run another config than site "
+                          f"{job['sites'][0]!r}'s", fix="start every process with the same config JSON")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m federated.distributed", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="TrainConfig as JSON")
-    parser.add_argument("--out", type=Path, help="where rank 0 writes the TrainResult fields (torch.save)")
+    parser.add_argument("--out", type=Path, help="where site 0's process writes the TrainResult fields (torch.save)")
+    parser.add_argument("--site", help="the site this process trains, by name (needed across machines; "
+                                       "default: the site of the local rank)")
     args = parser.parse_args(argv)
     try:
         raw = json.loads(args.config.read_text())
@@ -33,8 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: cannot read the config: {err}", file=sys.stderr)
         return 2
     raw["backend"] = "distributed"
-    config = TrainConfig.model_validate(raw)
-    engine = Engine(config)
+    try:
+        config = TrainConfig.model_validate(raw)
+        site = None if args.site is None else site_index(config, args.site)
+        device = config.resolve_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = DistributedBackend(config.timeout_s, device, site)
+        _check_same_config(config, backend)
+        engine = Engine(config, backend)
+    except FedaucError as err:
+        print(f"fedauc distributed: {err}", file=sys.stderr, flush=True)
+        return 2
     try:
         result = engine.run()
     except SiteFailure as err:

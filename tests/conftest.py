@@ -22,3 +22,31 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def melanoma_shards(tmp_path_factory):
+    """Three tiny dermatology clinics like the demo's (SIIM-ISIC DICOM and JPEG, their own colour casts),
+    preprocessed into real shards at 32 px: ``(root, federation YAML)``; shards in ``root / "shards"``."""
+    import yaml
+
+    from preprocessing.scan import scan_site
+    from preprocessing.shards import shard_site
+    from preprocessing.sites import load_site
+    from preprocessing.synth import generate_site
+
+    root = tmp_path_factory.mktemp("melanoma")
+    entries = []
+    for name, image_format in (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg")):
+        generate_site("siim-isic-2020", root / "data" / name, n=120, seed=3, profile=name,
+                      image_format=image_format, workers=0, progress=False)
+        site = {"name": name, "format": "siim-isic-2020", "root": f"data/{name}", "task": "melanoma",
+                "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.25},
+                "options": {"image_format": image_format}}
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
+        config = load_site(root / f"{name}.yaml")
+        shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)
+        entries.append({"config": f"{name}.yaml"})
+    federation = root / "melanoma.yaml"
+    federation.write_text(yaml.safe_dump({"name": "tiny-melanoma", "task": "melanoma", "sites": entries}))
+    return root, federation
