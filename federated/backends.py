@@ -27,14 +27,14 @@ class SiteFailure(RuntimeError):
     """Another site stopped answering (crashed, killed, or slower than the configured timeout)."""
 
 
-def _dtype_groups(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[int]]:
+def dtype_groups(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[int]]:
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.dtype, t.device), []).append(i)
     return groups
 
 
-def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
@@ -46,7 +46,7 @@ def weighted_sum(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
     return total
 
 
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
@@ -67,10 +67,10 @@ class InProcessBackend:
         """Replace every site's tensors by the weighted mean over sites (weights sum to 1)."""
         if not per_site or not per_site[0]:
             return
-        for _, idx in _dtype_groups(per_site[0]).items():
-            mean = weighted_sum([_flatten([tensors[i] for i in idx]) for tensors in per_site], weights)
+        for _, idx in dtype_groups(per_site[0]).items():
+            mean = weighted_sum([flatten([tensors[i] for i in idx]) for tensors in per_site], weights)
             for tensors in per_site:
-                _unflatten_into(mean, [tensors[i] for i in idx])
+                unflatten_into(mean, [tensors[i] for i in idx])
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         """Rows of every site concatenated in site order."""
@@ -141,10 +141,10 @@ class DistributedBackend:
         (w,) = weights
         all_weights = [float(v) for v in self._all_gather(
             "all_gather (weights)", torch.tensor([w], dtype=torch.float64, device=self.device))]
-        for _, idx in _dtype_groups(tensors).items():
+        for _, idx in dtype_groups(tensors).items():
             group = [tensors[i] for i in idx]
-            flats = self._all_gather("all_gather (mean)", _flatten(group))
-            _unflatten_into(weighted_sum(flats, all_weights), group)
+            flats = self._all_gather("all_gather (mean)", flatten(group))
+            unflatten_into(weighted_sum(flats, all_weights), group)
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site

@@ -1,0 +1,55 @@
+"""The site's half of a collective: one call to the server's published ``collective`` per mean, gather or
+barrier, carrying exactly the tensors the engine hands over (flattened per dtype group, as every backend
+does) and returning the combined result. One serialisation each way per collective."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from federated.backends import SiteFailure, dtype_groups, flatten, unflatten_into
+
+# (seq, what, site, payload) -> combined result; in a job: the server proxy's ``collective``.
+CollectiveCall = Callable[[int, str, int, object], object]
+
+
+class FlareBackend:
+    """Site ``site`` of ``num_sites``, its collectives made through ``call``."""
+
+    name = "flare"
+
+    def __init__(self, num_sites: int, site: int, call: CollectiveCall, device: torch.device):
+        self.num_sites = num_sites
+        self.site = site
+        self.local_sites = [site]
+        self.device = device
+        self._call = call
+        self._seq = 0
+
+    def _collective(self, what: str, payload):
+        self._seq += 1
+        try:
+            return self._call(self._seq, what, self.site, payload)
+        except SiteFailure:
+            raise
+        except Exception as err:  # the transport's own error types (CollabCallError, timeouts)
+            raise SiteFailure(f"site {self.site}: {what} failed: {err}") from err
+
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float]) -> None:
+        (tensors,) = per_site
+        if not tensors:
+            return
+        (w,) = weights
+        groups = list(dtype_groups(tensors).values())
+        flats = [flatten([tensors[i] for i in idx]).cpu() for idx in groups]
+        means = self._collective("mean", {"weight": float(w), "flats": flats})
+        for idx, mean in zip(groups, means):
+            unflatten_into(mean.to(self.device), [tensors[i] for i in idx])
+
+    def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        (local,) = per_site
+        return self._collective("gather", local.cpu()).to(local.device)
+
+    def barrier(self) -> None:
+        self._collective("barrier", None)

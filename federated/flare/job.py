@@ -1,0 +1,88 @@
+"""Submit a fedauc training to NVFlare and read its result back: ``run_flare(...) -> TrainResult``.
+
+``SimEnv`` runs the server and one process per site on this machine (the demo, CI); ``PocEnv`` provisions
+a consortium on this machine (root CA, certificates, mutual TLS, real server and client processes) from
+our project file; ``ProdEnv`` submits to a running consortium with an admin's startup kit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from federated.config import ShardSite, TrainConfig
+from federated.engine import TrainResult
+from federated.flare.server import FAILURE_MARK, JOB_PROP, RESULT_DIR
+from federated.flare.spec import FlareJob
+from federated.sites import site_names
+from preprocessing.errors import FedaucError
+
+
+class FlareJobFailed(FedaucError, RuntimeError):
+    """The NVFlare job ended without a result (a site failed or stopped answering, or it timed out)."""
+
+
+def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_timeout_s: float,
+              share_paths: bool) -> FlareJob:
+    """The job for ``config``'s sites. ``share_paths``: every site on this machine reads the shard folder
+    the config names (SimEnv, PocEnv); otherwise each hospital's kit says where its shards are."""
+    names = site_names(config)
+    dirs = {n: str(s.path) for n, s in zip(names, config.sites) if isinstance(s, ShardSite)} if share_paths else {}
+    settings = json.loads(config.model_dump_json(exclude={"sites"}))
+    return FlareJob(settings=settings, sites=names, task=task, diseases=diseases, shard_dirs=dirs,
+                    job_timeout_s=job_timeout_s)
+
+
+def recipe(job: FlareJob, name: str):
+    from nvflare.collab import CollabRecipe
+
+    from federated.flare import server, site
+
+    r = CollabRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
+                     server=server, client=site, min_clients=len(job.sites))
+    r.set_server_prop(JOB_PROP, job.model_dump())
+    return r
+
+
+def failure_reason(workspace: Path) -> str | None:
+    """The server's own account of why the job failed (the site and its error), from its log."""
+    for log in sorted(Path(workspace).rglob("log.txt")):
+        for line in log.read_text(errors="replace").splitlines():
+            if FAILURE_MARK in line:
+                return line[line.index(FAILURE_MARK) + len("fedauc "):]
+    return None
+
+
+def read_result(result_root: str | Path, config: TrainConfig) -> TrainResult:
+    """The global model and history site 0 returned, from the job's result folder."""
+    found = sorted(Path(result_root).rglob(f"{RESULT_DIR}/result.json"))
+    if not found:
+        raise FlareJobFailed(f"the NVFlare job finished without a result under {result_root}",
+                             fix="read the server log there (server/.../log.txt) for the failure")
+    folder = found[0].parent
+    meta = json.loads((folder / "result.json").read_text())
+    state = torch.load(folder / "global_state.pt", map_location="cpu", weights_only=True)
+    return TrainResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"])
+
+
+def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], workspace: Path,
+                  name: str = "fedauc", job_timeout_s: float = 24 * 3600.0) -> TrainResult:
+    """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``)."""
+    from nvflare.recipe import SimEnv
+
+    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True)
+    r = recipe(job, name)
+    workspace = Path(workspace)
+    shutil.rmtree(workspace / r.job_name, ignore_errors=True)
+    env = SimEnv(clients=job.sites, workspace_root=str(workspace))
+    try:
+        run = r.run(env)
+    except RuntimeError as err:
+        reason = failure_reason(workspace / r.job_name) or str(err)
+        raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
+                             fix=f"the logs of every site are under {workspace / r.job_name}") from None
+    return read_result(run.get_result(), config)

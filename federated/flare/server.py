@@ -1,0 +1,56 @@
+"""The server's half of the NVFlare job: start every site's engine, serve their collectives, keep the result.
+
+``run`` (``@collab.main``) calls every site's ``train`` once; while the sites train, their backends call
+``collective`` here, which returns only when all K sites have contributed (``Rendezvous``). The server
+holds no model of its own and sees what the sites' engines declared for communication. Site 0's final
+model and history are written to the job's run folder (``RESULT_DIR``), which comes back with the job
+result; a failed site fails the job with a message naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from nvflare.collab import collab
+
+from federated.flare.rendezvous import COMBINE, Rendezvous
+from federated.flare.spec import FlareJob
+
+RESULT_DIR = "fedauc_result"
+JOB_PROP = "fedauc_job"
+FAILURE_MARK = "fedauc training failed at "  # how the submitter finds the reason in the server's log
+
+_rendezvous: Rendezvous | None = None
+
+
+@collab.publish
+def collective(seq: int, what: str, site: int, payload):
+    return _rendezvous.contribute(seq, what, site, payload, COMBINE[what])
+
+
+@collab.publish
+def site_failed(site: str, message: str) -> None:
+    _rendezvous.fail(f"site {site!r} failed: {message}")
+
+
+@collab.main
+def run() -> str:
+    global _rendezvous
+    spec = FlareJob.model_validate(collab.get_app_prop(JOB_PROP))
+    _rendezvous = Rendezvous(spec.sites, float(spec.settings.get("timeout_s", 300.0)))
+    connected = sorted(c.name for c in collab.clients)
+    if connected != sorted(spec.sites):
+        raise RuntimeError(f"the job runs at sites {connected}, the federation lists {sorted(spec.sites)}")
+    results = collab.clients(timeout=spec.job_timeout_s).train(spec.model_dump())
+    if results.failures:
+        _rendezvous.fail("another site failed")
+        raise RuntimeError(FAILURE_MARK + "; ".join(
+            f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in sorted(results.failures.items())))
+    leader = dict(results)[spec.sites[0]]
+    out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(leader["global_state"], out / "global_state.pt")
+    (out / "result.json").write_text(json.dumps({k: leader[k] for k in ("history", "input_shape", "num_classes")}))
+    return str(out)

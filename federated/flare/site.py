@@ -1,0 +1,42 @@
+"""The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site.
+
+The engine is the one every backend runs (federated/engine.py); its collectives go to the server through
+:class:`FlareBackend`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
+lives in this call's engine; only the tensors a collective carries and, from site 0, the final global
+model and the round history (bytes, losses, metrics: what the in-process run reports) are returned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvflare.collab import collab
+
+from federated.engine import Engine
+from federated.flare.backend import FlareBackend
+from federated.flare.spec import FlareJob
+from federated.network import training_device
+
+# Seconds a site's collective call may take beyond the server's own timeout (it answers within that).
+_CALL_MARGIN_S = 30.0
+
+
+@collab.publish
+def train(job: dict) -> dict:
+    spec = FlareJob.model_validate(job)
+    name = collab.site_name
+    try:
+        site = spec.site_index(name)
+        config = spec.train_config(name, Path(collab.workspace.get_site_config_dir()))
+        server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
+        backend = FlareBackend(len(spec.sites), site, server.collective, training_device(config))
+        result = Engine(config, backend).run()
+    except Exception as err:
+        # Tell the server at once, so the other sites stop waiting for this one (instead of timing out).
+        collab.server(timeout=_CALL_MARGIN_S, optional=True).site_failed(name, f"{type(err).__name__}: {err}")
+        raise
+    if site != 0:
+        return {"site": name}
+    return {"site": name, "global_state": result.global_state, "history": result.history,
+            "input_shape": list(result.input_shape), "num_classes": result.num_classes}
+

@@ -1,0 +1,59 @@
+"""What the server sends every site: the training settings, the federation's sites in order, its task and
+diseases, and (one-machine environments only) where each site's shards are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from federated.config import ShardSite, TrainConfig
+from federated.sites import check_shard
+from preprocessing.errors import ConfigError, DataError
+
+# Written by `fedauc consortium start-site` into the site's startup kit (local/): the site's own shard folder.
+SITE_FILE = "fedauc_site.json"
+
+
+class FlareJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    settings: dict[str, Any]  # a TrainConfig without sites
+    sites: list[str] = Field(min_length=1)  # the federation's site names, in its order = site index
+    task: str
+    diseases: tuple[str, ...]
+    # SimEnv / PocEnv: every site on this machine, shards named here. A real consortium leaves it empty:
+    # each hospital's kit says where its own shards are (SITE_FILE), and the centre never knows the paths.
+    shard_dirs: dict[str, str] = Field(default_factory=dict)
+    job_timeout_s: float = Field(gt=0)
+
+    def site_index(self, name: str) -> int:
+        if name not in self.sites:
+            raise ConfigError(f"this NVFlare client is site {name!r}, which the federation does not list "
+                              f"(its sites: {', '.join(self.sites)})",
+                              fix="start the client from the kit of a site in the federation YAML")
+        return self.sites.index(name)
+
+    def train_config(self, name: str, site_config_dir: Path | None) -> TrainConfig:
+        """The config site ``name`` trains with: its own shard folder (checked against the federation)
+        and, for the other sites, names only (their data is never opened here)."""
+        shard_dir = self._shard_dir(name, site_config_dir)
+        check_shard(name, shard_dir, self.task, self.diseases)
+        sites = [ShardSite(name=s, path=shard_dir if s == name else Path(self.shard_dirs.get(s, s)))
+                 for s in self.sites]
+        return TrainConfig.model_validate({**self.settings, "sites": sites})
+
+    def _shard_dir(self, name: str, site_config_dir: Path | None) -> Path:
+        local = None if site_config_dir is None else Path(site_config_dir) / SITE_FILE
+        if local is not None and local.is_file():
+            own = json.loads(local.read_text())
+            if own.get("site") != name:
+                raise ConfigError(f"{local} describes site {own.get('site')!r}, this client is {name!r}",
+                                  fix="start each site from its own kit")
+            return Path(own["shards"])
+        if name in self.shard_dirs:
+            return Path(self.shard_dirs[name])
+        raise DataError(f"site {name!r}: no shard folder known (no {local or SITE_FILE})",
+                        fix="start the site with `fedauc consortium start-site <kit> --site-yaml <its site YAML> "
+                            "--shards <folder>`")

@@ -1,0 +1,90 @@
+"""The NVFlare training mode (federated/flare/) under NVFlare's simulator: the same model as in-process,
+bit for bit, for algorithms that exercise MEAN (CODASCA), stage statistics (LocalSCGDAM's stages) and
+GATHER with the initial gather (FeDXL2's score pools); and the server's rendezvous on its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import federated
+from federated.backends import SiteFailure
+from federated.flare.job import run_simulated
+from federated.flare.rendezvous import COMBINE, Rendezvous
+from federated.sites import federation_config
+from preprocessing.federation import load_federation
+
+pytestmark = pytest.mark.slow
+
+
+def _config(melanoma_shards, algorithm: str, params: dict):
+    root, federation = melanoma_shards
+    settings = dict(algorithm=algorithm, params=params, network="small_resnet", network_kwargs={"widths": [8, 16, 32]},
+                    rounds=2, local_steps=8, batch_size=32, lr=1.0, guarantee_positives=True, eval_every=1,
+                    progress=False, loader_workers=0, timeout_s=60, device="cpu")
+    return federation_config(load_federation(federation), root / "shards", settings)
+
+
+@pytest.mark.parametrize(("algorithm", "params"), [("codasca", {"T0": 8}), ("localscgdam", {}),
+                                                   ("fedxl2", {})])
+def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_shards, monkeypatch, algorithm, params):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the site processes compute like this one-thread process
+    cfg = _config(melanoma_shards, algorithm, params)
+    flare = run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name=f"test-{algorithm}")
+    local = federated.train(cfg)
+    assert flare.global_state.keys() == local.global_state.keys()
+    worst = max((flare.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
+    assert worst <= 1e-5
+    for mine, theirs in zip(local.history, flare.history, strict=True):
+        assert theirs["train_loss"] == pytest.approx(mine["train_loss"], abs=1e-6)
+        assert theirs["bytes_sent"] == mine["bytes_sent"] and theirs["bytes_received"] == mine["bytes_received"]
+        assert theirs["metrics"].keys() == mine["metrics"].keys()
+        assert theirs["metrics"]["valid/pooled/auc_macro"] == pytest.approx(mine["metrics"]["valid/pooled/auc_macro"],
+                                                                           abs=1e-6, nan_ok=True)
+
+
+def _contribute_all(rendezvous: Rendezvous, what: str, payloads: list, order: list[int]) -> list:
+    results = [None] * len(payloads)
+
+    def site(k):
+        try:
+            results[k] = rendezvous.contribute(1, what, k, payloads[k], COMBINE[what])
+        except SiteFailure as err:
+            results[k] = err
+
+    threads = [threading.Thread(target=site, args=(k,)) for k in order]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)  # arrival order as given
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def test_rendezvous_combines_in_site_order_whatever_the_arrival_order():
+    flats = [torch.tensor([1e8, 1.0, -1e8]), torch.tensor([1.0, 3.0, 1e8]), torch.tensor([-1e8, 5.0, 1.0])]
+    weights = [0.2, 0.3, 0.5]
+    payloads = [{"weight": w, "flats": [f]} for w, f in zip(weights, flats)]
+    want = flats[0] * weights[0]
+    for w, f in zip(weights[1:], flats[1:]):
+        want.add_(f, alpha=w)
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        results = _contribute_all(Rendezvous(["a", "b", "c"], 5), "mean", payloads, order)
+        assert all(torch.equal(r[0], want) for r in results)
+    rows = [torch.full((n, 2), float(k)) for k, n in enumerate((2, 0, 3))]
+    results = _contribute_all(Rendezvous(["a", "b", "c"], 5), "gather", rows, [2, 1, 0])
+    assert all(torch.equal(r, torch.cat(rows)) for r in results)
+
+
+def test_rendezvous_names_the_site_that_never_came():
+    rendezvous = Rendezvous(["vienna", "barcelona", "new-york"], 0.5)
+    started = time.monotonic()
+    results = _contribute_all(rendezvous, "barrier", [None, None], [0, 1])
+    assert time.monotonic() - started < 3
+    assert all(isinstance(r, SiteFailure) for r in results)
+    assert "site(s) new-york did not reach barrier (collective #1) within 0.5 s" in str(results[0])
+    with pytest.raises(SiteFailure, match="new-york"):  # later collectives fail at once
+        rendezvous.contribute(2, "barrier", 0, None, COMBINE["barrier"])
