@@ -11,20 +11,16 @@ from pathlib import Path
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.federation import Federation
-from preprocessing.shards import SHARD_FILE, load_shard_info
+from preprocessing.shard_format import SHARD_FILE, is_finished, read_shard_info
 
 
 def check_shard(site: str, shard_dir: Path, task: str, diseases: tuple[str, ...]) -> None:
     """Raise a ``DataError`` naming ``site`` unless ``shard_dir`` holds finished shards of ``task`` with
     exactly ``diseases`` (the federation's, in its order)."""
-    try:
-        meta = load_shard_info(Path(shard_dir))
-    except (OSError, ValueError) as err:
-        raise DataError(f"{Path(shard_dir) / SHARD_FILE}: cannot read the shard description: {err}",
-                        fix="preprocess the site again") from None
-    if meta is None:
+    if not is_finished(shard_dir):
         raise DataError(f"site {site!r}: no shards at {shard_dir} (no {SHARD_FILE})",
                         fix=f"run `fedauc preprocess <{site}'s site YAML> --out {Path(shard_dir).parent}` first")
+    meta = read_shard_info(shard_dir)
     if meta.get("site") != site:
         raise DataError(f"{shard_dir}: the shards belong to site {meta.get('site')!r}, not {site!r}",
                         fix=f"point site {site!r} at its own shard folder")
