@@ -256,8 +256,8 @@ def _quarantine_duplicate_content(splits: dict[str, pd.DataFrame], outcomes: dic
         outcomes[row.split].loc[row.row, ["ok", "reason", "detail"]] = [
             False,
             Reason.DUPLICATE_CONTENT.value,
-            f"{row.image_path} (patient {row.patient_id}, {row.split}) is byte-identical to {original.image_path} "
-            f"({original.source_row}, patient {original.patient_id}, {original.split}), which is kept",
+            f"{row.image_path} ({row.split}) is byte-identical to {original.image_path} "
+            f"({original.source_row}, {original.split}), kept under another patient or in another split",
         ]
 
 
