@@ -97,7 +97,7 @@ class ImageInfo:
 
     path: str
     format: str  # "dicom", "png", "jpeg" or "tiff"
-    modality: str | None  # None when the file has no Modality tag (always for PNG/JPEG)
+    modality: str | None  # None when the file has no Modality tag (always for PNG/JPEG/TIFF)
     photometric: str  # PhotometricInterpretation for DICOM, the Pillow mode for PNG/JPEG/TIFF
     bits_stored: int
     transfer_syntax: str | None
