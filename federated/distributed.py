@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(config, backend)
     except FedaucError as err:
         print(f"fedauc distributed: {err}", file=sys.stderr, flush=True)
-        return 2
+        sys.stdout.flush()
+        os._exit(2)  # as below: the process group may be up, and its teardown can abort the interpreter
     try:
         result = engine.run()
     except SiteFailure as err:
