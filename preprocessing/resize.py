@@ -8,9 +8,9 @@ matches the background of both modalities (air after MONOCHROME1 inversion, the 
 dermatoscope), so it adds no bright edge a network could key on.
 
 Interpolation: on float32 ("F" mode) planes, Pillow first averages k x k blocks (k the integer part of
-the reduction factor, ``reducing_gap=1``) and then applies its bilinear filter, whose support it widens by
-the remaining factor. Both steps average, so downscaling a 3000-pixel film to 224 is antialiased (no moire
-from rib edges), a triangle filter never overshoots [0, 1] the way Lanczos can, and the block averaging
+the reduction factor, ``reducing_gap=1``; ``box_reduce`` lets a decoder do this step before converting to
+numpy) and then applies its bilinear filter, whose support it widens by the remaining factor. Both steps
+average, so downscaling a 3000-pixel film to 224 is antialiased (no moire from rib edges), a triangle filter never overshoots [0, 1] the way Lanczos can, and the block averaging
 makes a 1024 -> 224 resize about 4x cheaper than the full-support filter (it was a third of the decode
 time). Quantisation to 8 bits is the very last step, so the 16-bit precision of the decoded image reaches
 the averaging.
@@ -40,10 +40,7 @@ def resize_to_square(image: np.ndarray, size: int) -> Tile:
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
         raise ValueError(f"expected an (H, W) or (H, W, 3) image, got shape {image.shape}")
     height, width = image.shape[:2]
-    scale = size / max(height, width)
-    new_height = max(1, min(size, round(height * scale)))
-    new_width = max(1, min(size, round(width * scale)))
-
+    new_height, new_width = content_size(height, width, size)
     planes = [image] if image.ndim == 2 else [image[..., c] for c in range(3)]
     resized = [
         np.asarray(
@@ -60,6 +57,28 @@ def resize_to_square(image: np.ndarray, size: int) -> Tile:
     tile = np.zeros((size, size) + image.shape[2:], dtype=np.uint8)
     tile[top : top + new_height, left : left + new_width] = quantize(content)
     return Tile(tile, (top, left, new_height, new_width))
+
+
+def content_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """(height, width) of the image inside a ``size`` tile: the longer side becomes ``size``."""
+    scale = size / max(height, width)
+    return max(1, min(size, round(height * scale))), max(1, min(size, round(width * scale)))
+
+
+def box_reduce(plane: Image.Image, size: int) -> Image.Image:
+    """The block averaging ``resize_to_square`` starts with (Pillow's ``reducing_gap=1``: k x k blocks, k the
+    integer part of the reduction factor), on one float ("F") plane whose sides are multiples of the same k.
+
+    A decoder that holds a Pillow image applies it before converting to numpy, so the full-size float array
+    is never made; ``resize_to_square`` then finds nothing left to average: the same tile up to float32 rounding.
+    Other planes are left alone: Pillow weighs partial edge blocks by a fractional source box, and computes
+    the tile's aspect from the original sides, neither of which a numpy array can carry.
+    """
+    new_height, new_width = content_size(plane.height, plane.width, size)
+    factor_x, factor_y = plane.width // new_width or 1, plane.height // new_height or 1
+    if factor_x == 1 or factor_x != factor_y or plane.width % factor_x or plane.height % factor_y:
+        return plane
+    return plane.reduce((factor_x, factor_y))
 
 
 def quantize(image: np.ndarray) -> np.ndarray:

@@ -111,6 +111,7 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
             min_size=transform.min_image_size,
             root=chunk.root,
             limits=transform.limits,
+            target_size=transform.image_size,
         )
         digest = file_digest(path)
     except DecodeError as err:

@@ -301,6 +301,14 @@ def acquire(density: np.ndarray, profile: ChestProfile, rng: np.random.Generator
     return image.astype(np.float32)
 
 
+def detector_film(findings: ChestFindings, profile: ChestProfile, rng: np.random.Generator) -> np.ndarray:
+    """A film at full detector resolution (CheXpert and MIMIC-CXR exports are about 3000x2500): anatomy
+    drawn at 1/8 of ``profile``'s size (it is smooth, and drawing it at 3000 px would take seconds), then
+    blur, quantum noise and markers per detector pixel, which is what sets the size of a JPEG export."""
+    density = render_chest(findings, rng, max(96, profile.height // 8), max(96, profile.width // 8))
+    return acquire(upsample(density, profile.height, profile.width), profile, rng)
+
+
 def _burn_in(image: np.ndarray, text: str, rng: np.random.Generator) -> np.ndarray:
     """Burned-in annotation as on real films: white text in a corner, drawn with Pillow's bitmap font."""
     height, width = image.shape
