@@ -138,9 +138,10 @@ def test_shards_keep_labels_and_qc_facts(films, tmp_path):
         Image.fromarray(np.rint(film * 255).astype(np.uint8)).save(root / names[-1], quality=95)
     # Stored 1600x80: kept (shorter side 80 >= 64), although DCT scaling decodes it at 400x20.
     names.append("strip.jpg")
-    Image.fromarray(np.full((80, 1600), 128, dtype=np.uint8)).save(root / "strip.jpg")
+    ramp = np.tile(np.linspace(0, 255, 1600).astype(np.uint8), (80, 1))
+    Image.fromarray(ramp).save(root / "strip.jpg")
     names.append("small.jpg")  # 60 rows stored: quarantined by its stored size
-    Image.fromarray(np.full((60, 900), 128, dtype=np.uint8)).save(root / "small.jpg")
+    Image.fromarray(ramp[:60, :900]).save(root / "small.jpg")
     records = pd.DataFrame({
         "record_id": [f"r{k}" for k in range(len(names))], "source_row": [f"l.csv:{k + 2}" for k in range(len(names))],
         "patient_id": [f"p{k}" for k in range(len(names))], "study_id": [f"s{k}" for k in range(len(names))],
