@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import multiprocessing
 import resource
-import shutil
 import sys
 import tempfile
 import threading
@@ -71,19 +70,22 @@ def make_films(root: Path, count: int, size: int = 1024) -> pd.DataFrame:
 
 
 def make_jpeg_films(root: Path, count: int, distinct: int = 4, height: int = 3000, width: int = 2500) -> pd.DataFrame:
-    """``count`` JPEG chest films of CheXpert geometry: ``distinct`` rendered ones (a second each), copied.
+    """``count`` JPEG chest films of CheXpert geometry: ``distinct`` rendered ones (a second each), re-encoded
+    with a different corner pixel (byte-identical copies would be quarantined as duplicate content).
 
     The Stanford acquisition profile at full detector resolution (``detector_film``), a burned-in side
     marker, quality 95.
     """
     root.mkdir(parents=True, exist_ok=True)
     xray = dataclasses.replace(chest_profile("stanford").xray, height=height, width=width, blur_px=2.0, noise=0.02)
+    films = []
     for k in range(distinct):
         findings = ChestFindings(severity={"Edema": 0.6} if k % 2 else {"Pleural Effusion": 0.8})
-        image = detector_film(findings, xray, np.random.default_rng([1, k]))
-        Image.fromarray(np.rint(image * 255).astype(np.uint8)).save(root / f"{k:06d}.jpg", quality=JPEG_QUALITY)
-    for k in range(distinct, count):
-        shutil.copyfile(root / f"{k % distinct:06d}.jpg", root / f"{k:06d}.jpg")
+        films.append(np.rint(detector_film(findings, xray, np.random.default_rng([1, k])) * 255).astype(np.uint8))
+    for k in range(count):
+        film = films[k % distinct]
+        film[0, 0] = k % 256
+        Image.fromarray(film).save(root / f"{k:06d}.jpg", quality=JPEG_QUALITY)
     return film_records([f"{k:06d}.jpg" for k in range(count)])
 
 

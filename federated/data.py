@@ -70,13 +70,22 @@ def load_shard(site_dir: str | Path) -> SiteData:
 
 def to_model_input(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host rows -> float model input on ``device``: uint8 images become (B, ch, H, W) in [0, 1]."""
+    host = host_rows(images)
+    return device_images(host.pin_memory() if device.type == "cuda" and host.device.type == "cpu" else host, device)
+
+
+def host_rows(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A batch's rows as a tensor; a slice of the read-only memory map is copied once, into its own buffer."""
     if isinstance(images, np.ndarray):
-        # A slice of the read-only memory map is copied once here, into the batch's own buffer.
-        images = torch.from_numpy(images if images.flags.writeable and images.flags.c_contiguous else np.array(images))
+        return torch.from_numpy(images if images.flags.writeable and images.flags.c_contiguous else np.array(images))
+    return images
+
+
+def device_images(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Rows -> float model input on ``device``; uint8 travels as uint8 (a quarter of float's bytes) and is
+    converted there. The copy is asynchronous when ``images`` is in page-locked host memory."""
     if images.dtype != torch.uint8:
         return images.to(device, dtype=torch.float32, non_blocking=True)
-    if device.type == "cuda":
-        images = images.pin_memory()
     x = images.to(device, non_blocking=True)
     # (N, H, W) is single-channel, (N, H, W, 3) is RGB in channels-last order.
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
@@ -100,12 +109,6 @@ def augment(x: torch.Tensor, flip: bool, max_shift: int) -> torch.Tensor:
     return x
 
 
-def labels_to_targets(labels: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    lab = torch.from_numpy(np.asarray(labels, dtype=np.float32))
-    known = ~torch.isnan(lab)
-    return torch.nan_to_num(lab, nan=0.0).to(device), known.float().to(device)
-
-
 class SiteLoader:
     """Endless seeded minibatches of one split; the state (RNG and queue) is checkpointable.
 
@@ -113,8 +116,10 @@ class SiteLoader:
     epoch's permutation, so every sample is visited once per epoch. ``guarantee_positives`` replaces a
     random slot by a random positive of every disease that has positives at the site but none in the
     batch (for heavily imbalanced tasks, where AUC losses need both classes in a batch).
-    ``workers`` threads read the next batches from the memory map while the current one trains.
-    ``flip`` / ``max_shift`` augment image batches on the training device (see :func:`augment`).
+    ``workers`` threads read the next batches from the memory map while the current one trains; on CUDA
+    they also page-lock each batch, so that its copies to the GPU are asynchronous (``non_blocking``) and
+    overlap the computation. ``flip`` / ``max_shift`` augment image batches on the training device (see
+    :func:`augment`).
     """
 
     def __init__(self, split: SplitData, batch_size: int, seed: int, device: torch.device,
@@ -160,15 +165,20 @@ class SiteLoader:
         rows[order] = np.arange(len(idx))
         images = np.asarray(self.split.images[idx[order]])[rows] if isinstance(self.split.images, np.ndarray) \
             else self.split.images[torch.from_numpy(idx)]
-        return images, self.split.labels[idx], idx
+        labels = self.split.labels[idx]
+        host = (host_rows(images), torch.from_numpy(np.nan_to_num(labels, nan=0.0)),
+                torch.from_numpy((~np.isnan(labels)).astype(np.float32)), torch.from_numpy(idx))
+        if self.device.type == "cuda":
+            host = tuple(t.pin_memory() if t.device.type == "cpu" else t for t in host)
+        return host
 
     def _to_batch(self, host) -> Batch:
-        images, labels, idx = host
-        y, mask = labels_to_targets(labels, self.device)
-        x = to_model_input(images, self.device)
+        images, y, mask, idx = host
+        x = device_images(images, self.device)
         if x.ndim == 4 and (self.flip or self.max_shift):
             x = augment(x, self.flip, self.max_shift)
-        return Batch(x, y, mask, torch.from_numpy(idx).to(self.device))
+        return Batch(x, y.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True),
+                     idx.to(self.device, non_blocking=True))
 
     def batches(self, n: int):
         """The next ``n`` batches; indices are drawn up front (deterministic), reads run ahead in threads."""

@@ -38,11 +38,13 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: 
 def initial_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int,
                   device: torch.device) -> nn.Module:
     """The run's initial network (seeded by ``config.seed``: the same at every site), on ``device`` in
-    train mode, channels-last on CUDA when the config asks for it."""
+    train mode, channels-last on CUDA and compiled when the config asks for it."""
     torch.manual_seed(config.seed)
     model = build_model(config, input_shape, num_classes).to(device)
     if config.channels_last and device.type == "cuda" and len(input_shape) == 3:
         model = model.to(memory_format=torch.channels_last)
+    if config.compile_network:
+        model.compile()
     return model.train()
 
 

@@ -342,7 +342,8 @@ def _decode_pillow(
 def _reduced_bands(image: Image.Image, target_size: int) -> np.ndarray:
     """Each band as a float plane, block-averaged in Pillow the way ``resize_to_square`` starts: the
     full-size float array is never made (exact: averaging is linear, the intensity mapping comes after)."""
-    bands = [np.asarray(box_reduce(band.convert("F"), target_size)) for band in image.split()]
+    bands = [np.asarray(box_reduce(band.convert("F"), target_size))
+             for band in (image.split() if len(image.getbands()) > 1 else (image,))]
     return bands[0] if len(bands) == 1 else np.stack(bands, axis=2)
 
 
