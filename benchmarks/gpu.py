@@ -41,7 +41,7 @@ from federated.data import SiteLoader, augment, device_images, load_shard
 from federated.network import initial_model
 from models.objectives import masked_bce_with_logits
 from preprocessing.records import CHEST_XRAY_DISEASES
-from preprocessing.shard_format import FORMAT_VERSION
+from preprocessing.shard_format import FORMAT_VERSION, SHARD_FILE, images_path, manifest_path
 
 ENGINE_TARGET = 0.95  # engine / plain loop, images/s
 LOADER_TARGET = 3.0  # loader alone / engine, images/s
@@ -54,14 +54,15 @@ def write_shards(root: Path, sites: int, n: int, image: int) -> list[Path]:
     dirs = []
     for k in range(sites):
         site = root / f"site{k}"
-        (site / "train").mkdir(parents=True)
+        images_path(site, "train").parent.mkdir(parents=True)
         labels = (rng.random((n, len(CHEST_XRAY_DISEASES))) < 0.3).astype(np.float32)
         labels[rng.random(labels.shape) < 0.25] = np.nan
-        np.save(site / "train" / "images.npy", rng.integers(0, 256, (n, image, image), dtype=np.uint8))
-        pd.DataFrame(labels, columns=list(CHEST_XRAY_DISEASES)).to_parquet(site / "train" / "manifest.parquet")
-        info = {"format_version": FORMAT_VERSION, "site": f"site{k}", "task": "chest-xray", "diseases": list(CHEST_XRAY_DISEASES),
-                "image_size": image, "channels": 1, "counts": {"train": n, "valid": 0, "test": 0}}
-        (site / "shard.json").write_text(json.dumps(info))
+        np.save(images_path(site, "train"), rng.integers(0, 256, (n, image, image), dtype=np.uint8))
+        pd.DataFrame(labels, columns=list(CHEST_XRAY_DISEASES)).to_parquet(manifest_path(site, "train"))
+        info = {"format_version": FORMAT_VERSION, "site": f"site{k}", "task": "chest-xray",
+                "diseases": list(CHEST_XRAY_DISEASES), "image_size": image, "channels": 1,
+                "counts": {"train": n, "valid": 0, "test": 0}}
+        (site / SHARD_FILE).write_text(json.dumps(info))
         dirs.append(site)
     return dirs
 
