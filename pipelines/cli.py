@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
 
 app = typer.Typer(
@@ -176,6 +178,15 @@ def demo(
     typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
 
 
+class TrainBackend(str, Enum):
+    inprocess = "inprocess"
+    flare = "flare"
+
+
+class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
+    sim = "sim"
+
+
 @app.command("train")
 def train_command(
     federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
@@ -193,6 +204,12 @@ def train_command(
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint after every round here (default checkpoints/<run name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
+    backend: TrainBackend = typer.Option("inprocess", "--backend",
+                                help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
+    flare_env: FlareEnv = typer.Option("sim", "--flare-env",
+                                  help="With --backend flare: sim = NVFlare's simulator, one process per site here."),
+    flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
+                                        help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -211,7 +228,8 @@ def train_command(
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
-    summary = _flows().train_federated(federation, shards, config, run_name)
+    flare = {"env": flare_env.value, "workspace": flare_workspace} if backend is TrainBackend.flare else None
+    summary = _flows().train_federated(federation, shards, config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
 
 
@@ -266,3 +284,56 @@ def ui(
 
     configure_prefect_env()
     serve_uis(mlflow_port, prefect_port, echo=typer.echo)
+
+
+consortium_app = typer.Typer(help="An NVIDIA FLARE consortium: provision its kits, start a hospital's client.",
+                             no_args_is_help=True)
+app.add_typer(consortium_app, name="consortium")
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(str(err), err=True)
+    raise typer.Exit(code=1) from None
+
+
+@consortium_app.command("provision")
+def consortium_provision(
+    federation: str = typer.Argument(..., help="The federation YAML: one client kit per hospital it lists."),
+    out: str = typer.Option(..., "--out", help="Folder for project.yml, the root CA state and the kits."),
+    server_host: str = typer.Option("localhost", "--server-host", help="The name the hospitals dial (the server's FQDN)."),
+    port: int = typer.Option(8002, "--port", min=1, max=65535, help="The server's one port (mutual TLS)."),
+    admin: str = typer.Option("admin@fedauc.org", "--admin", help="The project admin who submits trainings."),
+) -> None:
+    """Write the consortium's project file and startup kits (server, one per hospital, one admin) and say
+    what to send to whom."""
+    from pathlib import Path
+
+    from federated.flare.provision import project, provision
+    from preprocessing.errors import FedaucError
+    from preprocessing.federation import load_federation
+
+    try:
+        kits = provision(project(load_federation(federation), server_host, port, admin), Path(out))
+    except FedaucError as err:
+        _fail(err)
+    typer.echo(kits.summary(server_host, port))
+
+
+@consortium_app.command("start-site")
+def consortium_start_site(
+    kit: str = typer.Argument(..., help="This hospital's startup kit (from `fedauc consortium provision`)."),
+    site_yaml: str = typer.Option(..., "--site-yaml", help="This hospital's site YAML (its name must be the kit's)."),
+    shards: str = typer.Option(..., "--shards", help="Where `fedauc preprocess` wrote this site's shards (OUT of --out)."),
+) -> None:
+    """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
+    in the foreground until it stops."""
+    from federated.flare.consortium import check_certificate, prepare_site, run_site
+    from preprocessing.errors import FedaucError
+
+    try:
+        client = prepare_site(kit, site_yaml, shards)
+    except FedaucError as err:
+        _fail(err)
+    typer.echo(f"site {client.name}: certificate valid until {check_certificate(client):%Y-%m-%d}; "
+               f"dialling {client.server_host}:{client.server_port}")
+    raise typer.Exit(code=run_site(client))

@@ -88,25 +88,37 @@ def _training_cache_key(context, parameters) -> str:
     federation = load_federation(parameters["federation_yaml"])
     hashes = [shard_content_hash(d) for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
     payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),
-                          "name": parameters.get("run_name")}, sort_keys=True, default=str)
+                          "name": parameters.get("run_name"), "flare": parameters.get("flare")}, sort_keys=True, default=str)
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
 
 
 @task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=_transient,
       cache_key_fn=_training_cache_key, persist_result=True)
-def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
+def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
+               flare: dict | None = None) -> dict:
     federation = load_federation(federation_yaml)
-    result = runs.train_tracked(federation, Path(shards_root), config, run_name)
+    result = runs.train_tracked(federation, Path(shards_root), config, run_name, flare)
     return runs.training_summary(result)
 
 
 @flow(name="train_federated")
-def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None) -> dict:
-    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites)."""
-    summary = train_task(federation_yaml, shards_root, config, run_name)
+def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
+                    flare: dict | None = None) -> dict:
+    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites); ``flare``
+    (``{"env": "sim", "workspace": folder}``) runs it as an NVIDIA FLARE job."""
+    summary = train_task(federation_yaml, shards_root, config, run_name, flare)
     create_markdown_artifact(key=f"train-{artifact_key(summary['run_name'])}",
                              markdown=runs.training_markdown(summary), description="federated training")
     return summary
+
+
+@flow(name="start_site_client")
+def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
+    """At a hospital: its NVIDIA FLARE client from its startup kit, after every check
+    (federated/flare/consortium.py); runs until the client stops and returns its exit status."""
+    from federated.flare.consortium import prepare_site, run_site
+
+    return run_site(prepare_site(kit, site_yaml, shards_root))
 
 
 # --- evaluation and comparison ------------------------------------------------------------------------

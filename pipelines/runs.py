@@ -166,9 +166,11 @@ def train_tracked(
     shards_root: Path,
     config: dict,
     run_name: str | None = None,
+    flare: dict | None = None,
 ) -> TrainingRun:
     """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards and record it
-    in MLflow."""
+    in MLflow. ``flare`` (``{"env": "sim", "workspace": folder}``) trains over NVIDIA FLARE instead of in this
+    process; the records are the same."""
     shard_dirs = site_shard_dirs(federation, shards_root)
     config = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
     tracking.configure()
@@ -180,7 +182,15 @@ def train_tracked(
             parent, child_ids):
         mlflow.log_params(training_params(config, federation, shard_dirs))
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
-        result = train(config, callbacks=[RoundLogger(client, parent.info.run_id, child_ids)])
+        logger = RoundLogger(client, parent.info.run_id, child_ids)
+        if flare is None:
+            result = train(config, callbacks=[logger])
+        else:
+            from federated.flare.job import train_flare
+
+            mlflow.log_param("flare_env", flare["env"])
+            result = train_flare(config, federation.task, tuple(federation.sites[0].diseases), flare["env"],
+                                 Path(flare["workspace"]), [logger], name=run_name)
         model = result.model().eval()
         _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
         final = result.history[-1].get("metrics", {})

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from federated.config import ShardSite, TrainConfig
-from federated.engine import TrainResult
+from federated.engine import RoundCallback, TrainResult
 from federated.flare.server import FAILURE_MARK, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
 from federated.sites import site_names
-from preprocessing.errors import FedaucError
+from preprocessing.errors import ConfigError, FedaucError
 
 
 class FlareJobFailed(FedaucError, RuntimeError):
@@ -86,3 +87,21 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
         raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
                              fix=f"the logs of every site are under {workspace / r.job_name}") from None
     return read_result(run.get_result(), config)
+
+
+# The NVFlare environments a training can run in from here (``fedauc train --flare-env``).
+FLARE_ENVS = ("sim",)
+
+
+def train_flare(config: TrainConfig, task: str, diseases: tuple[str, ...], env: str, workspace: Path,
+                callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> TrainResult:
+    """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
+    as site 0 reported it (the same records, in the same order, as an in-process training's callbacks)."""
+    if env not in FLARE_ENVS:
+        raise ConfigError(f"NVFlare environment {env!r} is not available here (available: {', '.join(FLARE_ENVS)})",
+                          fix="train with --flare-env sim")
+    result = run_simulated(config, task, diseases, workspace, name=name)
+    for record in result.history:
+        for callback in callbacks:
+            callback(record)
+    return result
