@@ -1,0 +1,114 @@
+"""A hospital joins a running consortium: check its startup kit, its certificate, the server and its shards,
+then run its NVFlare client in the foreground (what ``fedauc consortium start-site`` and the hospital's
+Prefect deployment do).
+
+Every check fails with a ``ConfigError`` / ``DataError`` that says what to do, before NVFlare starts: an
+expired certificate or one the kit's root CA did not sign, a server that cannot be reached (named by
+address), a site YAML whose site is not the kit's, and shards that do not fit the federation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from federated.flare.spec import SITE_FILE
+from federated.sites import check_shard
+from preprocessing.errors import ConfigError
+from preprocessing.sites import load_site
+
+
+@dataclass
+class ClientKit:
+    root: Path
+    name: str  # the site name the certificate was issued to
+    server_host: str
+    server_port: int
+
+    @property
+    def certificate(self) -> Path:
+        return self.root / "startup" / "client.crt"
+
+    @property
+    def root_ca(self) -> Path:
+        return self.root / "startup" / "rootCA.pem"
+
+
+def read_kit(kit: str | Path) -> ClientKit:
+    root = Path(kit).resolve()
+    config_path = root / "startup" / "fed_client.json"
+    if not config_path.is_file():
+        raise ConfigError(f"{root}: not a hospital's startup kit (no startup/fed_client.json)",
+                          fix="pass the folder `fedauc consortium provision` wrote for this hospital")
+    config = json.loads(config_path.read_text())
+    host, _, port = config["servers"][0]["service"]["target"].rpartition(":")
+    return ClientKit(root, config["client"]["fqsn"], host, int(port))
+
+
+def check_certificate(kit: ClientKit, now: dt.datetime | None = None) -> dt.datetime:
+    """The certificate's expiry; raises unless it is valid now and signed by the kit's root CA."""
+    from cryptography import x509
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    cert = x509.load_pem_x509_certificate(kit.certificate.read_bytes())
+    root = x509.load_pem_x509_certificate(kit.root_ca.read_bytes())
+    fix = "ask the consortium's project admin for a new kit (`fedauc consortium provision` again)"
+    try:
+        cert.verify_directly_issued_by(root)
+    except (ValueError, TypeError, Exception) as err:  # cryptography raises InvalidSignature / ValueError
+        raise ConfigError(f"{kit.certificate}: not signed by the consortium's root CA in {kit.root_ca} ({err or 'bad signature'}); "
+                          "the server would refuse this site", fix=fix) from None
+    for which, c in (("certificate", cert), ("root CA", root)):
+        if c.not_valid_after_utc < now:
+            raise ConfigError(f"{kit.root}: the site's {which} expired on {c.not_valid_after_utc:%Y-%m-%d}", fix=fix)
+        if c.not_valid_before_utc > now:
+            raise ConfigError(f"{kit.root}: the site's {which} is valid only from {c.not_valid_before_utc:%Y-%m-%d %H:%M} UTC",
+                              fix="check this machine's clock")
+    return min(cert.not_valid_after_utc, root.not_valid_after_utc)
+
+
+def check_server_reachable(host: str, port: int, timeout_s: float = 5.0) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as err:
+        raise ConfigError(f"the consortium's server {host}:{port} cannot be reached: {err}",
+                          fix=f"check that the server runs and that this machine may open outbound TCP to {host}:{port}"
+                          ) from None
+
+
+def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path, check_server: bool = True) -> ClientKit:
+    """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here)."""
+    client = read_kit(kit)
+    site = load_site(site_yaml)
+    if site.name != client.name:
+        raise ConfigError(f"{site_yaml} is site {site.name!r}, the kit {client.root} was issued to {client.name!r}",
+                          fix="start each hospital with its own kit and its own site YAML")
+    check_certificate(client)
+    shard_dir = Path(shards_root).resolve() / site.name
+    check_shard(site.name, shard_dir, site.task, site.diseases)
+    if check_server:
+        check_server_reachable(client.server_host, client.server_port)
+    (client.root / "local" / SITE_FILE).write_text(json.dumps({"site": site.name, "shards": str(shard_dir)}))
+    return client
+
+
+def client_command(kit: ClientKit) -> list[str]:
+    """NVFlare's own start script, once, in the foreground (no restart loop: the caller supervises)."""
+    return ["bash", str(kit.root / "startup" / "sub_start.sh"), "--once"]
+
+
+def client_env() -> dict[str, str]:
+    """The start script calls ``python3``: make it this interpreter (the one with fedauc and nvflare)."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run_site(kit: ClientKit) -> int:
+    """Run the site's client until it stops; its exit status."""
+    return subprocess.call(client_command(kit), env=client_env(), cwd=kit.root)

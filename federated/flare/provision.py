@@ -1,0 +1,96 @@
+"""A consortium's identities: the NVFlare project file and its signed startup kits, from a federation YAML.
+
+One root CA (kept in the output folder's provisioning state, so a later provisioning of the same folder,
+e.g. to onboard a hospital, signs with the same CA), one certificate and key per participant: the server
+(named by the host the hospitals dial), one client per hospital of the federation (its site name), one
+project admin who submits jobs. ``connection_security`` is mutual TLS; the hospitals only dial out to
+the server's one port. ``nvflare.lighter`` does the cryptography.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from preprocessing.federation import Federation
+
+DEFAULT_PORT = 8002
+
+
+@dataclass
+class Kits:
+    project_file: Path
+    server: Path
+    sites: dict[str, Path]
+    admin: Path
+
+    def summary(self, server_host: str, port: int) -> str:
+        """What to send to whom (and what never to send), as Markdown."""
+        lines = [
+            f"Consortium kits in {self.server.parent} (project file {self.project_file}).",
+            "",
+            "| kit | send to | it runs | network |",
+            "|---|---|---|---|",
+            f"| `{self.server}` | the coordinating centre's server machine ({server_host}) | "
+            f"`startup/start.sh` | accepts TCP {port} from the hospitals (mutual TLS) |",
+        ]
+        for name, kit in self.sites.items():
+            lines.append(f"| `{kit}` | hospital {name!r}, the machine that holds its shards | "
+                         f"`fedauc consortium start-site {kit.name} --site-yaml <its site YAML> --shards <its shards>` | "
+                         f"dials out to {server_host}:{port}; nothing inbound |")
+        lines += [
+            f"| `{self.admin}` | the person who submits trainings (project admin) | "
+            f"NVFlare's admin API with this kit (`nvflare.recipe.ProdEnv(startup_kit_location=...)`) | "
+            f"dials {server_host}:{port} |",
+            "",
+            "Each kit holds its owner's private key: send it over a channel you trust, one kit per recipient, "
+            "and never the provisioning folder itself (it holds the root CA's key). Certificates expire: "
+            "`fedauc consortium start-site` says when.",
+        ]
+        return "\n".join(lines)
+
+
+def project(federation: Federation, server_host: str, port: int = DEFAULT_PORT, admin: str = "admin@fedauc.org",
+            root_valid_days: int = 360) -> dict:
+    """The NVFlare project (api_version 3) of ``federation``."""
+    participants = [{"name": server_host, "type": "server", "org": "coordinating_centre",
+                     "fed_learn_port": port, "admin_port": port}]
+    participants += [{"name": site.name, "type": "client", "org": re.sub(r"[^A-Za-z0-9_]", "_", site.name)} for site in federation.sites]
+    participants.append({"name": admin, "type": "admin", "org": "coordinating_centre", "role": "project_admin"})
+    return {
+        "api_version": 3,
+        "name": federation.name,
+        "description": f"fedauc consortium of federation {federation.name} ({federation.task})",
+        "participants": participants,
+        "builders": [
+            {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
+             "args": {"template_file": ["master_template.yml"]}},
+            {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder",
+             "args": {"config_folder": "config", "connection_security": "mtls"}},
+            {"path": "nvflare.lighter.impl.cert.CertBuilder", "args": {"root_valid_days": root_valid_days}},
+            {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+        ],
+    }
+
+
+def provision(project_dict: dict, out: Path) -> Kits:
+    """Write ``project.yml`` and the signed startup kits under ``out``."""
+    from nvflare.lighter.provision import prepare_builders, prepare_packager, prepare_project
+    from nvflare.lighter.provisioner import Provisioner
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    project_file = out / "project.yml"
+    project_file.write_text(yaml.safe_dump(project_dict, sort_keys=False))
+    spec = yaml.safe_load(project_file.read_text())
+    ctx = Provisioner(str(out), prepare_builders(spec), prepare_packager(spec)).provision(prepare_project(spec))
+    prod = Path(ctx.get_result_location()) if ctx is not None and hasattr(ctx, "get_result_location") else None
+    if prod is None:
+        prod = sorted((out / project_dict["name"]).glob("prod_*"))[-1]
+    by_type = {p["type"]: p["name"] for p in project_dict["participants"] if p["type"] != "client"}
+    return Kits(project_file, prod / by_type["server"],
+                {p["name"]: prod / p["name"] for p in project_dict["participants"] if p["type"] == "client"},
+                prod / by_type["admin"])

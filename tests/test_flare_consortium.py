@@ -1,0 +1,70 @@
+"""`fedauc consortium provision` / `start-site`: real NVFlare provisioning (root CA, signed kits), and every
+check a hospital meets before its client starts, each with its own message."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from federated.flare.consortium import check_certificate, read_kit
+from pipelines.cli import app
+
+runner = CliRunner()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def consortium(melanoma_shards, tmp_path_factory):
+    root, federation = melanoma_shards
+    out = tmp_path_factory.mktemp("kits")
+    port = _free_port()  # nothing listens there
+    result = runner.invoke(app, ["consortium", "provision", str(federation), "--out", str(out), "--port", str(port)])
+    assert result.exit_code == 0, result.output
+    return root, out / "tiny-melanoma" / "prod_00", port, result.output
+
+
+def test_provision_writes_a_kit_per_participant_and_says_where_each_goes(consortium):
+    _, prod, port, summary = consortium
+    assert sorted(p.name for p in prod.iterdir()) == ["admin@fedauc.org", "barcelona", "localhost", "new-york", "vienna"]
+    vienna = read_kit(prod / "vienna")
+    assert (vienna.name, vienna.server_host, vienna.server_port) == ("vienna", "localhost", port)
+    assert check_certificate(vienna) > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
+    assert "hospital 'vienna'" in summary and f"dials out to localhost:{port}; nothing inbound" in summary
+    assert "never the provisioning folder itself" in summary
+
+
+def _start(kit, site_yaml, shards):
+    return runner.invoke(app, ["consortium", "start-site", str(kit), "--site-yaml", str(site_yaml), "--shards", str(shards)])
+
+
+def test_start_site_refuses_what_would_not_work(consortium, tmp_path):
+    root, prod, port, _ = consortium
+    result = _start(prod / "vienna", root / "barcelona.yaml", root / "shards")
+    assert result.exit_code == 1 and "is site 'barcelona', the kit" in result.output and "issued to 'vienna'" in result.output
+
+    result = _start(prod / "vienna", root / "vienna.yaml", tmp_path / "no-shards")
+    assert result.exit_code == 1 and "site 'vienna': no shards at" in result.output
+
+    result = _start(prod / "vienna", root / "vienna.yaml", root / "shards")
+    assert result.exit_code == 1 and f"the consortium's server localhost:{port} cannot be reached" in result.output
+
+    # A certificate from another consortium's CA in vienna's kit.
+    other = tmp_path / "other"
+    assert runner.invoke(app, ["consortium", "provision", str(root / "melanoma.yaml"), "--out", str(other)]).exit_code == 0
+    forged = tmp_path / "forged"
+    shutil.copytree(prod / "vienna", forged)
+    shutil.copy(other / "tiny-melanoma" / "prod_00" / "vienna" / "startup" / "client.crt", forged / "startup" / "client.crt")
+    result = _start(forged, root / "vienna.yaml", root / "shards")
+    assert result.exit_code == 1 and "not signed by the consortium's root CA" in result.output
+
+    with pytest.raises(Exception, match="the site's certificate expired on"):
+        check_certificate(read_kit(prod / "vienna"), now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=5000))
