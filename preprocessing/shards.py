@@ -331,6 +331,9 @@ class _SplitStaging:
         # is on disk.
         frame = frame.drop_duplicates("i", keep="last")
         frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", *STAT_COLUMNS]).sort_values("i")
+        # Text columns stay object even when every record decoded (all NaN): a duplicate found later writes
+        # its reason into them.
+        frame[["reason", "detail"]] = frame[["reason", "detail"]].astype(object)
         if not np.array_equal(frame["i"].to_numpy(), np.arange(self.size)):
             undone = np.setdiff1d(np.arange(self.size), frame["i"].to_numpy())
             raise RuntimeError(

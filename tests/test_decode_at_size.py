@@ -166,3 +166,21 @@ def test_shards_keep_labels_and_qc_facts(films, tmp_path):
         assert np.abs(images[k].astype(np.int16) - full.pixels).mean() < 0.6
         top, left, height, width = full.content
         assert abs(stats["mean"][k] - full.pixels[top : top + height, left : left + width].mean()) < 0.5
+
+
+def test_duplicate_films_are_quarantined_when_every_file_decodes(films, tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    Image.fromarray(np.rint(films[0][:2048:2, :2048:2] * 255).astype(np.uint8)).save(root / "a.png")
+    (root / "b.png").write_bytes((root / "a.png").read_bytes())  # the same film under another patient
+    records = pd.DataFrame({
+        "record_id": ["r0", "r1"], "source_row": ["l.csv:2", "l.csv:3"], "patient_id": ["p0", "p1"],
+        "study_id": ["s0", "s1"], "image_path": ["a.png", "b.png"], "view": "PA", "sex": "F", "age": 60.0,
+        "split": "train"}, columns=list(RECORD_COLUMNS))
+    for disease in CHEST_XRAY_DISEASES:
+        records[disease] = np.float32(1.0)
+    transform = TransformSettings(task="chest-xray", image_size=224, min_image_size=64)
+    summary = write_site_shards(records, None, site="s", data_root=root, out_dir=tmp_path / "out", transform=transform,
+                                content_hash="h", input_rows=2, workers=0, progress=False)
+    assert (summary.kept, summary.quarantined) == (1, 1)
+    assert pd.read_parquet(tmp_path / "out" / "s" / "quarantine.parquet")["reason"].tolist() == ["duplicate_content"]
