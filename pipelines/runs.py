@@ -3,10 +3,10 @@
 One parent run per training (params: algorithm and every hyperparameter, sites, K, I, shard hashes, code
 version) and one child run per site. Per-round metrics go where they belong: pooled and
 macro-over-sites values and the bytes communicated to the parent, a site's own metrics and bytes to its
-child run. At the end: ROC curves, the sites' QC summaries (counts only, small ones suppressed; the QC
-report itself stays at the site), the config, and the global model, registered as ``fedauc-<task>`` with
-the champion alias moved when it wins on pooled validation macro-AUC. Importable and testable without
-Prefect.
+child run. At the end: the pooled test ROC (from the sites' summed score histograms), the sites' QC
+summaries (counts only, small ones suppressed; the QC report itself stays at the site), which metrics were
+suppressed, the config, and the global model, registered as ``fedauc-<task>`` with the champion alias moved
+when it wins on pooled validation macro-AUC. Importable and testable without Prefect.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from mlflow.entities import Metric
 
 from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.data import load_shard, to_model_input
+from federated.evaluation import absent_summary, combine, site_summary
 from federated.predict import predict_scores
-from models.metrics import metric_reasons, per_site_and_pooled
 from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
@@ -44,6 +44,11 @@ from preprocessing.qc import (
 from preprocessing.shard_format import QC_DIR, is_finished, shard_content_hash
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
+UNDEFINED = {
+    "site": "undefined at this site: no labelled positive or no labelled negative test image",
+    "pooled": "undefined: no site's test images hold a labelled positive or no site's a labelled negative",
+    "macro_over_sites": "undefined: no site reports it (undefined or suppressed at every site)",
+}
 HEADLINE_METRIC = "test/pooled/auc_macro"
 
 
@@ -194,6 +199,7 @@ def train_tracked(
         model = result.model().eval()
         _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
         final = result.history[-1].get("metrics", {})
+        mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
         version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(shard_dirs[0]),
                                                     final.get(SELECTION_METRIC, float("nan")))
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
@@ -201,11 +207,8 @@ def train_tracked(
 
 
 def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config) -> None:
-    """Per site: its QC summary (and its sample grid where the site YAML opts in) and its test ROC curves; on
-    the parent: the pooled test ROC curves."""
-    device = config.resolve_device()
-    model = model.to(device)
-    pooled_labels, pooled_scores = [], []
+    """Per site: its QC summary (and its sample grid where the site YAML opts in); on the parent: the pooled
+    test ROC curves, drawn from the site-local evaluation's summed histograms."""
     for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
         summary = central_summary(build_report(shard_dir), site.sharing.min_count, site.sharing.qc_grid)
         for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{site.name}")):
@@ -214,20 +217,33 @@ def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config
             grid = shard_dir / QC_DIR / SAMPLE_GRID_FILE
             if site.sharing.qc_grid and grid.is_file():
                 client.log_artifact(target, str(grid), artifact_path=folder)
-        test = load_shard(shard_dir).splits.get("test")
-        if test is None or len(test) == 0:
-            continue
-        scores = predict_scores(model, test.images, device)
-        pooled_labels.append(test.labels)
-        pooled_scores.append(scores)
-        figure = tracking.roc_figure(test.labels, scores, federation.sites[0].diseases, f"{site.name}: test ROC")
-        client.log_figure(run_id, figure, "roc_test.png")
-        plt.close(figure)
-    if pooled_labels:
-        figure = tracking.roc_figure(np.concatenate(pooled_labels), np.concatenate(pooled_scores),
-                                     federation.sites[0].diseases, f"{federation.name}: pooled test ROC")
+    _, _, histograms = site_local_test(model, federation, shard_dirs, config.resolve_device(), config.eval_bins,
+                                       config.eval_min_count)
+    if histograms.sum():
+        figure = tracking.roc_figure(histograms, federation.sites[0].diseases, f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
+
+
+def site_local_test(model, federation: Federation, shard_dirs: list[Path], device: torch.device, bins: int,
+                    min_count: int) -> tuple[dict[str, float], dict[str, str], np.ndarray]:
+    """The test split evaluated as the engine evaluates: each site summarises its own split
+    (``federated.evaluation.site_summary``: its metrics and counts, small ones suppressed, and score
+    histograms), and only the summaries are combined. Returns the ``test/``-prefixed metrics with sites by
+    name, the suppression record, and the histograms summed over sites (C, 2, bins)."""
+    diseases = list(federation.sites[0].diseases)
+    reports, histograms = [], []
+    for shard_dir in shard_dirs:
+        test = load_shard(shard_dir).splits.get("test")
+        report, histogram = (absent_summary(len(diseases), bins) if test is None or len(test) == 0 else
+                             site_summary(test.labels, predict_scores(model, test.images, device), bins, min_count))
+        reports.append(report)
+        histograms.append(histogram)
+    summed = np.sum(histograms, axis=0)
+    metrics, suppressed = combine(np.stack(reports), summed, [site.name for site in federation.sites], diseases,
+                                  min_count)
+    return ({f"test/{key}": value for key, value in metrics.items()},
+            {f"test/{key}": value for key, value in suppressed.items()}, summed)
 
 
 def synthetic_input_example(shard_dir: Path) -> np.ndarray:
@@ -275,22 +291,19 @@ def evaluate_registered(federation: Federation, shards_root: Path, model_uri: st
     tracking.configure()
     model_uri = model_uri or f"models:/{tracking.registered_model_name(federation.task)}@{tracking.CHAMPION_ALIAS}"
     model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
-    labels, scores = {}, {}
-    for site, shard_dir in zip(federation.sites, site_shard_dirs(federation, shards_root)):
-        test = load_shard(shard_dir).splits.get("test")
-        if test is not None and len(test):
-            labels[site.name] = test.labels
-            scores[site.name] = predict_scores(model, test.images, torch.device("cpu"))
-    results = per_site_and_pooled(labels, scores, list(federation.sites[0].diseases))
-    metrics = {f"test/{key}": float(value) for key, value in results.items()}
+    defaults = TrainConfig.model_fields
+    metrics, suppressed, _ = site_local_test(model, federation, site_shard_dirs(federation, shards_root),
+                                             torch.device("cpu"), defaults["eval_bins"].default,
+                                             defaults["eval_min_count"].default)
     experiment = tracking.experiment_id(federation.task)
     tracking.close_abandoned_runs(experiment)
     with mlflow.start_run(experiment_id=experiment, run_name="evaluate",
                           tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name,
                                 **tracking.owner_tags()}):
         mlflow.log_metrics(metrics)
-        # Why a metric is NaN (a site without positives for a disease...), next to the numbers.
-        mlflow.log_dict({f"test/{key}": reason for key, reason in metric_reasons(results).items()},
+        # Why a metric is absent (suppressed at its site) or NaN (undefined), next to the numbers.
+        mlflow.log_dict(suppressed, "suppressed_metrics.json")
+        mlflow.log_dict({key: UNDEFINED[key.split("/")[1]] for key, value in metrics.items() if np.isnan(value)},
                         "undefined_metrics.json")
     return metrics
 

@@ -27,9 +27,9 @@ import psutil
 import torch
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
-from sklearn.metrics import roc_curve
 
-from models.metrics import roc_auc
+# _histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
+from models.metrics import _histogram_roc, histogram_auc
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
@@ -108,17 +108,19 @@ def close_abandoned_runs(experiment: str) -> list[str]:
     return closed
 
 
-def roc_figure(y_true: np.ndarray, y_score: np.ndarray, diseases: tuple[str, ...], title: str):
-    """One ROC curve per disease; NaN labels are missing and left out; undefined diseases are listed."""
+def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
+    """One ROC curve per disease from score histograms (C, 2, B: positives, negatives; e.g. summed over sites
+    by site-local evaluation), no per-image score needed; the legend gives the histogram AUC and its bound,
+    undefined diseases are listed with the reason."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for column, disease in enumerate(diseases):
-        labelled = ~np.isnan(y_true[:, column])
-        labels, scores = y_true[labelled, column], y_score[labelled, column]
-        if len(np.unique(labels)) < 2:
-            ax.plot([], [], " ", label=f"{disease}: undefined ({'no labels' if len(labels) == 0 else 'one class'})")
+        positives, negatives = histograms[column]
+        area = histogram_auc(positives, negatives)
+        if np.isnan(area.value):
+            ax.plot([], [], " ", label=f"{disease}: undefined ({area.value.reason})")
             continue
-        fpr, tpr, _ = roc_curve(labels, scores)
-        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {roc_auc(labels, scores):.3f}")
+        fpr, tpr = _histogram_roc(np.asarray(positives, float), np.asarray(negatives, float))
+        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {float(area.value):.3f} (±{area.bound:.1e})")
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
     ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")
     ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))

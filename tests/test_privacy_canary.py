@@ -14,8 +14,11 @@ own output folder, where all of these must be found.
 On the pre-change main (2212bd3) this test failed with these leaks at the centre:
 - the registered model's ``input_example.json`` / ``serving_input_example.json``: real training pixels;
 - ``qc/samples.png`` of each site in the parent and child runs: rendered real images;
-- ``qc/report.json`` / ``qc/report.md`` in MLflow and the QC Markdown artifact in Prefect's database:
-  quarantine rows with record ids, file names, absolute paths.
+- ``data/model.pt2``: torch.export's sample inputs, the same real pixels, as float32;
+- ``qc/report.json`` / ``qc/report.md`` in MLflow and the QC Markdown artifact in Prefect's database
+  (``artifact``, ``artifact_collection`` and ``events`` tables): quarantine rows with record ids, file names.
+The backend check was added once site-local evaluation landed (8b922da); before it, ``Engine.evaluate``
+gathered every site's (N, C) labels and scores, which its per-image-rows check flags.
 """
 
 from __future__ import annotations
@@ -105,12 +108,31 @@ def run_centre(root: Path) -> None:
     from pipelines.prefect_env import configure_prefect_env
 
     configure_prefect_env()
+    import torch
+
+    import federated.engine
+    from federated.backends import InProcessBackend
     from pipelines import flows
 
+    traffic: list[tuple[str, torch.Tensor]] = []
+
+    class RecordingBackend(InProcessBackend):
+        """The in-process backend, keeping a copy of every tensor a site hands to it."""
+
+        def mean_(self, per_site, weights):
+            traffic.extend(("mean", t.detach().cpu().clone()) for tensors in per_site for t in tensors)
+            super().mean_(per_site, weights)
+
+        def gather(self, per_site):
+            traffic.extend(("gather", t.detach().cpu().clone()) for t in per_site)
+            return super().gather(per_site)
+
+    federated.engine.InProcessBackend = RecordingBackend
     config = {"algorithm": "codasca", "params": {"T0": 2}, "network": "small_resnet", "rounds": 2,
               "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False}
     flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary")
     flows.evaluate(str(root / "federation.yaml"), str(root / "shards"))
+    torch.save(traffic, root / "backend-traffic.pt")
 
 
 def run_role(role: str, root: Path, centre: Path) -> subprocess.CompletedProcess:
@@ -275,6 +297,25 @@ def test_nothing_patient_level_reaches_the_centre(canary):
     assert any((centre / "prefect").rglob("*.db"))
     leaks = scan([centre, canary / "centre-console.txt"], source_chunks(canary))
     assert not leaks, "patient-level data reached the centre:\n" + "\n".join(leaks)
+
+
+def test_nothing_patient_level_crosses_the_backend(canary):
+    """What the sites handed to the engine's backend (model state, label counts, evaluation summaries): no
+    pixels, no markers, and no per-image rows (a tensor of one row per image of some site's split and one
+    column per disease: labels or scores)."""
+    import pandas as pd
+    import torch
+
+    traffic = torch.load(canary / "backend-traffic.pt", weights_only=True)
+    assert {kind for kind, _ in traffic} == {"mean", "gather"}
+    split_sizes = {len(pd.read_parquet(manifest)) for manifest in (canary / "shards").glob("*/*/manifest.parquet")}
+    leaks = []
+    for i, (kind, tensor) in enumerate(traffic):
+        leaks += scan_bytes(tensor.numpy().tobytes(), f"{kind} #{i} {tuple(tensor.shape)}", [])
+        if tensor.ndim == 2 and tensor.shape[1] == len(DISEASES) and tensor.shape[0] in split_sizes:
+            leaks.append(f"{kind} #{i}: one row per image of a split, {tuple(tensor.shape)}")
+    assert not leaks, "patient-level data crossed the backend:\n" + "\n".join(leaks)
+    assert sum(t.numel() for _, t in traffic) > 10_000  # the model really went through it
 
 
 if __name__ == "__main__":

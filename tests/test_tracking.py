@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,29 +156,27 @@ def test_register_rejects_single_row_example(store):
         tracking.register_model(_trained_like_model(0), "melanoma", np.zeros((1, 4), np.float32), 0.5)
 
 
-def test_roc_figure_legend_matches_sklearn_and_reports_undefined():
+def test_roc_figure_from_histograms_matches_sklearn_within_its_bound_and_reports_undefined():
+    from models.metrics import score_histograms
+
     rng = np.random.default_rng(0)
     y_true = rng.integers(0, 2, size=(200, 4)).astype(float)
     y_true[:, 2] = 0.0  # one class only: undefined AUC
     y_true[:, 3] = np.nan  # a disease this site never labels
     y_true[:10, 0] = np.nan  # missing labels are left out
-    y_score = y_true * 0.3 + rng.random((200, 4))
-    fig = tracking.roc_figure(y_true, np.nan_to_num(y_score), ("A", "B", "C", "D"), "test")
+    y_score = np.clip(y_true * 0.3 + rng.random((200, 4)) * 0.7, 0, 1)
+    histograms = np.stack([np.stack(score_histograms(y_true[:, c], y_score[:, c], 1000)) for c in range(4)])
+    fig = tracking.roc_figure(histograms, ("A", "B", "C", "D"), "test")
     labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
     keep = ~np.isnan(y_true[:, 0])
-    assert labels[0] == f"A: AUC {roc_auc_score(y_true[keep, 0], y_score[keep, 0]):.3f}"
-    assert labels[1] == f"B: AUC {roc_auc_score(y_true[:, 1], y_score[:, 1]):.3f}"
-    assert labels[2] == "C: undefined (one class)"
-    assert labels[3] == "D: undefined (no labels)"
-
-
-def test_roc_figure_runs_on_the_numpy_1_api(monkeypatch):
-    """pyproject allows numpy 1.26, which has no np.trapezoid (numpy 2 renamed np.trapz to it)."""
-    monkeypatch.delattr(np, "trapezoid", raising=False)
-    y_true = np.array([[0.0], [1.0], [0.0], [1.0], [1.0]])
-    y_score = np.array([[0.1], [0.8], [0.35], [0.3], [0.9]])
-    fig = tracking.roc_figure(y_true, y_score, ("A",), "numpy 1")
-    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "A: AUC 0.833"
+    for label, exact in ((labels[0], roc_auc_score(y_true[keep, 0], y_score[keep, 0])),
+                         (labels[1], roc_auc_score(y_true[:, 1], np.nan_to_num(y_score[:, 1])))):
+        value, bound = (float(x) for x in re.fullmatch(r"\w: AUC ([\d.]+) \(±([\d.e+-]+)\)", label).groups())
+        assert abs(value - exact) <= bound + 5e-4  # + the legend's rounding to 3 decimals
+    assert labels[2].startswith("C: undefined (") and labels[3].startswith("D: undefined (")
+    curve = fig.axes[0].get_lines()[1]  # disease B: from (0, 0) to (1, 1), never decreasing
+    fpr, tpr = curve.get_xdata(), curve.get_ydata()
+    assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0, 0, 1, 1) and (np.diff(fpr) >= 0).all() and (np.diff(tpr) >= 0).all()
 
 
 def test_compare_runs_unknown_experiment_names_it(store):
