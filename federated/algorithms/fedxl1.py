@@ -66,7 +66,7 @@ class FeDXL1(PairwiseAlgorithm):
     def initial_payload(self, site: Site) -> dict[str, torch.Tensor]:
         """Round 0's payload: P rows drawn with replacement among the site's positives (and negatives) of
         each disease, scored by the initial model; NaN columns where the site has no such row."""
-        labels = torch.from_numpy(np.asarray(site.data.train.labels))
+        labels = torch.from_numpy(np.array(site.data.train.labels))  # a copy: shard labels are read-only
         picks = {}
         for c in range(self.fed.num_classes):
             for kind, value in KINDS.items():
