@@ -18,11 +18,12 @@ pytestmark = pytest.mark.slow
 runner = CliRunner()
 
 
-def _train(federation, shards, run_name, *extra):
-    result = runner.invoke(app, ["train", "--federation", str(federation), "--shards", str(shards),
+def _train(federation, run_name, *extra):
+    # Relative paths, as the README's commands use them: the site processes run elsewhere (NVFlare's workspace).
+    result = runner.invoke(app, ["train", "--federation", str(federation), "--shards", "shards",
                                  "--algorithm", "codasca", "-p", "T0=4", "--rounds", "2", "--local-steps", "2",
                                  "--batch-size", "16", "--lr", "0.5", "--eval-every", "1", "--run-name", run_name,
-                                 "--checkpoint-dir", str(shards.parent / "ckpt" / run_name), *extra])
+                                 "--checkpoint-dir", f"ckpt/{run_name}", *extra])
     assert result.exit_code == 0, result.output
     summary_at = result.output.index('{\n  "run_id"')  # NVFlare's own log lines may surround the summary
     return json.JSONDecoder().raw_decode(result.output, summary_at)[0]
@@ -36,11 +37,11 @@ def _metrics(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, flo
 def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma_shards, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
-    monkeypatch.chdir(tmp_path)
     root, federation = melanoma_shards
+    monkeypatch.chdir(root)
     try:
-        local = _train(federation, root / "shards", "local")
-        flare = _train(federation, root / "shards", "flare", "--backend", "flare", "--flare-env", "sim",
+        local = _train(federation, "local")
+        flare = _train(federation, "flare", "--backend", "flare", "--flare-env", "sim",
                        "--flare-workspace", str(tmp_path / "flare"))
         client = MlflowClient()
         mine, theirs = _metrics(client, local["run_id"]), _metrics(client, flare["run_id"])
@@ -56,6 +57,7 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
         assert client.get_run(flare["run_id"]).data.params["flare_env"] == "sim"
         assert flare["model_version"] is not None
         assert list((tmp_path / "flare").rglob("log.txt"))  # the job's logs stay in its workspace
+        assert (root / "ckpt" / "flare").is_dir()  # the checkpoints where the command said, not in the workspace
     finally:
         mlflow.set_tracking_uri(None)
 

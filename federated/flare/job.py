@@ -32,8 +32,12 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
     """The job for ``config``'s sites. ``share_paths``: every site on this machine reads the shard folder
     the config names (SimEnv, PocEnv); otherwise each hospital's kit says where its shards are."""
     names = site_names(config)
-    dirs = {n: str(s.path) for n, s in zip(names, config.sites) if isinstance(s, ShardSite)} if share_paths else {}
+    # The site processes run in NVFlare's workspace, not here: a relative path would name another folder.
+    dirs = ({n: str(Path(s.path).resolve()) for n, s in zip(names, config.sites) if isinstance(s, ShardSite)}
+            if share_paths else {})
     settings = json.loads(config.model_dump_json(exclude={"sites"}))
+    if share_paths and config.checkpoint_dir is not None:
+        settings["checkpoint_dir"] = str(Path(config.checkpoint_dir).resolve())
     return FlareJob(settings=settings, sites=names, task=task, diseases=diseases, shard_dirs=dirs,
                     job_timeout_s=job_timeout_s)
 
