@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
+
+from preprocessing.errors import ConfigError
 
 _ALGORITHMS: dict[str, type] = {}
 
@@ -28,7 +31,9 @@ def get_algorithm(name: str) -> type:
     try:
         return _ALGORITHMS[name]
     except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; registered: {sorted(_ALGORITHMS)}") from None
+        close = difflib.get_close_matches(name, _ALGORITHMS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown algorithm {name!r}", fix=f"{hint}registered: {', '.join(sorted(_ALGORITHMS))}") from None
 
 
 def algorithm_names() -> list[str]:

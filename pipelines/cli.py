@@ -2,15 +2,59 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from enum import Enum
 
 import typer
+from typer.core import TyperGroup
+
+from preprocessing.errors import FedaucError
+
+
+class _UserErrorsAsMessages(TyperGroup):
+    """A FedaucError (a problem the user fixes: a data file, a YAML, a missing shard) ends any command with
+    one message, its fix and exit code 1; ``fedauc --debug ...`` (or FEDAUC_DEBUG=1) shows the traceback.
+    Anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FedaucError as err:
+            if _debug():
+                raise
+            typer.echo(f"error: {err}", err=True)
+            typer.echo("(`fedauc --debug ...` shows the traceback)", err=True)
+            raise typer.Exit(code=1) from None
+
+
+_options_given = {"debug": False}  # set by the app callback on every invocation
+
+
+def _debug() -> bool:
+    return _options_given["debug"] or bool(os.environ.get("FEDAUC_DEBUG"))
+
+
+class _DropUserErrorTracebacks(logging.Filter):
+    """Prefect logs a failed task or flow with its full traceback; for a FedaucError the command line prints
+    the one message that matters instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], FedaucError))
+
 
 app = typer.Typer(
+    cls=_UserErrorsAsMessages,
     help="Federated AUC maximization for hospitals: onboard sites, preprocess, train, compare.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
+    _options_given["debug"] = debug
+
 sites_app = typer.Typer(help="Declare, validate and report on hospital sites.", no_args_is_help=True)
 app.add_typer(sites_app, name="sites")
 
@@ -39,21 +83,16 @@ def sites_report(
 
     from rich.console import Console
 
-    from preprocessing.adapters import MetadataError
     from preprocessing.label_report import label_report, render_label_report
     from preprocessing.scan import scan_site
-    from preprocessing.sites import SiteConfigError, load_site
+    from preprocessing.sites import load_site
 
     if not labels_only:
         typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
                    "pass --labels-only for the metadata report", err=True)
         raise typer.Exit(code=2)
-    try:
-        config = load_site(site_yaml)
-        report = label_report(scan_site(config))
-    except (SiteConfigError, MetadataError) as err:
-        typer.echo(str(err), err=True)
-        raise typer.Exit(code=1) from None
+    config = load_site(site_yaml)
+    report = label_report(scan_site(config))
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -124,23 +163,18 @@ def preprocess(
     """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
     from pathlib import Path
 
+    from pipelines.checks import check_site
     from pipelines.prefect_env import configure_prefect_env
-    from preprocessing.locks import SiteBusyError, check_site_free
-    from preprocessing.sites import load_site, validate_site
+    from preprocessing.locks import check_site_free
+    from preprocessing.sites import load_site
 
     # Problems found before the flow starts are reported as such, not as a failed Prefect task run.
-    problems = validate_site(site_yaml)
-    for problem in problems:
-        typer.echo(str(problem), err=True)
-    if problems:
-        raise typer.Exit(code=1)
-    try:
-        check_site_free(Path(out) / load_site(site_yaml).name)
-    except SiteBusyError as err:
-        typer.echo(str(err), err=True)
-        raise typer.Exit(code=1) from None
+    check_site(site_yaml)
+    check_site_free(Path(out) / load_site(site_yaml).name)
     configure_prefect_env()
     from pipelines.preprocess_flow import preprocess_site
+
+    _quiet_prefect_user_errors()
 
     summary = preprocess_site(site_yaml, out, workers)
     state = "unchanged, nothing to do" if summary["reused"] else "written"
@@ -152,6 +186,14 @@ def preprocess(
     typer.echo(f"  QC report: {summary['report_md']}")
 
 
+def _quiet_prefect_user_errors() -> None:
+    if _debug():
+        return
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_DropUserErrorTracebacks())
+
+
 def _flows():
     """The Prefect flows, imported after the embedded-Prefect environment defaults are set."""
     from pipelines.prefect_env import configure_prefect_env
@@ -159,6 +201,7 @@ def _flows():
     configure_prefect_env()
     from pipelines import flows
 
+    _quiet_prefect_user_errors()
     return flows
 
 
@@ -228,6 +271,9 @@ def train_command(
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
+    from pipelines.checks import check_training
+
+    check_training(federation, shards, config)
     flare = {"env": flare_env.value, "workspace": flare_workspace} if backend is TrainBackend.flare else None
     summary = _flows().train_federated(federation, shards, config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
@@ -242,9 +288,11 @@ def evaluate_command(
     """A registered model on every site's test split and pooled (the Prefect flow evaluate)."""
     import pandas as pd
 
+    from pipelines.checks import check_evaluation
     from pipelines.runs import metrics_rows
     from pipelines.tables import markdown_table
 
+    check_evaluation(federation, shards)
     typer.echo(markdown_table(pd.DataFrame(metrics_rows(_flows().evaluate(federation, shards, model_uri)))))
 
 
@@ -337,3 +385,23 @@ def consortium_start_site(
     typer.echo(f"site {client.name}: certificate valid until {check_certificate(client):%Y-%m-%d}; "
                f"dialling {client.server_host}:{client.server_port}")
     raise typer.Exit(code=run_site(client))
+
+
+@app.command()
+def deploy(
+    prefect_file: str = typer.Option("infra/prefect.yaml", "--prefect-file", help="The Prefect project file."),
+) -> None:
+    """Register every deployment of PREFECT_FILE with the Prefect server at PREFECT_API_URL, creating the work
+    pools they name first; all or nothing (what this command created is removed again on failure)."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines.deploy import deploy as deploy_all
+
+    _quiet_prefect_user_errors()
+    result = deploy_all(prefect_file, echo=typer.echo)
+    typer.echo(f"registered {len(result.deployments)} deployments: {', '.join(result.deployments)}")
+
+
+if __name__ == "__main__":
+    app()

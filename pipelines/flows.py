@@ -22,6 +22,7 @@ from federated.backends import SiteFailure
 from pipelines import runs, tracking
 from pipelines.preprocess_flow import artifact_key, preprocess_site
 from pipelines.tables import markdown_table
+from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
 from preprocessing.scan import scan_site
@@ -31,8 +32,11 @@ from preprocessing.sites import SiteConfigError, load_site, validate_site
 
 def _transient(task, task_run, state) -> bool:
     """Retry what a second attempt can fix (a dropped connection, a busy disk, a site process that died),
-    not a bad config or a bug, which would fail the same way after minutes of retraining."""
-    return isinstance(state.result(raise_on_failure=False), (OSError, SiteFailure))
+    not a bad config, missing data or a bug, which would fail the same way after minutes of retraining."""
+    error = state.result(raise_on_failure=False)
+    if isinstance(error, (FedaucError, FileNotFoundError, NotADirectoryError, PermissionError)):
+        return False
+    return isinstance(error, (OSError, SiteFailure))
 
 
 # --- onboarding ---------------------------------------------------------------------------------------

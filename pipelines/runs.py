@@ -32,6 +32,7 @@ from federated.evaluation import absent_summary, combine, site_summary
 from federated.predict import predict_scores
 from pipelines import tracking
 from pipelines.tables import markdown_table
+from preprocessing.errors import DataError
 from preprocessing.federation import Federation
 from preprocessing.qc import (
     SAMPLE_GRID_FILE,
@@ -69,9 +70,9 @@ def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
     dirs = [Path(shards_root) / site.name for site in federation.sites]
     missing = [str(d) for d in dirs if not is_finished(d)]
     if missing:
-        raise FileNotFoundError(
-            f"federation {federation.name!r}: no shards at {', '.join(missing)}; run `fedauc preprocess` first"
-        )
+        raise DataError(f"federation {federation.name!r}: no shards at {', '.join(missing)}",
+                        fix=f"run `fedauc preprocess <site.yaml> --out {shards_root}` for each of those sites first, "
+                            "or point --shards at where they were written")
     return dirs
 
 
@@ -183,9 +184,11 @@ def train_tracked(
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
+    # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
+    params = training_params(config, federation, shard_dirs)
     with training_runs(experiment, run_name, federation.name, [site.name for site in federation.sites]) as (
             parent, child_ids):
-        mlflow.log_params(training_params(config, federation, shard_dirs))
+        mlflow.log_params(params)
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
         logger = RoundLogger(client, parent.info.run_id, child_ids)
         if flare is None:

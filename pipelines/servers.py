@@ -1,10 +1,17 @@
-"""``fedauc ui``: the MLflow UI and the Prefect UI on localhost, over the same stores the pipeline writes."""
+"""``fedauc ui``: the MLflow UI and the Prefect UI on localhost, over the same stores the pipeline writes.
+
+Also the one way fedauc starts a server process (the UIs, and the central services a test stands up): the
+port is checked first (a taken port is an error naming it, not a silent success against whatever already
+answers there), the output goes to a log file that is named, and a server that exits early is reported
+with the end of its log.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines import tracking
+from pipelines.prefect_env import PROJECT_ROOT
+from preprocessing.errors import ConfigError, FedaucError
+
+DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
+# MLflow 3.17's UI picks an experiment's view (GenAI overview or training runs) from its "workflow type":
+# the workflowType query parameter, else the browser's stored choice, default GenAI. The experiment tag
+# mlflow.experimentKind is not read for this any more, so the link carries the parameter.
+MLFLOW_RUNS_VIEW = "workflowType=machine_learning"
 
 
 def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str], str]]:
@@ -26,49 +41,116 @@ def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str
     }
 
 
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    """Block until ``url`` answers; a server that exits or never answers is an error naming it."""
+def mlflow_runs_url(base_url: str, experiment_id: str | None = None) -> str:
+    """The MLflow UI link that opens on training runs (an experiment's, or the experiment list)."""
+    route = f"/experiments/{experiment_id}" if experiment_id else "/experiments"
+    return f"{base_url}/#{route}?{MLFLOW_RUNS_VIEW}"
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _log_tail(log_path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120.0, log_path: Path | None = None) -> None:
+    """Block until ``url`` answers; a server that exits or never answers is an error naming it (and its log)."""
     deadline = time.monotonic() + timeout_s
+    where = f"; its log: {log_path}\n{_log_tail(log_path)}" if log_path else ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{' '.join(process.args[:3])} exited with code {process.returncode} before {url} answered")
+            raise RuntimeError(
+                f"{' '.join(process.args[:3])} exited with code {process.returncode} before {url} answered{where}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
         except OSError:
             time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s{where}")
+
+
+def start_server(name: str, command: list[str], url: str, port: int, log_path: Path,
+                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> subprocess.Popen:
+    """Start ``command`` (which serves ``url`` on ``port``) with its output appended to ``log_path``, and
+    return once it answers. A taken port or a server that dies is a FedaucError naming the port or log."""
+    if port_in_use(port):
+        raise ConfigError(f"{name}: port {port} on 127.0.0.1 is already in use (another `fedauc ui` or server?)",
+                          fix=f"stop what listens there (e.g. `lsof -i :{port}`) or choose another port")
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # Own process group: the servers fork workers, and stopping must reach them too.
+        process = subprocess.Popen(command, env=env if env is not None else os.environ.copy(), stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(url, process, timeout_s, log_path)
+    except (RuntimeError, TimeoutError) as err:
+        stop_server(process)
+        raise FedaucError(f"{name} did not start: {err}", fix=f"read {log_path}") from None
+    return process
+
+
+def stop_server(process: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, SIGKILL it if it has not exited after ``timeout_s``."""
+    _signal_group(process, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] = print) -> None:
-    """Start both UIs, print their URLs, and stop them (with their worker processes) on Ctrl-C or SIGTERM."""
+def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] = print,
+              log_dir: Path = DEFAULT_LOG_DIR) -> None:
+    """Start both UIs, print their URLs and log files, and stop them on Ctrl-C or SIGTERM. Both ports are
+    checked before either server starts; a server that exits is reported with its log."""
     signal.signal(signal.SIGTERM, _interrupt)
-    processes = []
+    commands = ui_commands(mlflow_port, prefect_port)
+    ports = {"MLflow": mlflow_port, "Prefect": prefect_port}
+    for name, port in ports.items():
+        if port_in_use(port):
+            option = f"--{name.lower()}-port"
+            raise ConfigError(f"{name} UI: port {port} on 127.0.0.1 is already in use (is `fedauc ui` running?)",
+                              fix=f"open the running UI, stop it, or pass {option} with a free port")
+    processes = {}
     try:
-        for name, (command, url) in ui_commands(mlflow_port, prefect_port).items():
-            # Own process group: the servers fork workers, and stopping must reach them too.
-            process = subprocess.Popen(command, env=os.environ.copy(), stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL, start_new_session=True)
-            processes.append(process)
-            wait_for(url, process)
-            echo(f"{name} UI: {url}")
+        for name, (command, url) in commands.items():
+            log_path = Path(log_dir) / f"{name.lower()}-ui.log"
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path)
+            shown = mlflow_runs_url(url) if name == "MLflow" else url
+            echo(f"{name} UI: {shown}  (log: {log_path})")
         echo("Ctrl-C stops both.")
-        while all(p.poll() is None for p in processes):
+        while all(p.poll() is None for p in processes.values()):
             time.sleep(1)
+        exited = next(name for name, p in processes.items() if p.poll() is not None)
+        raise FedaucError(f"{exited} UI exited with code {processes[exited].returncode}",
+                          fix=f"read {Path(log_dir) / f'{exited.lower()}-ui.log'}")
     except KeyboardInterrupt:
         pass
     finally:
-        for process in processes:
-            _signal_group(process, signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
+        for process in processes.values():
+            stop_server(process)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

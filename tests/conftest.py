@@ -1,6 +1,31 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
+
+# Settings that would send a test's flow runs, models or shards to a real server or folder of the user's.
+_USER_VARIABLES = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "MLFLOW_REGISTRY_URI",
+                   "PREFECT_API_DATABASE_CONNECTION_URL", "FEDAUC_SHARDS")
+_session_state: list[str] = []
+
+
+def pytest_configure(config):
+    """Before any test module imports Prefect (which reads its settings at import): point Prefect's home
+    and MLflow's store at a temporary folder for the whole session, in every xdist worker."""
+    state = tempfile.mkdtemp(prefix="fedauc-test-state-")
+    _session_state.append(state)
+    for name in _USER_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ["PREFECT_HOME"] = os.path.join(state, "prefect")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.join(state, 'mlruns.db')}"
+
+
+def pytest_unconfigure(config):
+    for state in _session_state:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -199,7 +199,7 @@ def test_loader_covers_each_epoch_and_guarantees_positives():
 # --- validation -------------------------------------------------------------------------------
 
 def test_config_errors_are_explicit():
-    with pytest.raises(ValueError, match=r"unknown algorithm 'fedsgd'; registered: \[.*'codasca'"):
+    with pytest.raises(ValueError, match=r"unknown algorithm 'fedsgd'\n  fix: did you mean 'fedsgda_m'\? registered: .*codasca"):
         federated.train(_cfg(algorithm="fedsgd"))
     with pytest.raises(ValueError, match="eta_g"):
         federated.train(_cfg(algorithm="codasca", params={"eta_g": -1}))

@@ -120,7 +120,24 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
 
 
 def test_training_without_shards_names_the_missing_site(federation, tmp_path):
+    from preprocessing.errors import DataError
     from preprocessing.federation import load_federation
 
-    with pytest.raises(FileNotFoundError, match=r"federation 'tiny': no shards at .*alpha.*run `fedauc preprocess` first"):
+    with pytest.raises(DataError, match=r"federation 'tiny': no shards at .*alpha(.|\n)*run `fedauc preprocess"):
         runs.site_shard_dirs(load_federation(federation / "federation.yaml"), tmp_path)
+
+
+def test_missing_shards_are_not_retried():
+    """A missing shard stays missing: retrying it would only repeat the failure (and its traceback)."""
+    from preprocessing.errors import DataError
+
+    class Failed:
+        def __init__(self, error):
+            self.error = error
+
+        def result(self, raise_on_failure):
+            return self.error
+
+    assert not flows._transient(None, None, Failed(DataError("no shards at x")))
+    assert not flows._transient(None, None, Failed(FileNotFoundError("x")))
+    assert flows._transient(None, None, Failed(ConnectionResetError("peer reset")))

@@ -1,0 +1,46 @@
+"""Checks the command line runs before it starts Prefect or MLflow: a bad federation, site file, shard folder
+or training config is reported in seconds as one FedaucError, instead of after a server start-up, inside a
+flow run's traceback, or as a FAILED MLflow run of a training that never started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from preprocessing.errors import ConfigError
+from preprocessing.federation import Federation, load_federation
+from preprocessing.sites import SiteConfigError, validate_site, validation_problems
+
+
+def check_site(site_yaml: str | Path) -> None:
+    """The site YAML and its data (root, metadata files, columns, rows); every problem at once."""
+    problems = validate_site(site_yaml)
+    if problems:
+        raise SiteConfigError(problems)
+
+
+def check_training(federation_yaml: str | Path, shards_root: str | Path, config: dict) -> Federation:
+    """The federation and its site files, every site's shards, and ``config`` (a ``TrainConfig`` without
+    sites) with its algorithm and hyperparameters."""
+    from federated import ShardSite, TrainConfig, get_algorithm
+    from pipelines.runs import site_shard_dirs
+
+    federation = load_federation(federation_yaml)
+    shard_dirs = site_shard_dirs(federation, Path(shards_root))
+    try:
+        validated = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
+        get_algorithm(validated.algorithm).Params(**validated.params)
+    except ValidationError as err:
+        problems = validation_problems("training config", err)
+        raise ConfigError("\n".join(str(p) for p in problems),
+                          fix="see `fedauc train --help`; hyperparameters per algorithm: federated/algorithms/") from None
+    return federation
+
+
+def check_evaluation(federation_yaml: str | Path, shards_root: str | Path) -> Federation:
+    from pipelines.runs import site_shard_dirs
+
+    federation = load_federation(federation_yaml)
+    site_shard_dirs(federation, Path(shards_root))
+    return federation

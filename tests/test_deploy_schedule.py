@@ -1,0 +1,133 @@
+"""The consortium's scheduled work runs: a real Prefect server, infra/prefect.yaml deployed by
+`fedauc deploy` (pools included, all or nothing), an interval schedule the scheduler turns into a flow run,
+and a worker of the site's pool that completes it."""
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.prefect_env import PROJECT_ROOT, configure_prefect_env
+
+configure_prefect_env()
+
+from prefect import get_client  # noqa: E402
+from prefect.client.schemas.actions import DeploymentScheduleCreate  # noqa: E402
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId  # noqa: E402
+from prefect.client.schemas.schedules import IntervalSchedule  # noqa: E402
+from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
+
+from pipelines.servers import free_port, start_server, stop_server  # noqa: E402
+from preprocessing.synth import generate_site  # noqa: E402
+
+pytestmark = pytest.mark.slow
+PREFECT_FILE = PROJECT_ROOT / "infra" / "prefect.yaml"
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A Prefect server of its own (home, database, port), its scheduler looping every second."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
+                           port, home / "server.log", env=env, timeout_s=180)
+    api = f"http://127.0.0.1:{port}/api"
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PREFECT_API_URL", api)
+    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
+    with temporary_settings({PREFECT_API_URL: api}):
+        yield {"api": api, "log": home / "server.log"}
+    patch.undo()
+    stop_server(process)
+
+
+def _fedauc(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_deploy_creates_pools_then_every_deployment(prefect_server):
+    declared = yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
+    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE))
+    assert result.returncode == 0, result.stdout + result.stderr
+    with get_client(sync_client=True) as client:
+        pools = {p.name: p.type for p in client.read_work_pools()}
+        deployments = {d.name: d for d in client.read_deployments()}
+    assert {d["work_pool"]["name"] for d in declared} <= set(pools)
+    assert all(pools[d["work_pool"]["name"]] == "process" for d in declared)
+    assert set(deployments) == {d["name"] for d in declared}
+    assert deployments["nightly-chest-codasca"].work_pool_name == "fedauc-central"
+    assert f"registered {len(declared)} deployments" in result.stdout
+
+
+def test_a_broken_file_deploys_nothing(prefect_server, tmp_path):
+    """One bad entrypoint among many: refused before any pool or deployment is created."""
+    declared = yaml.safe_load(PREFECT_FILE.read_text())
+    declared["deployments"] = [{**d, "name": f"x-{d['name']}", "work_pool": {"name": f"x-{d['work_pool']['name']}"}}
+                               for d in declared["deployments"]]
+    declared["deployments"][3]["entrypoint"] = "pipelines/flows.py:no_such_flow"
+    broken = tmp_path / "prefect.yaml"
+    broken.write_text(yaml.safe_dump(declared))
+    started = time.monotonic()
+    result = _fedauc("deploy", "--prefect-file", str(broken))
+    assert result.returncode == 1
+    assert "no_such_flow" in result.stderr and "nothing was deployed" in result.stderr
+    assert "Traceback" not in result.stderr
+    with get_client(sync_client=True) as client:
+        assert not [p.name for p in client.read_work_pools() if p.name.startswith("x-")]
+        assert not [d.name for d in client.read_deployments() if d.name.startswith("x-")]
+    assert time.monotonic() - started < 120
+
+
+def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_server, tmp_path):
+    # The deployment's own site YAML points at the demo data; the schedule carries a tiny site instead.
+    generate_site("chexpert", tmp_path / "data", n=24, seed=3, workers=0, progress=False)
+    site_yaml = tmp_path / "stanford.yaml"
+    site_yaml.write_text(yaml.safe_dump({"name": "stanford", "format": "chexpert", "root": "data",
+                                         "task": "chest-xray", "image_size": 32, "min_image_size": 16}))
+    with get_client(sync_client=True) as client:
+        if not client.read_deployments():
+            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+        deployment = client.read_deployment_by_name("onboard_site/onboard-stanford")
+        client.create_deployment_schedules(deployment.id, [DeploymentScheduleCreate(
+            schedule=IntervalSchedule(interval=timedelta(seconds=10)), active=True,
+            parameters={"site_yaml": str(site_yaml)})])
+
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home")}
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool",
+                                   "site-stanford", "--type", "process"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        completed = _wait_for_completed_run(deployment.id, timeout_s=300)
+    finally:
+        stop_server(worker)
+    assert completed is not None, (
+        f"no completed scheduled run; server log:\n{prefect_server['log'].read_text()[-3000:]}\n"
+        f"worker log:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+    assert completed.parameters["site_yaml"] == str(site_yaml)
+    assert completed.auto_scheduled  # made by the scheduler service, not by this test
+    assert "InvalidRequestError" not in prefect_server["log"].read_text()
+
+
+def _wait_for_completed_run(deployment_id, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+            done = [r for r in runs if r.state and r.state.is_completed()]
+            if done:
+                return done[0]
+            failed = [r for r in runs if r.state and r.state.is_final()]
+            assert not failed, f"scheduled run ended {failed[0].state.type}: {failed[0].state.message}"
+            time.sleep(2)
+    return None
