@@ -90,9 +90,9 @@ def test_a_broken_file_deploys_nothing(prefect_server, tmp_path):
 
 def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_server, tmp_path):
     # The deployment's own site YAML points at the demo data; the schedule carries a tiny site instead.
-    generate_site("chexpert", tmp_path / "data", n=24, seed=3, workers=0, progress=False)
+    generate_site("chexpert", tmp_path / "data", n=60, seed=3, workers=0, progress=False)
     site_yaml = tmp_path / "stanford.yaml"
-    site_yaml.write_text(yaml.safe_dump({"name": "stanford", "format": "chexpert", "root": "data",
+    site_yaml.write_text(yaml.safe_dump({"name": "stanford", "format": "chexpert", "root": "data/CheXpert-v1.0-small",
                                          "task": "chest-xray", "image_size": 32, "min_image_size": 16}))
     with get_client(sync_client=True) as client:
         if not client.read_deployments():
