@@ -26,6 +26,7 @@ def check_training(federation_yaml: str | Path, shards_root: str | Path, config:
     from federated import ShardSite, TrainConfig, get_algorithm
     from pipelines.runs import site_shard_dirs
 
+    get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     federation = load_federation(federation_yaml)
     shard_dirs = site_shard_dirs(federation, Path(shards_root))
     try:

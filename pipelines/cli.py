@@ -83,6 +83,7 @@ def sites_report(
 
     from rich.console import Console
 
+    from pipelines.checks import check_site
     from preprocessing.label_report import label_report, render_label_report
     from preprocessing.scan import scan_site
     from preprocessing.sites import load_site
@@ -91,6 +92,7 @@ def sites_report(
         typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
                    "pass --labels-only for the metadata report", err=True)
         raise typer.Exit(code=2)
+    check_site(site_yaml)
     config = load_site(site_yaml)
     report = label_report(scan_site(config))
     if as_json:
@@ -184,6 +186,8 @@ def preprocess(
         f"  input rows {summary['input_rows']} = kept {summary['kept']} + quarantined {summary['quarantined']}"
     )
     typer.echo(f"  QC report: {summary['report_md']}")
+    for warning in summary["warnings"]:
+        typer.echo(f"  warning: {warning}", err=True)
 
 
 def _quiet_prefect_user_errors() -> None:

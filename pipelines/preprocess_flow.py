@@ -15,6 +15,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
     build_report,
     central_summary,
@@ -63,6 +64,8 @@ def report(config: SiteConfig, summary: ShardSummary) -> dict:
 @flow(name="preprocess_site")
 def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
     config, result = scan(str(site_yaml))
+    labels = label_report(result)
+    require_usable_rows(labels, config.name)
     summary = write_shards(config, result, str(out_dir), workers)
     paths = report(config, summary)
     return {
@@ -74,5 +77,6 @@ def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
         "kept": summary.kept,
         "quarantined": summary.quarantined,
         "reused": summary.reused,
+        "warnings": labels["warnings"],
         **paths,
     }

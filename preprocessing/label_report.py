@@ -11,6 +11,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from preprocessing.errors import DataError
 from preprocessing.records import RECORD_COLUMNS, SPLITS, VIEWS
 
 
@@ -46,7 +47,7 @@ def label_report(scan_result) -> dict:
     diseases = [c for c in records.columns if c not in RECORD_COLUMNS]
     quarantine = scan_result.quarantine
     kept, quarantined = len(records), len(quarantine)
-    return {
+    report = {
         "input_rows": scan_result.input_rows,
         "kept": kept,
         "quarantined": quarantined,
@@ -57,6 +58,34 @@ def label_report(scan_result) -> dict:
         "all": _counts(records, diseases),
         "metadata_files": [str(p) for p in scan_result.metadata_files],
     }
+    report["warnings"] = label_warnings(report)
+    return report
+
+
+def label_warnings(report: dict) -> list[str]:
+    """What makes a metric undefined before any training: an empty split, or a split without a positive (or
+    negative) for a disease -- its AUC and pAUC cannot be computed there."""
+    warnings = []
+    for split, counts in report["splits"].items():
+        if counts["images"] == 0:
+            warnings.append(f"split {split}: no images")
+            continue
+        for disease, c in counts["labels"].items():
+            if c["positives"] == 0 or c["negatives"] == 0:
+                missing = "positive" if c["positives"] == 0 else "negative"
+                warnings.append(f"split {split}: no {missing} for {disease} ({c['positives'] + c['negatives']} "
+                                f"labeled images): its AUC there is undefined")
+    return warnings
+
+
+def require_usable_rows(report: dict, site: str) -> None:
+    """A site with no row left after scanning would give an empty shard that only training rejects."""
+    if report["kept"] == 0:
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in report["quarantine_by_reason"].items()) or "none"
+        raise DataError(f"site {site}: no usable image row ({report['input_rows']} rows in "
+                        f"{', '.join(report['metadata_files'])}; quarantined by reason: {reasons})",
+                        fix=f"check the labels file has data rows and the site's views/columns; "
+                            f"`fedauc sites report <{site}.yaml> --labels-only` shows the counts")
 
 
 def render_label_report(report: dict, console: Console, title: str = "labels") -> None:
@@ -93,3 +122,5 @@ def render_label_report(report: dict, console: Console, title: str = "labels") -
         for reason, count in report["quarantine_by_reason"].items():
             reasons.add_row(reason, str(count))
         console.print(reasons)
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning[/]: {warning}")

@@ -75,3 +75,37 @@ def melanoma_shards(tmp_path_factory):
     federation = root / "melanoma.yaml"
     federation.write_text(yaml.safe_dump({"name": "tiny-melanoma", "task": "melanoma", "sites": entries}))
     return root, federation
+
+
+def write_generic_csv_site(root, name="clinic", patients=40, seed=0):
+    """A small hospital export in the generic-csv layout (PNG images, one labels.csv row per image, two
+    labelled diseases); returns the labels CSV path. Real files, read by the real adapter and decoder."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    rows = ["file,mrn_hash,projection,cardiomegaly,effusion"]
+    for patient in range(patients):
+        for study in range(2):
+            cardio, effusion = int(rng.random() < 0.3), int(rng.random() < 0.4)
+            pixels = rng.integers(0, 180, (72, 72), dtype=np.uint8)
+            pixels[20:50, 15:15 + 20 + 20 * cardio] = 230
+            file = f"{name}-{patient:03d}-{study}.png"
+            Image.fromarray(pixels).save(images / file)
+            rows.append(f"{file},p{patient:03d},{'PA' if study == 0 else 'AP'},{cardio},{effusion}")
+    labels = root / "labels.csv"
+    labels.write_text("\n".join(rows) + "\n")
+    return labels
+
+
+def generic_csv_site_yaml(name, root):
+    """The site YAML of ``write_generic_csv_site``'s layout."""
+    return {
+        "name": name, "format": "generic-csv", "root": str(root), "task": "chest-xray",
+        "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.3},
+        "options": {"labels_csv": "labels.csv", "path_column": "file", "image_dir": "images",
+                    "patient_column": "mrn_hash", "view_column": "projection",
+                    "label_columns": {"Cardiomegaly": "cardiomegaly", "Pleural Effusion": "effusion"}},
+    }
