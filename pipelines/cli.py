@@ -304,25 +304,34 @@ def evaluate_command(
 def compare_command(
     experiment: str = typer.Option("chest-xray", "--experiment", help="chest-xray or melanoma."),
     sort_by: str = typer.Option("AUC macro", "--sort-by", help="A column of the table."),
+    show_all: bool = typer.Option(False, "--all", help="Also list failed, killed and running trainings."),
+    federation: str = typer.Option(None, "--federation", help="Only this federation's trainings (its name)."),
+    csv_path: str = typer.Option(None, "--csv", help="Also write the table to this CSV file."),
+    html_path: str = typer.Option(None, "--html", help="Also write the table to this HTML file."),
 ) -> None:
-    """The experiment's trainings as a table: algorithm, I, per-disease pooled test AUC / pAUC, bytes, time."""
+    """The experiment's trainings as a table: federation, sites, status, algorithm, I, per-disease pooled test
+    AUC / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
     from rich.console import Console
-    from rich.table import Table
 
+    from pipelines.tables import rich_table, write_table
     from pipelines.tracking import compare_runs, configure
 
     configure()
     try:
-        frame = compare_runs(experiment, sort_by)
+        frame = compare_runs(experiment, sort_by, include_unfinished=show_all)
     except ValueError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=1) from None
-    table = Table(title=f"{experiment}: pooled test metrics, best first")
-    for column in frame.columns:
-        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "fi" else "left")
-    for row in frame.itertuples(index=False):
-        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
-    Console(width=240).print(table)
+    hidden = frame.attrs["hidden"]
+    if federation is not None and not frame.empty:
+        frame = frame[frame["federation"] == federation].reset_index(drop=True)
+    title = f"{experiment}{f' / {federation}' if federation else ''}: pooled test metrics, best first"
+    Console(width=240).print(rich_table(frame, title, keep_whole=("run", "federation", "sites")))
+    if hidden:
+        typer.echo(f"{hidden} unfinished training(s) hidden (failed, killed or running); --all lists them")
+    for path in filter(None, (csv_path, html_path)):
+        write_table(frame, path, title)
+        typer.echo(f"wrote {path}")
 
 
 @app.command()

@@ -192,9 +192,11 @@ def promote_best(client: MlflowClient, name: str, version: str) -> bool:
         client.set_registered_model_alias(name, CHAMPION_ALIAS, best)
 
 
-def compare_runs(experiment: str, sort_by: str = "AUC macro") -> pd.DataFrame:
-    """The experiment's federated trainings (parent runs), best first: algorithm, I, per-disease pooled test
-    AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and minutes."""
+def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished: bool = False) -> pd.DataFrame:
+    """The experiment's federated trainings (parent runs), best first: federation, sites and status, algorithm,
+    I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and
+    minutes. Runs that did not finish (failed, killed, still running) have no test metrics and are left out
+    unless ``include_unfinished``; ``frame.attrs["hidden"]`` counts them."""
     client = MlflowClient()
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -202,11 +204,17 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro") -> pd.DataFrame:
     runs = client.search_runs(
         [found.experiment_id], filter_string="tags.fedauc_role = 'federated-training'", max_results=10_000
     )
-    rows = []
+    rows, hidden = [], 0
     for run in runs:
+        if run.info.status != "FINISHED" and not include_unfinished:
+            hidden += 1
+            continue
         metrics, params = run.data.metrics, run.data.params
         row = {
             "run": run.info.run_name,
+            "federation": run.data.tags.get("federation", params.get("federation")),
+            "sites": params.get("sites", "").replace(",", ", "),
+            "status": run.info.status,
             "algorithm": params.get("algorithm"),
             "I": int(params.get("local_steps", 0)),
             "rounds": int(params.get("rounds", 0)),
@@ -219,8 +227,9 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro") -> pd.DataFrame:
         row["minutes"] = (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan")
         rows.append(row)
     table = pd.DataFrame(rows)
-    if table.empty:
-        return table
-    if sort_by not in table:
-        raise ValueError(f"cannot sort by {sort_by!r}; columns are {list(table.columns)}")
-    return table.sort_values(sort_by, ascending=False, na_position="last").reset_index(drop=True)
+    if not table.empty:
+        if sort_by not in table:
+            raise ValueError(f"cannot sort by {sort_by!r}; columns are {list(table.columns)}")
+        table = table.sort_values(sort_by, ascending=False, na_position="last").reset_index(drop=True)
+    table.attrs["hidden"] = hidden
+    return table
