@@ -83,8 +83,7 @@ def sites_report(
 
     from rich.console import Console
 
-    from pipelines.checks import check_site
-    from preprocessing.label_report import label_report, render_label_report
+    from preprocessing.label_report import label_report, render_label_report, require_usable_rows
     from preprocessing.scan import scan_site
     from preprocessing.sites import load_site
 
@@ -92,9 +91,9 @@ def sites_report(
         typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
                    "pass --labels-only for the metadata report", err=True)
         raise typer.Exit(code=2)
-    check_site(site_yaml)
     config = load_site(site_yaml)
     report = label_report(scan_site(config))
+    require_usable_rows(report, config.name)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:

@@ -80,12 +80,16 @@ def label_warnings(report: dict) -> list[str]:
 
 def require_usable_rows(report: dict, site: str) -> None:
     """A site with no row left after scanning would give an empty shard that only training rejects."""
-    if report["kept"] == 0:
-        reasons = ", ".join(f"{reason}: {n}" for reason, n in report["quarantine_by_reason"].items()) or "none"
-        raise DataError(f"site {site}: no usable image row ({report['input_rows']} rows in "
-                        f"{', '.join(report['metadata_files'])}; quarantined by reason: {reasons})",
-                        fix=f"check the labels file has data rows and the site's views/columns; "
-                            f"`fedauc sites report <{site}.yaml> --labels-only` shows the counts")
+    if report["kept"] > 0:
+        return
+    files = ", ".join(report["metadata_files"])
+    if report["input_rows"] == 0:
+        raise DataError(f"site {site}: {files}: no data rows, only a header",
+                        fix="export the labels again with one row per image")
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in report["quarantine_by_reason"].items())
+    raise DataError(f"site {site}: no usable image row: all {report['input_rows']} rows of {files} are quarantined "
+                    f"({reasons})", fix=f"check the site's views and columns; "
+                                    f"`fedauc sites report <{site}.yaml> --labels-only` shows the counts")
 
 
 def render_label_report(report: dict, console: Console, title: str = "labels") -> None:
