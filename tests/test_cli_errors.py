@@ -62,7 +62,7 @@ def test_misspelt_column(hospital, tmp_path):
     options = generic_csv_site_yaml("clinic", hospital / "data")["options"]
     site = _edited_site(hospital, tmp_path, options={**options, "patient_column": "mrn_hsah"})
     _assert_one_message(*_fedauc(tmp_path, "preprocess", str(site), "--out", str(tmp_path / "shards")),
-                        "options.labels_csv", "missing column 'mrn_hsah'")
+                        "options.labels_csv", "missing column(s) ['mrn_hsah']")
 
 
 def test_train_before_preprocess(hospital, tmp_path):
