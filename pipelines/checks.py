@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from pipelines.onboarding import shards_root
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
 from preprocessing.sites import SiteConfigError, validate_site, validation_problems
@@ -20,15 +21,17 @@ def check_site(site_yaml: str | Path) -> None:
         raise SiteConfigError(problems)
 
 
-def check_training(federation_yaml: str | Path, shards_root: str | Path, config: dict) -> Federation:
-    """The federation and its site files, every site's shards, and ``config`` (a ``TrainConfig`` without
-    sites) with its algorithm and hyperparameters."""
+def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict) -> tuple[Federation, Path]:
+    """The federation and its site files, every site's shards (``shards``, or where ``shards_root`` says),
+    and ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters. Returns the
+    federation and its shards folder."""
     from federated import ShardSite, TrainConfig, get_algorithm
     from pipelines.runs import site_shard_dirs
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     federation = load_federation(federation_yaml)
-    shard_dirs = site_shard_dirs(federation, Path(shards_root))
+    root = shards_root(shards, federation)
+    shard_dirs = site_shard_dirs(federation, root)
     try:
         validated = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
         get_algorithm(validated.algorithm).Params(**validated.params)
@@ -36,12 +39,13 @@ def check_training(federation_yaml: str | Path, shards_root: str | Path, config:
         problems = validation_problems("training config", err)
         raise ConfigError("\n".join(str(p) for p in problems),
                           fix="see `fedauc train --help`; hyperparameters per algorithm: federated/algorithms/") from None
-    return federation
+    return federation, root
 
 
-def check_evaluation(federation_yaml: str | Path, shards_root: str | Path) -> Federation:
+def check_evaluation(federation_yaml: str | Path, shards: str | Path | None) -> tuple[Federation, Path]:
     from pipelines.runs import site_shard_dirs
 
     federation = load_federation(federation_yaml)
-    site_shard_dirs(federation, Path(shards_root))
-    return federation
+    root = shards_root(shards, federation)
+    site_shard_dirs(federation, root)
+    return federation, root

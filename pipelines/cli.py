@@ -57,6 +57,8 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show the full tr
 
 sites_app = typer.Typer(help="Declare, validate and report on hospital sites.", no_args_is_help=True)
 app.add_typer(sites_app, name="sites")
+federation_app = typer.Typer(help="The hospitals that train together.", no_args_is_help=True)
+app.add_typer(federation_app, name="federation")
 
 
 @sites_app.command("validate")
@@ -98,6 +100,46 @@ def sites_report(
         typer.echo(json.dumps(report, indent=2))
     else:
         render_label_report(report, Console(), title=f"{config.name} ({config.format})")
+
+
+@sites_app.command("new")
+def sites_new(
+    name: str = typer.Argument(..., help="The hospital's short name (letters, digits, - _ .), e.g. oslo."),
+    fmt: str = typer.Option(..., "--format", help="chexpert, mimic-cxr-jpg, nih-cxr14, padchest, vindr-cxr, "
+                            "siim-isic-2020, generic-csv or generic-dicom."),
+    root: str = typer.Option(None, "--root", help="The data folder at this hospital (default: a placeholder)."),
+    task: str = typer.Option(None, "--task", help="chest-xray or melanoma (default: the format's first)."),
+    option: list[str] = typer.Option([], "--option", "-o", help="A format option NAME=VALUE (JSON value), "
+                                     "e.g. -o labels_csv=labels.csv."),
+    out: str = typer.Option(None, "--out", help="Where to write it (default: sites/NAME.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+) -> None:
+    """Write a commented site YAML for a new hospital; then edit what it marks EDIT-ME and validate it."""
+    from pipelines.onboarding import EDIT, parse_assignments, site_template, write_site_template
+    from preprocessing.sites import validate_site
+
+    text = site_template(name, fmt, root or EDIT, task, parse_assignments(option, "--option"))
+    path = write_site_template(out or f"sites/{name}.yaml", text, overwrite=force)
+    typer.echo(f"wrote {path}")
+    problems = validate_site(path)
+    if problems:
+        typer.echo(f"to do before `fedauc sites validate {path}` passes:", err=True)
+        for problem in problems:
+            typer.echo(f"  {problem}", err=True)
+
+
+@federation_app.command("add")
+def federation_add(
+    federation_yaml: str = typer.Argument(..., help="The federation's YAML (created when it does not exist)."),
+    site_yaml: str = typer.Argument(..., help="The site YAML to add."),
+    name: str = typer.Option(None, "--name", help="A new federation's name (default: the file's name)."),
+) -> None:
+    """Add a site to a federation; the file is changed only if the federation still loads."""
+    from pipelines.onboarding import add_site
+
+    federation = add_site(federation_yaml, site_yaml, name)
+    typer.echo(f"{federation_yaml}: federation {federation.name} ({federation.task}): "
+               f"{', '.join(site.name for site in federation.sites)}")
 
 
 @app.command()
@@ -158,26 +200,26 @@ def synth(
 @app.command()
 def preprocess(
     site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
-    out: str = typer.Option(..., "--out", help="Output directory; shards go to OUT/<site>/."),
+    out: str = typer.Option(None, "--out", help="Shards go to OUT/<site>/ (default: $FEDAUC_SHARDS, else shards/)."),
     workers: int = typer.Option(2, "--workers", min=0, help="Decoding processes (0: in this process)."),
 ) -> None:
     """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
-    from pathlib import Path
-
     from pipelines.checks import check_site
+    from pipelines.onboarding import shards_root
     from pipelines.prefect_env import configure_prefect_env
     from preprocessing.locks import check_site_free
     from preprocessing.sites import load_site
 
+    out = shards_root(out)
     # Problems found before the flow starts are reported as such, not as a failed Prefect task run.
     check_site(site_yaml)
-    check_site_free(Path(out) / load_site(site_yaml).name)
+    check_site_free(out / load_site(site_yaml).name)
     configure_prefect_env()
     from pipelines.preprocess_flow import preprocess_site
 
     _quiet_prefect_user_errors()
 
-    summary = preprocess_site(site_yaml, out, workers)
+    summary = preprocess_site(site_yaml, str(out), workers)
     state = "unchanged, nothing to do" if summary["reused"] else "written"
     typer.echo(f"{summary['site']}: shards {state} in {summary['site_dir']}")
     typer.echo(f"  counts per split: {summary['counts']}")
@@ -237,7 +279,8 @@ class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
 def train_command(
     federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
     algorithm: str = typer.Option(..., "--algorithm", help="A registered algorithm, e.g. codasca."),
-    shards: str = typer.Option("demo_data/shards", "--shards", help="Where `fedauc preprocess` wrote the shards."),
+    shards: str = typer.Option(None, "--shards", help="Where `fedauc preprocess` wrote the shards "
+                               "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/)."),
     rounds: int = typer.Option(20, "--rounds", min=1),
     local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
@@ -276,16 +319,17 @@ def train_command(
               "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
     from pipelines.checks import check_training
 
-    check_training(federation, shards, config)
+    _, shards_root = check_training(federation, shards, config)
     flare = {"env": flare_env.value, "workspace": flare_workspace} if backend is TrainBackend.flare else None
-    summary = _flows().train_federated(federation, shards, config, run_name, flare)
+    summary = _flows().train_federated(federation, str(shards_root), config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
 
 
 @app.command("evaluate")
 def evaluate_command(
     federation: str = typer.Option(..., "--federation", help="A federation YAML."),
-    shards: str = typer.Option("demo_data/shards", "--shards"),
+    shards: str = typer.Option(None, "--shards", help="Default: $FEDAUC_SHARDS, else the federation's shards:, "
+                               "else shards/."),
     model_uri: str = typer.Option(None, "--model-uri", help="Default: models:/fedauc-<task>@champion."),
 ) -> None:
     """A registered model on every site's test split and pooled (the Prefect flow evaluate)."""
@@ -295,8 +339,9 @@ def evaluate_command(
     from pipelines.runs import metrics_rows
     from pipelines.tables import markdown_table
 
-    check_evaluation(federation, shards)
-    typer.echo(markdown_table(pd.DataFrame(metrics_rows(_flows().evaluate(federation, shards, model_uri)))))
+    _, shards_root = check_evaluation(federation, shards)
+    metrics = _flows().evaluate(federation, str(shards_root), model_uri)
+    typer.echo(markdown_table(pd.DataFrame(metrics_rows(metrics))))
 
 
 @app.command("compare")

@@ -4,6 +4,7 @@ Example (``sites/demo/chest.yaml``)::
 
     name: demo-chest
     task: chest-xray
+    shards: ../../demo_data/shards       # optional: where every site's shards are, relative to this file
     sites:
       - config: stanford.yaml            # a site YAML (preprocessing/sites.py), relative to this file
         synth: {format: chexpert, n: 800, profile: stanford}   # optional: how the demo generates it
@@ -42,6 +43,8 @@ class FederationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     task: Literal["chest-xray", "melanoma"]
+    # Where every site's shards are, relative to this file (commands: --shards, else $FEDAUC_SHARDS, else this).
+    shards: Path | None = None
     sites: list[FederationSite] = Field(min_length=1)
 
 
@@ -60,6 +63,13 @@ class Federation:
     @property
     def task(self) -> str:
         return self.spec.task
+
+    @property
+    def shards(self) -> Path | None:
+        """The federation's declared shards folder, resolved against the federation file."""
+        if self.spec.shards is None:
+            return None
+        return self.spec.shards if self.spec.shards.is_absolute() else (self.path.parent / self.spec.shards).resolve()
 
     def synth_specs(self) -> list[tuple[SiteConfig, SynthSpec]]:
         """The sites that declare a synthetic stand-in, with their spec."""
