@@ -111,7 +111,7 @@ def sites_new(
     task: str = typer.Option(None, "--task", help="chest-xray or melanoma (default: the format's first)."),
     option: list[str] = typer.Option([], "--option", "-o", help="A format option NAME=VALUE (JSON value), "
                                      "e.g. -o labels_csv=labels.csv."),
-    out: str = typer.Option(None, "--out", help="Where to write it (default: sites/NAME.yaml)."),
+    out: str = typer.Option(None, "--out", help="Where to write it (default: sites/<name>.yaml)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing file."),
 ) -> None:
     """Write a commented site YAML for a new hospital; then edit what it marks EDIT-ME and validate it."""
