@@ -78,8 +78,8 @@ def test_kill_9_of_preprocess_ends_the_prefect_server_and_the_decode_workers(tmp
         "name": "killed", "format": "generic-csv", "root": "data", "task": "chest-xray",
         "decode_limits": {"max_pixels": 70_000_000},
         "options": {"labels_csv": "labels.csv", "path_column": "path", "patient_column": "patient",
-                    "label_columns": {"Edema": "edema"}},
-    }))
+                    "label_columns": {"Edema": "edema"}, "default_view": "PA"},  # kept rows: a site of only
+    }))                                                                       # excluded views stops at scan
     env = os.environ | {"PYTHONPATH": os.getcwd(), "PREFECT_HOME": str(tmp_path / ".prefect")}
     env.pop("PREFECT_API_URL", None)
     command = [sys.executable, "-c", "from pipelines.cli import app; app()",
