@@ -67,7 +67,8 @@ def experiment_id(name: str) -> str:
     if uri.startswith("sqlite:///"):
         database = Path(uri.removeprefix("sqlite:///"))
         artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
-    # Tagged as a model-training experiment, so the MLflow UI opens on its runs, not the GenAI overview.
+    # Tagged as a model-training experiment for MLflow clients that read the kind; MLflow 3.17's UI picks its
+    # view from ?workflowType= instead, which the link `fedauc ui` prints carries (pipelines/servers.py).
     return client.create_experiment(name, artifact_location=artifact_location,
                                     tags={"mlflow.experimentKind": "custom_model_development"})
 

@@ -1,9 +1,11 @@
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from pipelines.servers import ui_commands, wait_for
+from preprocessing.errors import ConfigError, FedaucError
 
 
 def test_wait_for_names_a_server_that_exits():
@@ -30,3 +32,64 @@ def test_ui_commands_serve_the_pipeline_stores(monkeypatch, tmp_path):
     assert mlflow_command[mlflow_command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path / 'x.db'}"
     assert mlflow_url == "http://127.0.0.1:5001"
     assert commands["Prefect"][1] == "http://127.0.0.1:4201"
+
+
+def test_ui_refuses_a_taken_port_before_starting_anything(tmp_path, monkeypatch):
+    """A second `fedauc ui` used to print its URLs and exit 0 against the first one's servers."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from pipelines.servers import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'x.db'}")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["ui", "--mlflow-port", str(port), "--prefect-port", str(free_port())])
+    assert result.exit_code == 1
+    assert f"MLflow UI: port {port} on 127.0.0.1 is already in use" in result.output
+    assert "--mlflow-port" in result.output and "http://" not in result.output
+
+
+def test_start_server_writes_its_log_where_it_says(tmp_path):
+    from pipelines.servers import free_port, start_server, stop_server
+
+    port = free_port()
+    log = tmp_path / "logs" / "http.log"
+    process = start_server("http", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                    "-d", str(tmp_path)], f"http://127.0.0.1:{port}/", port, log, timeout_s=60)
+    try:
+        with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1 is already in use"):
+            start_server("again", [sys.executable, "-c", "pass"], f"http://127.0.0.1:{port}/", port, log)
+    finally:
+        stop_server(process)
+    assert '"GET / HTTP/1.1" 200' in log.read_text()
+
+
+def test_start_server_names_the_log_of_a_server_that_dies(tmp_path):
+    from pipelines.servers import free_port, start_server
+
+    port = free_port()
+    log = tmp_path / "dies.log"
+    with pytest.raises(FedaucError, match=f"exited with code 3 .*its log: {log}") as err:
+        start_server("dies", [sys.executable, "-c", "print('bad config'); raise SystemExit(3)"],
+                     f"http://127.0.0.1:{port}/", port, log, timeout_s=60)
+    assert "bad config" in str(err.value)
+
+
+def test_the_mlflow_link_opens_the_training_runs_view():
+    """MLflow 3.17's UI takes the experiment view from the workflowType query parameter (the experiment tag
+    mlflow.experimentKind no longer decides it); the link fedauc prints carries it."""
+    from pathlib import Path
+
+    import mlflow
+
+    from pipelines.servers import MLFLOW_RUNS_VIEW, mlflow_runs_url
+
+    bundles = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    reads_parameter = any('get("workflowType")' in path.read_text(errors="replace") and "machine_learning" in
+                          path.read_text(errors="replace") for path in bundles.glob("main.*.js"))
+    assert reads_parameter, "this MLflow UI no longer reads ?workflowType=: find what picks the runs view"
+    assert mlflow_runs_url("http://127.0.0.1:5000", "3") == f"http://127.0.0.1:5000/#/experiments/3?{MLFLOW_RUNS_VIEW}"
+    assert MLFLOW_RUNS_VIEW == "workflowType=machine_learning"
