@@ -17,8 +17,7 @@ same network and samples, interleaved over ``--repeats``:
 
 Reports images/s and peak GPU memory (``torch.cuda.max_memory_allocated``) per measurement. On a machine
 without CUDA it runs on the CPU with small defaults (64-pixel tiles, B=8, one timed round, no repeat) so
-it finishes in a couple of minutes on an idle 2-core CPU (32-pixel tiles are slower there: DenseNet121's
-CPU kernels handle its 1x1 late feature maps badly); the CPU figures check the harness, the GPU figures are the ones the targets are for.
+it finishes in a couple of minutes on an idle 2-core CPU (32-pixel tiles were not faster per image there); the CPU figures check the harness, the GPU figures are the ones the targets are for.
 ``--compile`` adds ``torch.compile`` to both (``TrainConfig.compile_network``).
 
     python benchmarks/gpu.py [--network densenet121] [--image 224] [--batch 32] [--sites 5] [--local-steps 8]
