@@ -10,6 +10,7 @@ from preprocessing.public_metadata import PublicMetadataUnavailable, public_meta
 _USER_VARIABLES = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "MLFLOW_REGISTRY_URI",
                    "PREFECT_API_DATABASE_CONNECTION_URL", "FEDAUC_SHARDS")
 _session_state: list[str] = []
+_session_tracking_uri: list[str] = []
 
 
 def pytest_configure(config):
@@ -21,6 +22,7 @@ def pytest_configure(config):
         os.environ.pop(name, None)
     os.environ["PREFECT_HOME"] = os.path.join(state, "prefect")
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.join(state, 'mlruns.db')}"
+    _session_tracking_uri.append(os.environ["MLFLOW_TRACKING_URI"])
 
 
 def pytest_unconfigure(config):
@@ -35,6 +37,15 @@ def public_metadata():
         return public_metadata_dir()
     except PublicMetadataUnavailable as err:
         pytest.skip(f"real public metadata unavailable, cannot fetch the torchxrayvision wheel: {err}")
+
+
+@pytest.fixture(autouse=True)
+def session_tracking_store():
+    """Every test starts on the session's MLflow store: ``mlflow.set_tracking_uri(None)`` (how tests and
+    module fixtures leave their own store) also deletes MLFLOW_TRACKING_URI from the environment, and the
+    next test of this worker would then write into the project's mlruns.db."""
+    os.environ["MLFLOW_TRACKING_URI"] = _session_tracking_uri[0]
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
