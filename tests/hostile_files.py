@@ -7,6 +7,7 @@ declares: a 20000 x 20000 RLE DICOM is 12.6 MB on disk and would be 800 MB decod
 from __future__ import annotations
 
 import struct
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -26,6 +27,8 @@ from pydicom.uid import (
     generate_uid,
 )
 
+from preprocessing.decode import DecodeLimits, decode_image
+
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -44,6 +47,22 @@ def big_png(path: Path, rows: int, columns: int) -> Path:
         b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", b"".join(body)) + _png_chunk(b"IEND", b"")
     )
     return path
+
+
+SLOW_PNG_SIDE = 13000  # 169 M pixels: just under Pillow's own decompression-bomb error (179 M)
+SLOW_PNG_PIXELS = SLOW_PNG_SIDE**2
+
+
+def slow_png(path: Path, target_size: int) -> tuple[Path, float]:
+    """A PNG that is allowed (``max_pixels >= SLOW_PNG_PIXELS``) but slow to inflate, and a timeout it exceeds.
+
+    The timeout is a quarter of this machine's own decode time, measured here at ``target_size``: a fixed
+    figure raced the decoder (0.29 s against a 0.3 s timeout on a quiet machine) and failed on a fast one.
+    """
+    big_png(path, SLOW_PNG_SIDE, SLOW_PNG_SIDE)
+    started = time.monotonic()
+    decode_image(path, limits=DecodeLimits(max_pixels=SLOW_PNG_PIXELS), target_size=target_size)
+    return path, round((time.monotonic() - started) / 4, 3)
 
 
 def jpeg_declaring(path: Path, rows: int, columns: int) -> Path:

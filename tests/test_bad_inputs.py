@@ -14,10 +14,13 @@ import pandas as pd
 import pytest
 import yaml
 from hostile_files import (
+    SLOW_PNG_PIXELS,
+    SLOW_PNG_SIDE,
     big_png,
     big_rle_dicom,
     dicom,
     j2k_dicom_declaring,
+    slow_png,
     structured_report,
     video_dicom,
 )
@@ -93,13 +96,13 @@ def hostile_site(tmp_path):
     (img / "folder.png").mkdir()
     row("img/folder.png", "not_a_regular_file")
     # sizes, before decoding
-    big_png(img / "huge.png", 12000, 12000)
+    big_png(img / "huge.png", SLOW_PNG_SIDE + 1000, SLOW_PNG_SIDE + 1000)
     row("img/huge.png", "too_large")
     big_rle_dicom(img / "huge_rle.dcm")
     row("img/huge_rle.dcm", "too_large")
     j2k_dicom_declaring(img / "huge_j2k.dcm", 20000, 20000)
     row("img/huge_j2k.dcm", "too_large")
-    big_png(img / "slow.png", 10000, 10000)  # allowed by the limits below, slower than their timeout
+    _, decode_timeout_s = slow_png(img / "slow.png", target_size=16)  # allowed by the limits, slower than their timeout
     row("img/slow.png", "decode_timeout")
     # numbers that make no image
     dicom(img / "nan.dcm", RAMP * 16, RescaleSlope="NaN", RescaleIntercept="0")
@@ -124,8 +127,7 @@ def hostile_site(tmp_path):
         "split": {"seed": 0, "valid": 0.0, "test": 0.2},
         "image_size": 16,
         "min_image_size": 16,
-        # slow.png takes about 0.7 s even decoded at the tile size (inflating 100 M pixels): well above this.
-        "decode_limits": {"max_pixels": 110_000_000, "timeout_s": 0.3},
+        "decode_limits": {"max_pixels": SLOW_PNG_PIXELS, "timeout_s": decode_timeout_s},
         "options": {"labels_csv": "labels.csv", "path_column": "path", "patient_column": "patient",
                     "label_columns": {"Cardiomegaly": "cardio"}, "view_column": "view", "split_column": "split"},
     }

@@ -16,12 +16,14 @@ import time
 import numpy as np
 import pytest
 from hostile_files import (
+    SLOW_PNG_PIXELS,
     big_png,
     big_rle_dicom,
     deflated_dicom,
     dicom,
     j2k_dicom_declaring,
     jpeg_declaring,
+    slow_png,
     tiff_declaring,
 )
 from PIL import Image
@@ -189,10 +191,9 @@ def _chunk(root, names):
 def test_a_decode_past_the_timeout_replaces_its_worker_and_the_run_goes_on(root):
     for name in ("a.png", "b.png", "c.png"):
         _ramp_png(root / name)
-    big_png(root / "slow.png", 10000, 10000)  # decodes in seconds when allowed (2.5 s on a quiet machine)
-    transform = TransformSettings(
-        task="chest-xray", image_size=16, min_image_size=8, limits=DecodeLimits(max_pixels=10**8, timeout_s=0.5)
-    )
+    _, timeout_s = slow_png(root / "slow.png", target_size=16)
+    transform = TransformSettings(task="chest-xray", image_size=16, min_image_size=8,
+                                  limits=DecodeLimits(max_pixels=SLOW_PNG_PIXELS, timeout_s=timeout_s))
     started = time.monotonic()
     results = list(decode_chunks(iter([_chunk(root, ["a.png", "slow.png", "b.png"]), _chunk(root, ["c.png"])]),
                                  transform, workers=1))
@@ -200,7 +201,7 @@ def test_a_decode_past_the_timeout_replaces_its_worker_and_the_run_goes_on(root)
     assert [(o["ok"], o.get("reason")) for o in outcomes] == [
         (True, None), (False, "decode_timeout"), (True, None), (True, None)
     ]
-    assert "slow.png" in outcomes[1]["detail"] and "timeout_s=0.5" in outcomes[1]["detail"]
+    assert "slow.png" in outcomes[1]["detail"] and f"timeout_s={timeout_s:g}" in outcomes[1]["detail"]
     assert results[0].tiles[2].max() > 0  # the file after the stuck one was decoded by the replacement
     assert time.monotonic() - started < 60
 
@@ -208,20 +209,19 @@ def test_a_decode_past_the_timeout_replaces_its_worker_and_the_run_goes_on(root)
 def test_a_worker_killed_mid_file_is_replaced_and_that_file_quarantined(root):
     for name in ("a.png", "b.png"):
         _ramp_png(root / name)
-    big_png(root / "slow.png", 10000, 10000)
+    slow, _ = slow_png(root / "slow.png", target_size=16)
     transform = TransformSettings(task="chest-xray", image_size=16, min_image_size=8,
-                                  limits=DecodeLimits(max_pixels=10**8))
+                                  limits=DecodeLimits(max_pixels=SLOW_PNG_PIXELS))
 
     def kill_the_worker_on_the_slow_file():
-        # As the OOM killer would: SIGKILL to the decoding child once slow.png makes it grow past 300 MB
-        # (a worker idles at about 165 MB; a.png adds nothing measurable).
+        # As the OOM killer would, mid-decode: SIGKILL to the decoding child while it holds slow.png open.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for pid in _decode_workers(os.getpid()):
-                if _rss_mb(pid) > 300:
+                if str(slow) in _open_files(pid):
                     os.kill(pid, signal.SIGKILL)
                     return
-            time.sleep(0.02)
+            time.sleep(0.01)
 
     killer = threading.Thread(target=kill_the_worker_on_the_slow_file)
     chunks = iter([_chunk(root, ["a.png", "slow.png", "b.png"])])
@@ -249,12 +249,15 @@ def _decode_workers(parent: int) -> list[int]:
     return found
 
 
-def _rss_mb(pid: int) -> float:
+def _open_files(pid: int) -> set[str]:
+    opened = set()
     try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+        descriptors = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        pass
-    return 0.0
+        return opened
+    for descriptor in descriptors:
+        try:
+            opened.add(os.readlink(f"/proc/{pid}/fd/{descriptor}"))
+        except OSError:
+            continue
+    return opened
