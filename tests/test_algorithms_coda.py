@@ -79,28 +79,36 @@ def test_codaplus_local_steps_clip_prox_weight_decay_and_closed_form_dual():
     torch.testing.assert_close(got_alpha, alpha, atol=1e-6, rtol=1e-5)
 
 
-def test_stage_boundary_divides_lr_and_averages_the_stage_iterates_into_v_ref():
+@pytest.mark.parametrize("restart", [True, False])
+def test_stage_boundary_divides_lr_and_averages_the_stage_iterates_into_v_ref(restart):
+    """At a stage boundary v_ref moves to the stage's mean iterate; with ``stage_restart`` (the paper's
+    Algorithm, default) v and alpha restart from that mean, without it (the authors' code) they carry on."""
     data = _data(2)
-    params = {"clip": None, "gamma": 4.0, "weight_decay": 0.0, "T0": 2}
+    params = {"clip": None, "gamma": 4.0, "weight_decay": 0.0, "T0": 2, "stage_restart": restart}
     cfg = _cfg("codaplus", data, I=1, rounds=3, params=params)
     w0, b0 = _initial(cfg)
     v = [w0, b0, torch.zeros(1), torch.zeros(1)]
-    ref, alpha, lr, iterates = [t.clone() for t in v], torch.zeros(1), LR, []
+    ref, alpha, lr, iterates, alphas = [t.clone() for t in v], torch.zeros(1), LR, [], []
     for t in range(3):
         steps = [_codaplus_step(v, ref, alpha, x, y, _prior(data), lr, 1e9, 0.25, 0.0) for x, y in data]
         v = [torch.stack([s[0][i] for s in steps]).mean(0) for i in range(4)]
         alpha = torch.stack([s[1] for s in steps]).mean(0)
         # Each site's iterate enters its stage sum before averaging; the stage mean is then averaged.
-        iterates.append([torch.stack([s[0][i] for s in steps]).mean(0) for i in range(4)])
+        iterates.append(v)
+        alphas.append(alpha)
         if t == 1:
             ref = [torch.stack([it[i] for it in iterates]).mean(0) for i in range(4)]
             lr = lr / 3
+            if restart:
+                v, alpha = [r.clone() for r in ref], torch.stack(alphas).mean(0)
     result = federated.train(cfg)
-    got_v, _ = _state(result)
+    got_v, got_alpha = _state(result)
     for got, want in zip(got_v, v):
         torch.testing.assert_close(got.reshape(want.shape), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_alpha, alpha, atol=1e-6, rtol=1e-5)
     assert float(result.site_states[0]["lr"]) == pytest.approx(LR / 3)
     torch.testing.assert_close(result.site_states[1]["ref.a"], ref[2], atol=1e-6, rtol=1e-5)
+    assert ("stage_sum.alpha" in result.site_states[0]) == restart  # alpha's stage mean only when restarting
 
 
 def test_coda_resets_alpha_from_pooled_class_means():
@@ -128,3 +136,50 @@ def test_codasca_first_round_is_codaplus_and_eta_g_extrapolates():
     for start, mean, got in zip(v0, v_plus, v_sca):
         torch.testing.assert_close(got, start + 2.0 * (mean - start), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(alpha_sca, (2.0 * alpha_plus).clamp(0, 999), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_codasca_stage_restart_resets_the_control_variates(restart):
+    """The paper's stage is a fresh run of its inner algorithm: at the boundary the iterate is the stage
+    mean (= v_ref), the global step's anchor is that point and every control variate is 0 again; the
+    authors' code keeps the variates and the iterate."""
+    data = _data(2)
+    params = {"clip": None, "gamma": 4.0, "weight_decay": 0.0, "T0": 2, "eta_g": 1.5, "stage_restart": restart}
+    result = federated.train(_cfg("codasca", data, I=1, rounds=2, params=params))
+    for k in range(2):
+        st = result.site_states[k]
+        variates = [t for n, t in st.items() if n.startswith(("c.", "c_site."))]
+        assert len(variates) == 2 * 5  # w, bias, a, b, alpha
+        assert all(bool((t == 0).all()) for t in variates) == restart
+        for n in ("a", "b", "alpha"):
+            torch.testing.assert_close(st[f"prev_global.{n}"], st[n])
+        assert torch.equal(st["ref.a"], st["a"]) == restart
+    got_w = result.global_state["1.weight"].reshape(-1)
+    assert torch.allclose(got_w, result.site_states[0]["ref.w.1.weight"].reshape(-1)) == restart
+
+
+@pytest.mark.parametrize("dual_variate", ["pre_step", "post_step"])
+def test_codasca_dual_variate_is_the_mean_d_alpha_at_the_chosen_alpha(dual_variate):
+    """c_k,alpha is the mean of the round's d_alpha = 2(m + b - a) - 2 alpha at the updated a, b and at the
+    alpha the step ascended from (the paper's rule, default) or, as the authors' code, the alpha after it."""
+    data = _data(2)
+    params = {"clip": None, "gamma": None, "weight_decay": 0.0, "dual_variate": dual_variate}
+    result = federated.train(_cfg("codasca", data, I=3, rounds=1, params=params))
+    w0, b0 = _initial(_cfg("codasca", data, I=3, rounds=1, params=params))
+    for k, (x, y) in enumerate(data):
+        v, alpha, pre, post = [w0, b0, torch.zeros(1), torch.zeros(1)], torch.zeros(1), [], []
+        for _ in range(3):  # the first round of CODASCA is CODA+'s (c = c_k = 0)
+            before = alpha
+            v, alpha = _codaplus_step(v, v, alpha, x, y, _prior(data), LR, 1e9, 0.0, 0.0)
+            pre.append(2 * (M + v[3] - v[2]) - 2 * before)
+            post.append(2 * (M + v[3] - v[2]) - 2 * alpha)
+        want, other = (pre, post) if dual_variate == "pre_step" else (post, pre)
+        got = result.site_states[k]["c_site.alpha"]
+        torch.testing.assert_close(got, torch.stack(want).mean(0), atol=1e-6, rtol=1e-5)
+        assert not torch.allclose(got, torch.stack(other).mean(0), atol=1e-4)
+
+
+def test_codasca_post_step_variate_needs_the_closed_form_dual():
+    with pytest.raises(ValueError, match="closed_form"):
+        federated.train(_cfg("codasca", _data(1), I=1, rounds=1,
+                             params={"dual_variate": "post_step", "dual": "gradient"}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 
 from federated import SyntheticSite, TensorSite, TrainConfig
@@ -64,7 +65,7 @@ def test_exact_jacobian_matches_finite_difference_jvp_through_batchnorm():
     assert not torch.isclose(lhs, first_order, rtol=1e-3)  # the Hessian term is really there
 
 
-def test_first_step_is_the_chain_rule_and_leaves_bn_statistics_to_x():
+def test_initialisation_is_the_chain_rule_and_leaves_bn_statistics_to_x():
     eng = make_engine("localscgdam", {"rho": 0.5, "jacobian": "exact"})
     alg, site = eng.algorithm, eng.sites[0]
     batch = next(site.loader.batches(1))
@@ -77,7 +78,7 @@ def test_first_step_is_the_chain_rule_and_leaves_bn_statistics_to_x():
     chain = torch.autograd.grad(F, params + [a, b])
     reference.train()(batch.x)  # the one forward at x that may move the running statistics
 
-    alg.local_step(site, batch)
+    alg.estimate(site, batch, first=True)
     u = [site.state[f"u.{n}"] for n in alg.x_names(site)]
     for got, want in zip(u, chain):
         assert torch.allclose(got, want, atol=1e-6)
@@ -93,13 +94,11 @@ def test_first_step_is_the_chain_rule_and_leaves_bn_statistics_to_x():
         assert torch.allclose(got, want.detach(), atol=1e-6)
 
 
-def test_second_step_moves_with_old_momenta_and_averages_new_estimates():
+def test_local_step_moves_with_old_momenta_and_averages_new_estimates():
     params = {"rho": 0.4, "jacobian": "first_order", "h_rate": 0.3, "beta_x": 0.6, "beta_y": 0.2, "dual_lr": 0.05}
-    eng = make_engine("localscgdam", params)
+    eng = make_engine("localscgdam", params)  # the engine has initialised h, u, v on a batch of their own
     alg, site = eng.algorithm, eng.sites[0]
-    b0, b1 = list(site.loader.batches(2))
-    alg.local_step(site, b0)
-    site.iteration += 1
+    b1 = next(site.loader.batches(1))
     before = {k: v.clone() for k, v in site.state.items()}
     x0 = [t.detach().clone() for t in alg.x(site)]
     alg.local_step(site, b1)
@@ -134,7 +133,7 @@ def test_localsgdam_is_momentum_sgda_at_x_without_h():
     a, b, alpha = (torch.zeros(C, requires_grad=True) for _ in range(3))
     F = auc_square_loss(torch.sigmoid(reference(batch.x)), batch.y, a, b, alpha, site.prior, mask=batch.mask)
     grads = torch.autograd.grad(F, list(reference.parameters()) + [a, b])
-    alg.local_step(site, batch)
+    alg.estimate(site, batch, first=True)
     for n, want in zip(alg.x_names(site), grads):
         assert torch.allclose(site.state[f"u.{n}"], want, atol=1e-6)
     for name, buf in reference.named_buffers():  # the forward at x owns the running statistics
@@ -142,6 +141,29 @@ def test_localsgdam_is_momentum_sgda_at_x_without_h():
     scgdam = make_engine("localscgdam")
     extra = sum(t.numel() for n, t in scgdam.sites[0].state.items() if n.startswith("h."))
     assert extra == sum(p.numel() for p in site.model.parameters()) + 2 * C  # h is what LocalSGDAM does not send
+
+
+@pytest.mark.parametrize("algorithm", ["localscgdam", "localsgdam"])
+def test_the_first_round_makes_i_updates_after_a_separate_initialisation(algorithm):
+    """The paper initialises h, u, v on a minibatch of its own and then takes I steps before communicating.
+    With I = 1 the one local step of round 0 must move x by -lr u0 and alpha by dual_lr v0 (had the
+    initialisation been one of the I steps, round 0 would end where it started)."""
+    x = torch.tensor(np.random.default_rng(3).standard_normal((20, 4)), dtype=torch.float32)
+    y = torch.tensor((np.random.default_rng(4).random((20, C)) < 0.4), dtype=torch.float32)
+    cfg = TrainConfig(algorithm=algorithm, params={"dual_lr": 0.5}, sites=[TensorSite(train=(x, y))],
+                      network="linear", rounds=1, local_steps=1, batch_size=10, lr=0.3, loader_workers=0,
+                      progress=False)
+    eng = Engine(cfg)
+    alg, site = eng.algorithm, eng.sites[0]
+    x0 = [t.detach().clone() for t in alg.x(site)]
+    u0 = [t.clone() for t in alg.group(site, "u")]
+    v0 = site.state["v"].clone()
+    assert all(bool(t.abs().sum() > 0) for t in u0) and bool(v0.abs().sum() > 0)
+    result = eng.run()
+    weights = [result.global_state[n] for n, _ in site.model.named_parameters()]
+    for got, start, u in zip(weights + [result.site_states[0]["a"], result.site_states[0]["b"]], x0, u0):
+        torch.testing.assert_close(got, start - 0.3 * u)
+    torch.testing.assert_close(result.site_states[0]["alpha"], 0.5 * v0)
 
 
 def test_masked_disease_keeps_its_dual_still():

@@ -115,10 +115,18 @@ def kl_brute(pos_s, neg_s, u_old, gamma, lam=1.0):
     return u_new, loss / (len(pos_s) * len(neg_s))
 
 
-def test_fedxl2_local_step_matches_pair_loops():
+@pytest.mark.parametrize("iteration", [0, 5])
+def test_fedxl2_local_step_matches_pair_loops(iteration):
+    """At the first step v is the gradient itself (the paper's start; v = 0 would give beta * grad); later
+    steps take the EMA of v with the new gradient."""
     eng = make_engine("fedxl2", {"gamma": 0.3, "beta": 0.2})
     alg, site = eng.algorithm, eng.sites[0]
     fill_passive(site, torch.Generator().manual_seed(1))
+    site.iteration = iteration
+    momentum = [site.state[f"momentum.{n}"] for n in site.parameter_names()]
+    for m in momentum:
+        m.copy_(torch.randn(m.shape, generator=torch.Generator().manual_seed(2)))
+    v_before = [m.clone() for m in momentum]
     batch = next(site.loader.batches(1))
     site.state["u"][batch.index[:3]] = 2.0  # some positives were visited before, the others get u = g
     u_before = site.state["u"].clone()
@@ -143,9 +151,10 @@ def test_fedxl2_local_step_matches_pair_loops():
         if terms:
             G = G + torch.stack(terms).mean()
     grads = torch.autograd.grad(G / C, w)
-    for p, w0, g in zip(site.model.parameters(), w, grads):
-        # v starts at 0: v_1 = beta * grad, w_1 = w_0 - lr * v_1
-        assert torch.allclose(p.detach(), w0.detach() - 0.5 * 0.2 * g, atol=1e-6)
+    for p, m, w0, v0, g in zip(site.model.parameters(), momentum, w, v_before, grads):
+        v = g if iteration == 0 else 0.8 * v0 + 0.2 * g
+        assert torch.allclose(m, v, atol=1e-6)
+        assert torch.allclose(p.detach(), w0.detach() - 0.5 * v, atol=1e-6)
 
 
 def test_localpair_gradient_is_exact_kl_opauc_gradient_when_u_is_fresh():
@@ -224,6 +233,31 @@ def test_pools_sample_the_rounds_own_scores_and_skip_masked_diseases():
         assert bool((sent_u >= 1).all())  # u = mean exp(l) >= 1
     result = train(eng.config)
     assert np.isfinite(result.history[-1]["train_loss"])
+
+
+def test_payload_is_p_rows_drawn_with_replacement_from_the_rounds_scores():
+    """The kept deviation from the paper (docs/algorithms.md section 7): not every score of the round but P rows
+    per class and disease drawn with replacement. A class with one row in the round sends it P times; one with
+    more than P distinct rows can repeat a row (neither a draw without replacement nor the paper's payload of
+    every row would)."""
+    eng = make_engine("fedxl1")
+    alg, site = eng.algorithm, eng.sites[0]
+    label = site.state["buffer.label"]
+    scores = torch.arange(len(label) * C, dtype=torch.float32).reshape(-1, C)
+    repeats = 0
+    for seed in range(10):
+        label.fill_(0.0)
+        label[0, 0] = 1.0  # disease 0: one positive this round
+        label[:10, 1] = 1.0  # disease 1: ten positives, more than P
+        site.state["buffer.pos_score"].copy_(scores)
+        torch.manual_seed(seed)
+        alg.pool.payload(site)
+        sent = site.state["pool.pos_score"]
+        assert sent.shape == (P, C)
+        assert bool((sent[:, 0] == scores[0, 0]).all())
+        assert set(sent[:, 1].tolist()) <= set(scores[:10, 1].tolist())
+        repeats += len(set(sent[:, 1].tolist())) < P
+    assert 0 < repeats < 10
 
 
 @pytest.mark.parametrize("algorithm", ["fedxl1", "fedxl2"])

@@ -56,8 +56,8 @@ def test_coda_class_means_are_pooled_means_under_weighted_aggregation():
     for kind in ("pos", "neg"):
         pooled = (sum(own[k][f"{kind}_sum"] for k in own) / sum(own[k][f"{kind}_count"] for k in own))
         torch.testing.assert_close(combined[f"{kind}_sum"] / combined[f"{kind}_count"], pooled)
-    # v_ref is the mean of the iterates with the model's aggregation weights
-    name = next(n for n in combined if n.startswith("ref.w."))
+    # v_ref (and the restart point) is the mean of the iterates with the model's aggregation weights
+    name = next(n for n in combined if n.startswith("mean.w."))
     torch.testing.assert_close(combined[name], sum(w * own[k][name] for k, w in enumerate(engine.weights)))
 
 

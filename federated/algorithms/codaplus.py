@@ -1,5 +1,5 @@
 """CODA+ (Yuan, Guo, Xu, Ying, Yang: "Federated Deep AUC Maximization for Heterogeneous Data with a
-Constant Communication Complexity", ICML 2021), docs/algorithms.md sections 1.2 and 5.
+Constant Communication Complexity", ICML 2021), docs/algorithms.md sections 1.2, 5 and 11.
 
 Objective: the AUC-margin min-max (1.2) with the global prior p per disease, primal v = (w, a, b),
 dual alpha >= 0, plus the proximal term (1/(2 gamma)) ||v - v_ref||^2 of the stagewise framework.
@@ -10,7 +10,9 @@ Per site, local step t with minibatch xi (g = stochastic gradient of the AUC-M l
                                                                   at the updated a, b (closed form),
                                                                   or the stochastic gradient
 Every I steps: average (w, a, b, alpha) and BN running statistics (section 9).
-Every T0 steps (a stage): lr <- lr / lr_decay; v_ref <- mean over sites and over the stage's iterates.
+Every T0 steps (a stage): lr <- lr / lr_decay; v_ref <- mean over sites and over the stage's iterates;
+and (``stage_restart``, the paper's Algorithm) the next stage starts from that mean: v <- v_ref and
+alpha <- the stage's mean alpha. ``stage_restart=False`` is the authors' code: the iterate continues.
 For a disease without both classes in the batch, its loss term and its alpha step are 0.
 Plain SGD, no PESG momentum (section 9).
 """
@@ -38,6 +40,10 @@ class CODAPlusParams(BaseModel):
     clip: float | None = Field(default=1.0, gt=0)  # element-wise clip of g_w; None: no clipping
     weight_decay: float = Field(default=1e-5, ge=0)
     dual: Literal["closed_form", "gradient"] = "closed_form"
+    # True: each stage starts from the previous stage's mean iterate (v and alpha), as the papers'
+    # Algorithms do (CODASCA also restarts its control variates at 0); False: only v_ref moves there and
+    # the iterate carries on, as the authors' code does (docs/algorithms.md section 5).
+    stage_restart: bool = True
     # "identity" feeds raw logits to the loss: the linear-score AUC regression (convex-concave) of the
     # drift tests; "sigmoid" is the deep AUC setting (docs/algorithms.md section 0).
     score: Literal["sigmoid", "identity"] = "sigmoid"
@@ -62,13 +68,18 @@ class CODAPlus(Algorithm):
     def group(self, site: Site, kind: str) -> list[torch.Tensor]:
         return [site.state[f"{kind}.{n}"] for n in self.primal_names(site)]
 
+    def averaged_names(self, site: Site) -> list[str]:
+        """What a stage averages over its iterates: v (for v_ref), and alpha too when the next stage restarts."""
+        return self.primal_names(site) + (["alpha"] if self.p.stage_restart else [])
+
+    def averaged(self, site: Site) -> list[torch.Tensor]:
+        return self.primal(site) + ([site.state["alpha"]] if self.p.stage_restart else [])
+
     def state_spec(self, site: Site):
         spec = {"a": Comm.MEAN, "b": Comm.MEAN, "alpha": Comm.MEAN, "lr": Comm.LOCAL}
-        for n in self.primal_names(site):
-            spec[f"ref.{n}"] = Comm.LOCAL
-            if self.p.T0:
-                spec[f"stage_sum.{n}"] = Comm.LOCAL
+        spec |= {f"ref.{n}": Comm.LOCAL for n in self.primal_names(site)}
         if self.p.T0:
+            spec |= {f"stage_sum.{n}": Comm.LOCAL for n in self.averaged_names(site)}
             spec["stage_count"] = Comm.LOCAL
         return spec
 
@@ -79,9 +90,9 @@ class CODAPlus(Algorithm):
         site.state = state  # primal() reads a and b from here
         for n, v in zip(self.primal_names(site), self.primal(site)):
             state[f"ref.{n}"] = v.detach().clone()  # v_ref starts at v0 (section 5)
-            if self.p.T0:
-                state[f"stage_sum.{n}"] = torch.zeros_like(v)
         if self.p.T0:
+            state.update({f"stage_sum.{n}": torch.zeros_like(v)
+                          for n, v in zip(self.averaged_names(site), self.averaged(site))})
             state["stage_count"] = torch.zeros((), dtype=torch.float64)
         return state
 
@@ -119,10 +130,11 @@ class CODAPlus(Algorithm):
                    if self.p.dual == "closed_form" else g_alpha)
         return d_alpha * defined
 
-    def end_of_step(self, site: Site, v: list[torch.Tensor]) -> None:
-        """Add the updated primal to the stage's running sum (v_ref of the next stage)."""
+    def end_of_step(self, site: Site) -> None:
+        """Add the updated iterate to the stage's running sums (v_ref and the restart point of the next stage)."""
         if self.p.T0:
-            torch._foreach_add_(self.group(site, "stage_sum"), v)
+            torch._foreach_add_([site.state[f"stage_sum.{n}"] for n in self.averaged_names(site)],
+                                self.averaged(site))
             site.state["stage_count"] += 1
 
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
@@ -132,21 +144,25 @@ class CODAPlus(Algorithm):
             v = self.primal(site)
             torch._foreach_add_(v, self.primal_direction(site, v, g), alpha=-lr)
             st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * self.dual_direction(site, g_alpha, defined)))
-            self.end_of_step(site, v)
+            self.end_of_step(site)
         return loss
 
     # --- stages -------------------------------------------------------------------------------
     def stage_statistics(self, site: Site):
         count = float(site.state["stage_count"])
-        return {f"ref.{n}": s / count for n, s in zip(self.primal_names(site), self.group(site, "stage_sum"))}
+        return {f"mean.{n}": site.state[f"stage_sum.{n}"] / count for n in self.averaged_names(site)}
 
     def stage_spec(self, site: Site):
-        # v_ref is the mean of the stage's iterates of the global model, which the aggregation weights define.
-        return dict.fromkeys((f"ref.{n}" for n in self.primal_names(site)), Comm.MEAN)
+        # The mean of the stage's iterates of the global model, which the aggregation weights define.
+        return dict.fromkeys((f"mean.{n}" for n in self.averaged_names(site)), Comm.MEAN)
 
     def stage_start(self, site: Site, stats) -> None:
         for n in self.primal_names(site):
-            site.state[f"ref.{n}"].copy_(stats[f"ref.{n}"])
-        torch._foreach_zero_(self.group(site, "stage_sum"))
+            site.state[f"ref.{n}"].copy_(stats[f"mean.{n}"])
+        if self.p.stage_restart:
+            with torch.no_grad():
+                torch._foreach_copy_(self.averaged(site), [stats[f"mean.{n}"] for n in self.averaged_names(site)])
+        for n in self.averaged_names(site):
+            site.state[f"stage_sum.{n}"].zero_()
         site.state["stage_count"].zero_()
         site.state["lr"] /= self.p.lr_decay

@@ -1,5 +1,5 @@
 """CODASCA (Yuan, Guo, Xu, Ying, Yang, ICML 2021; Algorithms 3 and 4 of the arXiv long version),
-docs/algorithms.md section 5.
+docs/algorithms.md sections 5 and 11.
 
 CODA+ plus SCAFFOLD-style control variates on primal v = (w, a, b) and dual alpha, and a global
 extrapolation step eta_g. Per site k, local step:
@@ -7,16 +7,22 @@ extrapolation step eta_g. Per site k, local step:
     alpha <- clamp(alpha + lr (d_alpha - c_k,alpha + c_alpha), 0, 999)
 Round end:
     c_k   <- mean of the round's raw (unclipped) gradients grad_v F and of d_alpha;  c <- mean_k c_k
+             (d_alpha at the alpha each step ascended from, the paper's rule; ``dual_variate="post_step"``:
+             at the alpha after the step, as the authors' code)
     v_bar <- mean_k v_k;  v <- v_prev + eta_g (v_bar - v_prev)     (same for alpha; v_prev = the global
                                                                     model after the previous round)
 eta_g = 1 is plain averaging (the authors' code default). With c = c_k = 0 the first round is CODA+.
+Stages as CODA+; with ``stage_restart`` (default) a stage is a fresh run of the paper's inner algorithm
+from the previous stage's mean iterate, so c = c_k = 0 again and its first round is again CODA+'s.
 A site sends v, alpha and c_k: twice CODA+'s bytes.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from federated.algorithms.base import Site
 from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
@@ -27,6 +33,17 @@ from models.objectives import clamp_alpha
 
 class CODASCAParams(CODAPlusParams):
     eta_g: float = Field(default=1.0, gt=0)  # global step; > 1 extrapolates past the site mean
+    # Which alpha the round's mean d_alpha (c_k,alpha) is evaluated at: "pre_step", the alpha the step
+    # ascended from (the paper's SCAFFOLD rule: c_k is the mean of the directions the steps took);
+    # "post_step", the alpha after the step, as the authors' code. Closed-form dual only.
+    dual_variate: Literal["pre_step", "post_step"] = "pre_step"
+
+    @model_validator(mode="after")
+    def _post_step_needs_closed_form(self):
+        if self.dual_variate == "post_step" and self.dual != "closed_form":
+            raise ValueError("dual_variate='post_step' re-evaluates the closed-form d_alpha after the step; "
+                             "it needs dual='closed_form'")
+        return self
 
 
 @register
@@ -72,9 +89,11 @@ class CODASCA(CODAPlus):
             d = torch._foreach_add(torch._foreach_sub(self.primal_direction(site, v, g), c_site[:n]), c[:n])
             torch._foreach_add_(v, d, alpha=-lr)
             d_alpha = self.dual_direction(site, g_alpha, defined)
-            grad_sum[n] += d_alpha
             st["alpha"].copy_(clamp_alpha(st["alpha"] + lr * (d_alpha - c_site[n] + c[n])))
-            self.end_of_step(site, v)
+            if self.p.dual_variate == "post_step":
+                d_alpha = self.dual_direction(site, g_alpha, defined)
+            grad_sum[n] += d_alpha
+            self.end_of_step(site)
         return loss
 
     def before_communication(self, site: Site) -> None:
@@ -83,6 +102,16 @@ class CODASCA(CODAPlus):
         torch._foreach_copy_(self.variates(site, "c_site"), grad_sum)
         torch._foreach_copy_(self.variates(site, "c"), grad_sum)
         torch._foreach_zero_(grad_sum)
+
+    def stage_start(self, site: Site, stats) -> None:
+        super().stage_start(site, stats)
+        if not self.p.stage_restart:
+            return
+        # The restarted stage's control variates start at 0 and its global iterate is the restart point.
+        for kind in ("c_site", "c"):
+            torch._foreach_zero_(self.variates(site, kind))
+        if self.p.eta_g != 1.0:
+            torch._foreach_copy_(self.variates(site, "prev_global"), self.primal(site) + [site.state["alpha"]])
 
     def round_end(self, site: Site) -> None:
         if self.p.eta_g == 1.0:

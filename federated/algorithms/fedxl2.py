@@ -1,4 +1,4 @@
-"""FeDXL2: federated KL-OPAUC, one-way partial AUC (Guo et al., ICML 2023). docs/algorithms.md sections 1.5 and 7.
+"""FeDXL2: federated KL-OPAUC, one-way partial AUC (Guo et al., ICML 2023). docs/algorithms.md sections 1.5, 7 and 11.
 
 FeDXL1 with the non-linear outer function of KL-OPAUC and a stored inner mean u_i per positive.
 Per site k and disease c, each local step t (l_ij = l(s_i - s_j), lam the KL temperature):
@@ -8,6 +8,7 @@ Per site k and disease c, each local step t (l_ij = l(s_i - s_j), lam the KL tem
     passive part, B pool positives s^+_i with their communicated u^+_i against local negatives j in N_c:
         Q_c = mean_{i, j} [exp(l(s^+_i - s_j) / lam) / u^+_i]_detached * l(s^+_i - s_j)
     G = (1/C) sum_c (A_c + Q_c);   v <- (1 - beta) v + beta grad G;   w <- w - lr_t v
+    (v starts at the first gradient, v_1 = grad G_1, as in the paper and the authors' code)
 Every I steps: average models and v (all of v, docs/algorithms.md section 9); gather the pool payload (FeDXL1's
 scores plus the u of the sent positives: 3 * P * C * 4 bytes per site per round).
 u lives per training row and disease at its site and never leaves it except as pool entries.

@@ -4,7 +4,7 @@ docs/algorithms.md sections 1.5 and 7.
 Per site k and disease c, each local step t (P_c / N_c the batch's positives / negatives):
     g_i = mean_{j in N_c} exp(l(s_i - s_j) / lam);  u_i <- (1 - gamma) u_i + gamma g_i
     G = (1/C) sum_c mean_{i in P_c, j in N_c} [exp(l_ij / lam) / u_i]_detached * l_ij   (gradient through s_i and s_j)
-    v <- (1 - beta) v + beta grad G;   w <- w - lr_t v
+    v <- (1 - beta) v + beta grad G;   w <- w - lr_t v      (v_1 = grad G_1, as FeDXL2)
 Every I steps: average models and v. No pools: nothing beyond FeDXL2's model and v is communicated,
 and pairs never cross sites (what FeDXL2's pools add is exactly the cross-site pairs).
 """

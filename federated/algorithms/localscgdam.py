@@ -1,19 +1,21 @@
 """LocalSCGDAM: local stochastic compositional gradient descent ascent with momentum (Zhang, Zhang, Yang,
 Souvenir, Gao: "Federated Compositional Deep AUC Maximization", NeurIPS 2023), on the compositional AUC
-objective. docs/algorithms.md sections 1.3 and 6.
+objective. docs/algorithms.md sections 1.3, 6 and 11.
 
 min over x = (w, a, b), max over y = alpha of f(g(x), y): the inner g(x) = (w - rho grad_w CE(w), a, b) is one
 cross-entropy step, the outer f the AUC square loss (1.1, global prior) of the network run with weights g_w.
 Per site, with the effective rates of the paper's eta-scaled steps (gamma_x eta = the engine's lr,
 gamma_y eta = ``dual_lr``, beta_x eta, beta_y eta, alpha_h eta = ``h_rate``) and minibatch xi = zeta:
-    step 0 (initialisation):  h = g(x0; xi0);  u = J_g(x0; xi0)^T grad_h f(h, y0);  v = grad_y f(h, y0)
-    step t >= 1:
+    initialisation (its own minibatch xi0, before round 0; not one of the I local steps):
+        h = g(x0; xi0);  u = J_g(x0; xi0)^T grad_h f(h, y0);  v = grad_y f(h, y0)
+    local step t = 0, 1, ...:
         x <- x - gamma_x eta u;   y <- y + gamma_y eta v               (the previous step's momenta)
         h <- (1 - alpha_h eta) h + alpha_h eta g(x; xi)
         z = grad_h f(h, y; xi)                                         (network forwarded with weights h_w)
         u <- (1 - beta_x eta) u + beta_x eta J_g(x; xi)^T z
         v <- (1 - beta_y eta) v + beta_y eta grad_y f(h, y; xi)
     every I (= p) steps: average x (with BN running statistics), y, h, u, v over sites.
+As in the paper's algorithm, every round, the first included, makes I updates of x before it communicates.
 J_g^T z on the w block is z_w - rho H_CE(w; xi) z_w. ``jacobian="exact"`` gets it by backpropagating
 z through g_w built with create_graph (one double backward, the Hessian-vector product), which works
 through BatchNorm; ``"first_order"`` takes J_g = I (what LibAUC's centralized PDSCA effectively does).
@@ -70,6 +72,11 @@ class LocalSCGDAM(AUCMinimax):
         site.state = {k: torch.zeros(C, device=dev) for k in ("a", "b", "alpha", "v")}
         for k in self.tracked_kinds():
             site.state.update({f"{k}.{n}": torch.zeros_like(t) for n, t in zip(self.x_names(site), self.x(site))})
+        # The paper's initialisation draws its own minibatch xi0 and is not one of the first round's I
+        # local steps (docs/algorithms.md section 6). A resumed run restores the loader, model and state
+        # saved at its checkpoint over what this computes.
+        for batch in site.loader.batches(1):
+            self.estimate(site, batch, first=True)
         return site.state
 
     # --- the inner function ---------------------------------------------------------------------
@@ -93,12 +100,16 @@ class LocalSCGDAM(AUCMinimax):
 
     # --- one local step -------------------------------------------------------------------------
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
-        first = site.iteration == 0
         st = site.state
-        if not first:
-            with torch.no_grad():
-                torch._foreach_add_(self.x(site), self.group(site, "u"), alpha=-self.fed.lr)
-                st["alpha"].add_(st["v"], alpha=self.p.dual_lr)
+        with torch.no_grad():
+            torch._foreach_add_(self.x(site), self.group(site, "u"), alpha=-self.fed.lr)
+            st["alpha"].add_(st["v"], alpha=self.p.dual_lr)
+        return self.estimate(site, batch, first=False)
+
+    def estimate(self, site: Site, batch: Batch, first: bool) -> torch.Tensor:
+        """Move h, u and v towards their fresh estimates on ``batch`` at the current (x, y) (``first``: set
+        them to those estimates, the initialisation); returns the loss f(h, y)."""
+        st = site.state
         h, jacobian_t = self.outer_point(site, batch, first)
         alpha = st["alpha"].detach().requires_grad_()
         scores = torch.sigmoid(self.forward_at(site, h[:-2], batch))

@@ -5,8 +5,9 @@ FeDXL2, Local Pair and Centralized.
     G = objective(batch, s);   w <- w - lr_t direction(grad G),   lr_t = lr * lr_decay ** (t // lr_decay_every)
 ``KLOPAUC``: the KL-OPAUC pieces of FeDXL2 and Local Pair: a stored inner mean u per training row and
 disease (never leaves the site except as FeDXL2 pool entries), the positives' surrogate term with its u
-update (1.5), and the gradient EMA v <- (1 - beta) v + beta grad G as the direction (v averaged with the
-model every round: all of v, docs/algorithms.md section 9).
+update (1.5), and the gradient EMA v <- (1 - beta) v + beta grad G as the direction, started at the first
+gradient (v_1 = grad G_1, the FeDXL paper's and its authors' initialisation; v averaged with the model every
+round: all of v, docs/algorithms.md sections 7 and 9).
 """
 
 from __future__ import annotations
@@ -94,5 +95,6 @@ class KLOPAUC:
 
     def direction(self, site: Site, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         v = [site.state[f"momentum.{n}"] for n in site.parameter_names()]
-        torch._foreach_lerp_(v, grads, self.p.beta)
+        # Weight 1 at the first step: v starts at the first gradient, not at beta times it (section 7).
+        torch._foreach_lerp_(v, grads, 1.0 if site.iteration == 0 else self.p.beta)
         return v
