@@ -111,7 +111,8 @@ class CODASCA(CODAPlus):
         for kind in ("c_site", "c"):
             torch._foreach_zero_(self.variates(site, kind))
         if self.p.eta_g != 1.0:
-            torch._foreach_copy_(self.variates(site, "prev_global"), self.primal(site) + [site.state["alpha"]])
+            with torch.no_grad():
+                torch._foreach_copy_(self.variates(site, "prev_global"), self.primal(site) + [site.state["alpha"]])
 
     def round_end(self, site: Site) -> None:
         if self.p.eta_g == 1.0:
