@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -70,26 +71,36 @@ def _log_tail(log_path: Path, lines: int = 20) -> str:
         return ""
 
 
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120.0, log_path: Path | None = None) -> None:
-    """Block until ``url`` answers; a server that exits or never answers is an error naming it (and its log)."""
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120.0, log_path: Path | None = None,
+             answers: Callable[[], bool] | None = None) -> None:
+    """Block until ``url`` answers an HTTP GET, or until ``answers()`` is true for a server that speaks
+    another protocol (PostgreSQL); a server that exits or never answers is an error naming it (and its log)."""
     deadline = time.monotonic() + timeout_s
     where = f"; its log: {log_path}\n{_log_tail(log_path)}" if log_path else ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(
                 f"{' '.join(process.args[:3])} exited with code {process.returncode} before {url} answered{where}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
+        if answers is not None:
+            if answers():
                 return
-        except OSError:
-            time.sleep(0.5)
+        else:
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.5)
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s{where}")
 
 
 def start_server(name: str, command: list[str], url: str, port: int, log_path: Path,
-                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> subprocess.Popen:
+                 env: dict[str, str] | None = None, timeout_s: float = 120.0,
+                 answers: Callable[[], bool] | None = None, user: str | None = None) -> subprocess.Popen:
     """Start ``command`` (which serves ``url`` on ``port``) with its output appended to ``log_path``, and
-    return once it answers. A taken port or a server that dies is a FedaucError naming the port or log."""
+    return once it answers (``answers``: as in ``wait_for``). ``user``: the account it runs as, with that
+    account's group only (PostgreSQL refuses to run as root). A taken port or a server that dies is a
+    FedaucError naming the port or log."""
     if port_in_use(port):
         raise ConfigError(f"{name}: port {port} on 127.0.0.1 is already in use (another `fedauc ui` or server?)",
                           fix=f"stop what listens there (e.g. `lsof -i :{port}`) or choose another port")
@@ -97,10 +108,12 @@ def start_server(name: str, command: list[str], url: str, port: int, log_path: P
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         # Own process group: the servers fork workers, and stopping must reach them too.
+        account = {} if user is None else {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
         process = subprocess.Popen(command, env=env if env is not None else os.environ.copy(), stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                   **account)
     try:
-        wait_for(url, process, timeout_s, log_path)
+        wait_for(url, process, timeout_s, log_path, answers)
     except (RuntimeError, TimeoutError) as err:
         stop_server(process)
         raise FedaucError(f"{name} did not start: {err}", fix=f"read {log_path}") from None
