@@ -144,6 +144,10 @@ class TrainConfig(BaseModel):
     aggregation: Literal["uniform", "weighted"] = "uniform"  # weighted = by number of training samples
     prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
+    # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:
+    # LibAUC's recipe (cross-entropy first, then the AUC loss; docs/algorithms.md section 12). federated.train
+    # runs it, in-process only; 0: off (docs/claims.md measures it).
+    warmup_rounds: int = Field(default=0, ge=0)
     augment_flip: bool = False  # random horizontal flips of training images, on the training device
     augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels
     loader_workers: int = Field(default=2, ge=0)
@@ -160,6 +164,10 @@ class TrainConfig(BaseModel):
     def _consistent(self) -> TrainConfig:
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir")
+        if self.warmup_rounds and (self.warmup_rounds >= self.rounds or self.backend != "inprocess"
+                                   or self.checkpoint_dir is not None):
+            raise ValueError(f"warmup_rounds={self.warmup_rounds} needs rounds > warmup_rounds (got {self.rounds}), "
+                             "the in-process backend and no checkpoint_dir")
         if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):
             raise ValueError("sites of kind 'tensor' live in this process; the distributed backend needs "
                              "'shard' or 'synthetic' sites")

@@ -63,8 +63,13 @@ class Engine:
     """The round loop of one federated run. The sites of this process, their algorithm and the backend
     that connects them to the others; ``close()`` releases a backend the engine created."""
 
-    def __init__(self, config: TrainConfig, backend=None):
+    def __init__(self, config: TrainConfig, backend=None, initial_state: dict[str, torch.Tensor] | None = None):
+        if config.warmup_rounds:
+            # Only federated.train runs the warm-up; an engine started elsewhere (FLARE, torchrun) would skip it.
+            raise ValueError(f"warmup_rounds={config.warmup_rounds}: the warm-up is run by federated.train, "
+                             "not by an Engine (set warmup_rounds=0 here)")
         self.config = config
+        self.initial_state = initial_state
         self.device = training_device(config)
         self.owns_backend = backend is None
         if backend is None:
@@ -140,6 +145,8 @@ class Engine:
 
     def _make_site(self, k: int, data: SiteData, weight: float, prior: torch.Tensor) -> Site:
         model = initial_model(self.config, self.input_shape, len(data.diseases), self.device)
+        if self.initial_state is not None:  # before init_site_state: algorithms snapshot their starting point
+            model.load_state_dict(self.initial_state)
         loader = SiteLoader(data.train, self.config.batch_size, seed=self.config.seed * 100_003 + 2 * k + 1,
                             device=self.device, guarantee_positives=self.config.guarantee_positives,
                             workers=self.config.loader_workers, flip=self.config.augment_flip,
@@ -306,10 +313,36 @@ def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -
     process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds", "metrics"?,
     "suppressed"?}``; on evaluation rounds (and the last round) ``metrics`` is the flat float dict and
     ``suppressed`` the small-count suppression record of federated/evaluation.py (its docstring names
-    the keys). Bytes include the evaluation's exchange."""
+    the keys). Bytes include the evaluation's exchange.
+
+    With ``warmup_rounds`` W, rounds 0..W-1 are FedAvg (BCE) and ``algorithm`` runs the remaining rounds
+    from the averaged warm model (its own state starts fresh there); the records number rounds and
+    iterations across both phases."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.model_validate(config)
-    engine = Engine(config)
+    initial_state, history = None, []
+    warm = config.warmup_rounds
+    if warm:
+        phase = {"warmup_rounds": 0}
+        warm_result = _run(config.model_copy(update={**phase, "algorithm": "fedavg", "params": {}, "rounds": warm}),
+                           callbacks)
+        initial_state, history = warm_result.global_state, warm_result.history
+        config = config.model_copy(update={**phase, "rounds": config.rounds - warm})
+
+        def shift(record: dict) -> None:  # runs first, so later callbacks (and the history) see the shifted numbers
+            record["round"] += warm
+            record["iteration"] += warm * config.local_steps
+
+        callbacks = [shift, *callbacks]
+    result = _run(config, callbacks, initial_state)
+    if warm:
+        result.history[:0] = history
+        result.config = result.config.model_copy(update={"rounds": config.rounds + warm, "warmup_rounds": warm})
+    return result
+
+
+def _run(config: TrainConfig, callbacks: Sequence[RoundCallback], initial_state=None) -> TrainResult:
+    engine = Engine(config, initial_state=initial_state)
     try:
         return engine.run(callbacks)
     finally:

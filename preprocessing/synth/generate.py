@@ -123,12 +123,15 @@ def default_workers() -> int:
 
 def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: str | None = None,
                   corrupt: float = 0.0, workers: int | None = None, overwrite: bool = False,
-                  image_format: str | None = None, metadata: str = "auto", progress: bool = True) -> SynthResult:
+                  image_format: str | None = None, prevalence: float | None = None, metadata: str = "auto",
+                  progress: bool = True) -> SynthResult:
     """Write a synthetic hospital of ``n`` images in ``fmt``'s real layout under ``out``.
 
     ``profile``: a name in ``profiles.CHEST_PROFILES`` / ``SKIN_PROFILES`` (default per format).
     ``corrupt``: fraction of image files damaged after writing (see ``corrupt_files``).
     ``image_format``: SIIM-ISIC only, "dicom" (default, ``train/*.dcm``) or "jpeg" (``jpeg/train/*.jpg``).
+    ``prevalence``: SIIM-ISIC only, the melanoma rate (default the release's 1.8 %); benchmarks raise it
+    to draw federations of any positive rate from one generated pool.
     ``metadata``: "auto" (the real public metadata, the documented fallback when it cannot be fetched),
     "real" (fail without it) or "fallback" (always the fallback label model, ``sources``).
     ``overwrite``: replace a non-empty ``out``; without it a non-empty ``out`` is an error, so that a
@@ -140,6 +143,8 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
         raise ValueError(f"corrupt must be a fraction in [0, 1), got {corrupt}")
     if image_format is not None and fmt != "siim-isic-2020":
         raise ValueError(f"image_format applies to siim-isic-2020 only, not {fmt!r}")
+    if prevalence is not None and (fmt != "siim-isic-2020" or not 0.0 < prevalence < 1.0):
+        raise ValueError(f"prevalence applies to siim-isic-2020 only and must be in (0, 1), got {prevalence} for {fmt!r}")
     if metadata not in ("auto", "real", "fallback"):
         raise ValueError(f"metadata must be 'auto', 'real' or 'fallback', got {metadata!r}")
     started = time.perf_counter()
@@ -156,8 +161,8 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
     if fmt == "vindr-cxr":
         site = chest_profile(profile_name)
         options = {"monochrome1": site.monochrome1, "window": site.window}
-    elif skin and image_format:
-        options = {"image_format": image_format}
+    elif skin:
+        options = {k: v for k, v in (("image_format", image_format), ("prevalence", prevalence)) if v is not None}
     if metadata == "real":
         public_metadata_dir()  # raises PublicMetadataUnavailable with pip's reason
     sample = sample_format(fmt, n, rng, use_real=metadata != "fallback", **options)
