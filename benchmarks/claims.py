@@ -70,7 +70,7 @@ class Setting:
 
 FULL = Setting()
 QUICK = Setting(pool=600, n_train=200, iterations=96, periods=(1, 4), rates=(0.01, 0.2), lr_grid=(0.3, 1.0),
-                seeds=(0, 1, 2, 3, 4), eval_points=4)
+                seeds=(0, 1, 2), eval_points=4)
 
 
 # --------------------------------------------------------------------------- data
@@ -275,27 +275,25 @@ def claim_imbalance(r: Runner) -> tuple[str, dict]:
     """(b) AUC objectives beat cross-entropy (FedAvg, BCE) at low positive rates."""
     s = r.setting
     methods = {"FedAvg (BCE)": ("fedavg", {}), "CODASCA (AUC-M)": ("codasca", {}), "FeDXL2 (KL-OPAUC)": ("fedxl2", {})}
-    runs, lrs = {}, {}
-    for rate in s.rates:
-        rates = (rate,) * len(CLINICS)
-        for name, (alg, params) in methods.items():
-            lrs[(name, rate)] = lr = r.pick_lr(alg, params, rates)
-            runs[(name, rate)] = r.seeds(alg, params, lr, rates)
+    low = (min(s.rates),) * len(CLINICS)
+    lrs = {name: r.pick_lr(alg, params, low) for name, (alg, params) in methods.items()}
+    runs = {(name, rate): r.seeds(alg, params, lrs[name], (rate,) * len(CLINICS))
+            for rate in s.rates for name, (alg, params) in methods.items()}
     lines = [f"Every site at the same positive rate; T = {s.iterations}, I = {s.local_steps}; "
-             "each method's lr chosen per rate on the validation federation.", "",
+             f"each method's lr chosen on the validation federation at {min(s.rates):.0%} (the claim's rate).", "",
              "| positive rate | method | lr | pooled test AUC | AUC minus FedAvg (paired) | verdict |", "|---:|---|---:|---|---|---|"]
     verdicts = {}
     for rate in s.rates:
         for name in methods:
             values = runs[(name, rate)]
             if name == "FedAvg (BCE)":
-                lines.append(f"| {rate:.0%} | {name} | {lrs[(name, rate)]} | {cell([v['auc'] for v in values])} | | |")
+                lines.append(f"| {rate:.0%} | {name} | {lrs[name]} | {cell([v['auc'] for v in values])} | | |")
                 continue
             d = paired(values, runs[("FedAvg (BCE)", rate)])
             v = verdict(d)
             if rate == min(s.rates):
                 verdicts[f"{name} vs FedAvg at {rate:.0%}"] = v
-            lines.append(f"| {rate:.0%} | {name} | {lrs[(name, rate)]} | {cell([x['auc'] for x in values])} | "
+            lines.append(f"| {rate:.0%} | {name} | {lrs[name]} | {cell([x['auc'] for x in values])} | "
                          f"{diff_cell(d)} | {'**' + v + '**' if rate == min(s.rates) else v} |")
     plot_rate(runs, methods, s, r.figures / "claims_rate.png")
     return "\n".join(lines), verdicts
@@ -345,7 +343,7 @@ def claim_fedxl(r: Runner) -> tuple[str, dict]:
 
     noisy_rates = (0.1, 0.2, 0.3)
     methods = {"FeDXL1 (squared hinge)": ("fedxl1", {}), "FeDXL1 (sigmoid)": ("fedxl1", {"surrogate": "sigmoid"}),
-               "FedAvg (BCE)": ("fedavg", {}), "CODASCA (AUC-M)": ("codasca", {})}
+               "FedAvg (BCE)": ("fedavg", {})}
     drops, lr_of = {}, {}
     lines += [f"Label noise: sites at {', '.join(f'{p:.0%}' for p in noisy_rates)} positives, {s.flip:.0%} of the "
               "training labels flipped (evaluation labels clean); lr chosen on the clean validation federation.", "",
@@ -359,10 +357,9 @@ def claim_fedxl(r: Runner) -> tuple[str, dict]:
                      f"{diff_cell(drops[name])} |")
     lines += ["", "| FeDXL1's drop minus the baseline's (paired; > 0: FeDXL1 loses less) | difference | verdict |", "|---|---|---|"]
     for fedxl in ("FeDXL1 (squared hinge)", "FeDXL1 (sigmoid)"):
-        for base in ("FedAvg (BCE)", "CODASCA (AUC-M)"):
-            d = [a - b for a, b in zip(drops[fedxl], drops[base])]
-            verdicts[f"{fedxl} noise vs {base}"] = v = verdict(d)
-            lines.append(f"| {fedxl} vs {base} | {diff_cell(d)} | **{v}** |")
+        d = [a - b for a, b in zip(drops[fedxl], drops["FedAvg (BCE)"])]
+        verdicts[f"{fedxl} noise vs FedAvg (BCE)"] = v = verdict(d)
+        lines.append(f"| {fedxl} vs FedAvg (BCE) | {diff_cell(d)} | **{v}** |")
     return "\n".join(lines), verdicts
 
 
@@ -372,7 +369,7 @@ def recipe(r: Runner) -> tuple[str, dict]:
     rate = min(s.rates)
     rates = (rate,) * len(CLINICS)
     rounds = s.iterations // s.local_steps
-    warm = rounds // 4
+    warm = max(1, rounds // 4)
     lr = r.pick_lr("codasca", {}, rates)
     lr_fedavg = r.pick_lr("fedavg", {}, rates)
     base = r.seeds("codasca", {}, lr, rates)
@@ -497,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
     parser.add_argument("--iterations", type=int, default=None, help="T, iterations per run (default: the mode's)")
     parser.add_argument("--claims", nargs="+", default=list(CLAIMS), choices=list(CLAIMS))
-    parser.add_argument("--work", type=Path, default=Path(".claims-work"), help="cache: shards and runs-<mode>.jsonl")
+    parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: shards and runs-<mode>.jsonl")
     parser.add_argument("--doc", type=Path, default=None,
                         help="markdown file to write the results into (default: docs/claims.md in full mode, "
                              "<work>/claims.md with --quick); the plots go beside it")
