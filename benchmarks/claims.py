@@ -154,13 +154,15 @@ class Runner:
                     self.done[record["key"]] = record
 
     def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, local_steps: int | None = None,
-            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True) -> dict:
+            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict:
         s = self.setting
         I = local_steps or s.local_steps
         rounds = s.iterations // I
         spec = {"algorithm": algorithm, "params": params, "lr": lr, "rates": list(rates), "seed": seed, "I": I,
                 "flip": flip, "warmup_rounds": warmup_rounds, "guarantee_positives": guarantee_positives,
                 "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
+        if prior != "global":  # only when set: the stored runs' keys stay valid
+            spec["prior"] = prior
         key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
         if key in self.done:
             return self.done[key]
@@ -168,7 +170,7 @@ class Runner:
         config = TrainConfig(algorithm=algorithm, params=params, sites=sites, network="small_resnet",
                              network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=I, lr=lr, seed=seed,
                              eval_every=max(1, rounds // s.eval_points), guarantee_positives=guarantee_positives,
-                             warmup_rounds=warmup_rounds, loader_workers=0, progress=False)
+                             warmup_rounds=warmup_rounds, prior=prior, loader_workers=0, progress=False)
         started = time.perf_counter()
         history = train(config).history
         curve = [(h["iteration"], h["metrics"]["test/pooled/auc_macro"]) for h in history if "metrics" in h]
@@ -268,6 +270,18 @@ def claim_period(r: Runner) -> tuple[str, dict]:
         d = paired(runs[("codasca", I)], runs[("codaplus", I)])
         lines.append(f"| CODASCA minus CODA+ at I = {I} (superiority) | {diff_cell(d)} | {verdict(d)} |")
     plot_period(runs, s, r.figures / "claims_period.png")
+    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
+    hetero = HETEROGENEOUS_RATES
+    lr_h = r.pick_lr("codasca", {}, hetero)
+    global_prior = r.seeds("codasca", {}, lr_h, hetero)
+    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
+    d = paired(local_prior, global_prior)
+    verdicts["CODASCA prior=local"] = v = verdict(d)
+    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
+              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
+              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
+              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -296,6 +310,18 @@ def claim_imbalance(r: Runner) -> tuple[str, dict]:
             lines.append(f"| {rate:.0%} | {name} | {lrs[name]} | {cell([x['auc'] for x in values])} | "
                          f"{diff_cell(d)} | {'**' + v + '**' if rate == min(s.rates) else v} |")
     plot_rate(runs, methods, s, r.figures / "claims_rate.png")
+    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
+    hetero = HETEROGENEOUS_RATES
+    lr_h = r.pick_lr("codasca", {}, hetero)
+    global_prior = r.seeds("codasca", {}, lr_h, hetero)
+    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
+    d = paired(local_prior, global_prior)
+    verdicts["CODASCA prior=local"] = v = verdict(d)
+    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
+              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
+              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
+              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -323,6 +349,18 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
         verdicts[f"localscgdam vs {name}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
     plot_rounds(runs, r.figures / "claims_rounds.png")
+    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
+    hetero = HETEROGENEOUS_RATES
+    lr_h = r.pick_lr("codasca", {}, hetero)
+    global_prior = r.seeds("codasca", {}, lr_h, hetero)
+    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
+    d = paired(local_prior, global_prior)
+    verdicts["CODASCA prior=local"] = v = verdict(d)
+    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
+              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
+              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
+              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -360,11 +398,24 @@ def claim_fedxl(r: Runner) -> tuple[str, dict]:
         d = [a - b for a, b in zip(drops[fedxl], drops["FedAvg (BCE)"])]
         verdicts[f"{fedxl} noise vs FedAvg (BCE)"] = v = verdict(d)
         lines.append(f"| {fedxl} vs FedAvg (BCE) | {diff_cell(d)} | **{v}** |")
+    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
+    hetero = HETEROGENEOUS_RATES
+    lr_h = r.pick_lr("codasca", {}, hetero)
+    global_prior = r.seeds("codasca", {}, lr_h, hetero)
+    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
+    d = paired(local_prior, global_prior)
+    verdicts["CODASCA prior=local"] = v = verdict(d)
+    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
+              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
+              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
+              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
 def recipe(r: Runner) -> tuple[str, dict]:
-    """The practices of item 2 at the lowest positive rate: BCE warm-up before AUC-M, positive-guaranteed batches."""
+    """The recipe options at the lowest positive rate (BCE warm-up before AUC-M, positive-guaranteed batches),
+    and AUC-M's imratio (the global or each site's positive rate) under heterogeneous rates."""
     s = r.setting
     rate = min(s.rates)
     rates = (rate,) * len(CLINICS)
@@ -389,6 +440,18 @@ def recipe(r: Runner) -> tuple[str, dict]:
         verdicts[f"{name} guarantee_positives"] = v = verdict(d)
         lines.append(f"| {name}, uniform batches (guarantee_positives off) | {cell([x['auc'] for x in uniform])} | "
                      f"{diff_cell([-x for x in d])} | guaranteed positives help: {v} |")
+    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
+    hetero = HETEROGENEOUS_RATES
+    lr_h = r.pick_lr("codasca", {}, hetero)
+    global_prior = r.seeds("codasca", {}, lr_h, hetero)
+    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
+    d = paired(local_prior, global_prior)
+    verdicts["CODASCA prior=local"] = v = verdict(d)
+    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
+              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
+              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
+              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -396,7 +459,7 @@ CLAIMS = {"a": ("(a) CODASCA tolerates a 4x longer communication window than COD
           "b": ("(b) AUC objectives beat cross-entropy at low positive rates", claim_imbalance),
           "c": ("(c) LocalSCGDAM converges faster than LocalSGDAM, CoDA and LocalSGDM", claim_convergence),
           "d": ("(d) FeDXL2 beats Local Pair on one-way pAUC; FeDXL1 is robust to label noise", claim_fedxl),
-          "recipe": ("Recipe options: BCE warm-up and positive-guaranteed batches", recipe)}
+          "recipe": ("Recipe options: BCE warm-up, positive-guaranteed batches, AUC-M's imratio", recipe)}
 
 
 # --------------------------------------------------------------------------- plots
@@ -497,14 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: shards and runs-<mode>.jsonl")
     parser.add_argument("--doc", type=Path, default=None,
                         help="markdown file to write the results into (default: docs/claims.md in full mode, "
-                             "<work>/claims.md with --quick); the plots go beside it")
+                             "<work>/quick.md with --quick); the plots go beside it")
     args = parser.parse_args(argv)
     setting = QUICK if args.quick else FULL
     if args.seeds is not None:
         setting = replace(setting, seeds=tuple(range(args.seeds)))
     if args.iterations is not None:
         setting = replace(setting, iterations=args.iterations)
-    doc = args.doc or (args.work / "claims.md" if args.quick else Path(__file__).resolve().parents[1] / "docs" / "claims.md")
+    doc = args.doc or (args.work / "quick.md" if args.quick else Path(__file__).resolve().parents[1] / "docs/claims.md")
     torch.set_num_threads(1)  # a two-stage 8/16-channel network is latency-bound: more threads only contend
     run_claims(setting, args.work, doc, args.claims, "quick" if args.quick else "full")
     return 0

@@ -48,7 +48,7 @@ def test_verdict_follows_the_interval_of_the_paired_difference(differences, marg
 
 
 def test_write_doc_replaces_only_the_text_between_the_markers(tmp_path):
-    doc = tmp_path / "claims.md"
+    doc = tmp_path / "result.md"
     doc.write_text(f"# Title\n\nwritten by hand\n\n{claims.BEGIN}\nold numbers\n{claims.END}\n\nafter\n")
     claims.write_doc(doc, "new numbers")
     text = doc.read_text()
@@ -61,7 +61,7 @@ def test_write_doc_replaces_only_the_text_between_the_markers(tmp_path):
 def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_the_runs(tmp_path):
     tiny = claims.Setting(pool=150, n_train=40, iterations=8, local_steps=4, periods=(1, 4), rates=(0.01, 0.2),
                           lr_grid=(0.3,), seeds=(0, 1), eval_points=2)
-    doc = tmp_path / "docs" / "claims.md"
+    doc = tmp_path / "docs" / "result.md"
     verdicts = claims.run_claims(tiny, tmp_path / "work", doc, list(claims.CLAIMS), "tiny")
     assert set(verdicts) == set(claims.CLAIMS)
     allowed = {"reproduced", "not reproduced", "inconclusive"}

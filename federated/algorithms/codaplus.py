@@ -15,6 +15,10 @@ and (``stage_restart``, the paper's Algorithm) the next stage starts from that m
 alpha <- the stage's mean alpha. ``stage_restart=False`` is the authors' code: the iterate continues.
 For a disease without both classes in the batch, its loss term and its alpha step are 0.
 Plain SGD, no PESG momentum (section 9).
+Recipe (docs/algorithms.md section 12): LibAUC's cross-entropy warm-up is ``TrainConfig.warmup_rounds``
+(FedAvg rounds, then this algorithm from the warm network; off by default, docs/claims.md measures it),
+AUC-M's imratio p is ``TrainConfig.prior`` (global by default) and ``guarantee_positives`` puts a
+positive in every batch.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ eta_g = 1 is plain averaging (the authors' code default). With c = c_k = 0 the f
 Stages as CODA+; with ``stage_restart`` (default) a stage is a fresh run of the paper's inner algorithm
 from the previous stage's mean iterate, so c = c_k = 0 again and its first round is again CODA+'s.
 A site sends v, alpha and c_k: twice CODA+'s bytes.
+Recipe (docs/algorithms.md section 12): LibAUC's cross-entropy warm-up is ``TrainConfig.warmup_rounds``
+(FedAvg rounds, then this algorithm from the warm network; off by default, docs/claims.md measures it),
+AUC-M's imratio p is ``TrainConfig.prior`` (global by default) and ``guarantee_positives`` puts a
+positive in every batch.
 """
 
 from __future__ import annotations

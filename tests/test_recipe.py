@@ -1,0 +1,65 @@
+"""The BCE warm-up option (TrainConfig.warmup_rounds, docs/algorithms.md section 12): FedAvg rounds first,
+then the algorithm from the warmed model, numbered as one run; refused where it would be skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from federated import TensorSite, TrainConfig, train
+from federated.engine import Engine
+
+
+def _sites():
+    rng = np.random.default_rng(0)
+    return [TensorSite(name=f"s{k}", train=(rng.standard_normal((64, 6)).astype(np.float32),
+                                            (rng.random((64, 1)) < 0.3).astype(np.float32)),
+                       test=(rng.standard_normal((40, 6)).astype(np.float32),
+                             (rng.random((40, 1)) < 0.3).astype(np.float32))) for k in range(2)]
+
+
+def _config(**kw):
+    base = dict(algorithm="codaplus", params={"T0": 4}, sites=_sites(), network="mlp", network_kwargs={"hidden": 8},
+                rounds=5, local_steps=2, lr=0.1, loader_workers=0, progress=False, eval_every=1)
+    return TrainConfig(**(base | kw))
+
+
+def test_warmup_is_fedavg_then_the_algorithm_from_the_warmed_model():
+    result = train(_config(warmup_rounds=2))
+    warm = train(_config(algorithm="fedavg", params={}, rounds=2))
+    engine = Engine(_config(rounds=3), initial_state=warm.global_state)
+    # CODA+ snapshots its starting point as v_ref: it must be the warmed model, not the seed's initialisation.
+    ref = engine.sites[0].state["ref.w.1.weight"]
+    assert torch.equal(ref, warm.global_state["1.weight"])
+    rest = engine.run()
+    engine.close()
+    for name, value in rest.global_state.items():
+        assert torch.equal(result.global_state[name], value), name
+    assert [h["round"] for h in result.history] == [0, 1, 2, 3, 4]
+    assert [h["iteration"] for h in result.history] == [2, 4, 6, 8, 10]
+    untimed = [[{k: v for k, v in h.items() if k != "seconds"} for h in hs] for hs in (result.history[:2], warm.history)]
+    assert untimed[0] == untimed[1]
+    assert result.config.warmup_rounds == 2 and result.config.rounds == 5
+    # Without the warm-up the same config trains something else.
+    plain = train(_config())
+    assert not torch.equal(plain.global_state["1.weight"], result.global_state["1.weight"])
+
+
+def test_warmup_callbacks_see_the_numbering_of_the_whole_run():
+    seen = []
+    train(_config(warmup_rounds=1, rounds=3), callbacks=[lambda record: seen.append(record["iteration"])])
+    assert seen == [2, 4, 6]
+
+
+@pytest.mark.parametrize("kw", [dict(warmup_rounds=5), dict(warmup_rounds=1, checkpoint_dir="ckpt"),
+                                dict(warmup_rounds=1, backend="distributed", sites=[
+                                    {"kind": "synthetic", "n_train": 8}, {"kind": "synthetic", "n_train": 8}])])
+def test_warmup_is_refused_where_it_cannot_run(kw):
+    with pytest.raises(ValueError, match="warmup_rounds"):
+        _config(**kw)
+
+
+def test_an_engine_started_directly_refuses_a_warmup_it_would_skip():
+    with pytest.raises(ValueError, match=r"run by federated\.train"):
+        Engine(_config(warmup_rounds=1))
