@@ -258,7 +258,6 @@ def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions) -> 
     if not root.is_dir():
         return [Problem(shown, "root", f"data root not found: {root}")]
     problems = []
-    header_only = []  # per required file: a Problem when it has no data row (an empty split file is allowed)
     for metadata in adapter.files(options):
         name = getattr(options, metadata.option)
         file = resolve_metadata(root, name)
@@ -271,11 +270,8 @@ def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions) -> 
         except MetadataError as err:
             problems.append(Problem(shown, f"options.{metadata.option}", str(err)))
             continue
-        if metadata.required:
-            header_only.append(Problem(shown, f"options.{metadata.option}", f"{file}: no data rows, only a header")
-                               if table.empty else None)
-    if header_only and all(header_only):
-        problems.extend(header_only)
+        if metadata.required and metadata.needs_rows and table.empty:
+            problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: no data rows, only a header"))
     for folder in adapter.image_dirs(options):
         if not (root / folder).is_dir():
             problems.append(Problem(shown, "root", f"image folder not found: {root / folder}"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -298,3 +300,75 @@ def test_generic_dicom_keyed_by_file_name(tmp_path):
                "label_columns": {"Melanoma": "mel"}}
     result = scan_site(site(tmp_path, "generic-dicom", task="melanoma", options=options))
     assert by_id(result, "ISIC_1.dcm")["image_path"] == "derm/ISIC_1.dcm"
+
+
+# Every metadata file of every adapter, emptied to its header while the site's other files keep their rows.
+# None: a header-only copy is an error (no training image); a string: allowed, and the label report warns so.
+HEADER_ONLY = [
+    ("chexpert", "train_csv", None),
+    ("chexpert", "valid_csv", "split test: no images"),  # the official test set, empty: the test split is empty
+    ("mimic-cxr-jpg", "metadata_csv", None),
+    ("mimic-cxr-jpg", "chexpert_csv", None),
+    ("mimic-cxr-jpg", "split_csv", ""),  # no official split: every patient is drawn
+    ("nih-cxr14", "data_entry_csv", None),
+    ("padchest", "labels_csv", None),
+    ("vindr-cxr", "train_csv", None),
+    ("siim-isic-2020", "train_csv", None),
+    ("generic-csv", "labels_csv", None),
+    ("generic-dicom", "labels_csv", None),
+]
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """format -> (data root, site fields): small sites in each format's real layout, written once."""
+    from conftest import generic_csv_site_yaml, write_generic_csv_site
+
+    from preprocessing.synth import generate_site
+
+    base = tmp_path_factory.mktemp("layouts")
+    layouts = {}
+    for fmt in sorted({fmt for fmt, _, _ in HEADER_ONLY} - {"generic-csv", "generic-dicom"}):
+        result = generate_site(fmt, base / fmt, n=40, seed=1, workers=0, progress=False)
+        layouts[fmt] = (result.root, {"task": "melanoma" if fmt == "siim-isic-2020" else "chest-xray"})
+    write_generic_csv_site(base / "generic-csv", patients=10)
+    generic = generic_csv_site_yaml("h", base / "generic-csv")
+    layouts["generic-csv"] = (base / "generic-csv", {"task": generic["task"], "options": generic["options"]})
+    uid = generate_uid()
+    write_dicom(base / "generic-dicom" / "dicom" / "x1.dcm", uid)
+    (base / "generic-dicom" / "labels.csv").write_text(f"uid,patient,edema\n{uid},P1,1\n")
+    layouts["generic-dicom"] = (base / "generic-dicom", {"task": "chest-xray", "options": {
+        "labels_csv": "labels.csv", "key_column": "uid", "key": "sop_instance_uid", "patient_column": "patient",
+        "label_columns": {"Edema": "edema"}, "default_view": "PA"}})
+    return layouts
+
+
+@pytest.mark.parametrize(("fmt", "option", "warning"), HEADER_ONLY, ids=[f"{f}-{o}" for f, o, _ in HEADER_ONLY])
+def test_a_header_only_metadata_file(layouts, tmp_path, fmt, option, warning):
+    """validate names the file, report and preprocess stop with the same one-line error (never a crash on
+    the empty table); a file that may be empty leaves a usable site, with a warning where a split empties."""
+    from preprocessing.adapters import ADAPTERS
+    from preprocessing.adapters.base import read_metadata_text, resolve_metadata
+    from preprocessing.errors import DataError
+    from preprocessing.label_report import label_report, require_usable_rows
+    from preprocessing.sites import validate_site
+
+    source, fields = layouts[fmt]
+    root = tmp_path / "data"
+    shutil.copytree(source, root)
+    config = site(root, fmt, **fields)
+    assert option in [m.option for m in ADAPTERS[fmt].files(config.adapter_options)]
+    path = resolve_metadata(root, getattr(config.adapter_options, option))
+    header = read_metadata_text(path).partition("\n")[0] + "\n"
+    path.write_bytes(gzip.compress(header.encode()) if path.suffix == ".gz" else header.encode())
+    problems = validate_site(config)
+    if warning is None:
+        assert [(p.field, p.message) for p in problems] == [(f"options.{option}", f"{path}: no data rows, only a header")]
+        with pytest.raises(DataError, match=r"no data rows, only a header|no usable image row"):
+            require_usable_rows(label_report(scan_site(config)), config.name)
+    else:
+        assert problems == []
+        report = label_report(scan_site(config))
+        require_usable_rows(report, config.name)
+        assert report["splits"]["train"]["images"] > 0
+        assert warning in report["warnings"] if warning else not [w for w in report["warnings"] if "no images" in w]

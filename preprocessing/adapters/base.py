@@ -49,6 +49,10 @@ class MetadataFile:
     option: str  # the field of the adapter's options that holds the file name
     columns: tuple[str, ...]
     required: bool = True  # an optional file (an official split list) is used only when present
+    # False for a file whose rows may all be absent: an official split list, CheXpert's official test set (the
+    # site's test split is then empty, which the label report warns of). A header-only copy of any other file
+    # leaves the site without a training image: an error.
+    needs_rows: bool = True
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from preprocessing.adapters.base import (
     Adapter,
     AdapterOptions,
     AdapterOutput,
+    MetadataError,
     MetadataFile,
     build_records,
     concat_outputs,
@@ -47,7 +48,7 @@ def files(options: ChexpertOptions) -> tuple[MetadataFile, ...]:
     columns = BASE_COLUMNS + CHEST_XRAY_DISEASES
     listed = [MetadataFile("train_csv", columns)]
     if options.valid_csv is not None:
-        listed.append(MetadataFile("valid_csv", columns))
+        listed.append(MetadataFile("valid_csv", columns, needs_rows=False))
     return tuple(listed)
 
 
@@ -56,7 +57,8 @@ def read_table(path, split: str, options: ChexpertOptions) -> tuple[pd.DataFrame
     # split() rather than a regex extract: on 223k rows the extract runs in Python, split does not
     path_text = table["Path"].fillna("").str.strip().str.replace(DATASET_PREFIX, "", regex=True)
     bad_path = ~path_text.str.fullmatch(PATH_PATTERN).to_numpy(dtype=bool)
-    parts = path_text.str.split("/", n=3, expand=True).reindex(columns=range(4))
+    # object: the columns reindex adds (all of them for a header-only file) would be float and refuse the "/"
+    parts = path_text.str.split("/", n=3, expand=True).reindex(columns=range(4)).astype(object)
     patient, study = parts[1], parts[1] + "/" + parts[2]
     frontal = table["Frontal/Lateral"].str.strip().str.lower() == "frontal"
     projection = table["AP/PA"].str.strip().str.upper()
@@ -98,6 +100,10 @@ def read(config) -> AdapterOutput:
             continue
         path = resolve_metadata(config.root, name)
         records, problems = read_table(path, split, options)
+        # No training image (validate names the file too); a header-only valid.csv only empties the test split.
+        if split == "train" and records.empty:
+            raise MetadataError(f"{path}: no data rows, only a header",
+                                fix="export the labels again with one row per image")
         outputs.append(finish(records, problems, len(records), [path]))
     return concat_outputs(outputs)
 

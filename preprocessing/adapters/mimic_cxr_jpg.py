@@ -47,7 +47,7 @@ class MimicOptions(AdapterOptions):
 def files(options: MimicOptions) -> tuple[MetadataFile, ...]:
     listed = [MetadataFile("metadata_csv", METADATA_COLUMNS), MetadataFile("chexpert_csv", LABEL_COLUMNS)]
     if options.split_csv is not None:
-        listed.append(MetadataFile("split_csv", SPLIT_COLUMNS))
+        listed.append(MetadataFile("split_csv", SPLIT_COLUMNS, needs_rows=False))
     return tuple(listed)
 
 
