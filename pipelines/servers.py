@@ -120,6 +120,9 @@ def start_server(name: str, command: list[str], url: str, port: int, log_path: P
     except (RuntimeError, TimeoutError) as err:
         stop_server(process)
         raise FedaucError(f"{name} did not start: {err}", fix=f"read {log_path}") from None
+    except BaseException:  # a readiness probe that fails, Ctrl-C: the caller never gets the process to stop
+        stop_server(process)
+        raise
     return process
 
 

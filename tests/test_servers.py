@@ -2,6 +2,7 @@ import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from pipelines.servers import ui_commands, wait_for
@@ -93,3 +94,25 @@ def test_the_mlflow_link_opens_the_training_runs_view():
     assert reads_parameter, "this MLflow UI no longer reads ?workflowType=: find what picks the runs view"
     assert mlflow_runs_url("http://127.0.0.1:5000", "3") == f"http://127.0.0.1:5000/#/experiments/3?{MLFLOW_RUNS_VIEW}"
     assert MLFLOW_RUNS_VIEW == "workflowType=machine_learning"
+
+
+def test_start_server_stops_the_server_when_its_probe_fails(tmp_path):
+    """The caller gets no process to stop when start_server raises: start_server must stop it itself."""
+    from pipelines.servers import free_port, start_server
+
+    port = free_port()
+    started = tmp_path / "started"
+
+    def probe():
+        if started.exists():
+            raise OSError("probe broke")
+        return False
+
+    with pytest.raises(OSError, match="probe broke"):
+        start_server("sleeper", [sys.executable, "-c", f"open({str(started)!r}, 'w').close(); import time; "
+                                 "time.sleep(600)"], f"tcp://127.0.0.1:{port}", port, tmp_path / "s.log",
+                     timeout_s=120, answers=probe)
+    sleepers = [p for p in psutil.process_iter(["cmdline"]) if str(started) in " ".join(p.info["cmdline"] or [])]
+    for sleeper in sleepers:  # not left running when this fails
+        sleeper.kill()
+    assert sleepers == []
