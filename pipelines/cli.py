@@ -273,6 +273,8 @@ class TrainBackend(str, Enum):
 
 class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
     sim = "sim"
+    poc = "poc"
+    prod = "prod"
 
 
 @app.command("train")
@@ -296,9 +298,13 @@ def train_command(
     backend: TrainBackend = typer.Option("inprocess", "--backend",
                                 help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
     flare_env: FlareEnv = typer.Option("sim", "--flare-env",
-                                  help="With --backend flare: sim = NVFlare's simulator, one process per site here."),
+                                  help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
+                                       "poc = a provisioned consortium (mutual TLS) started here for this job; "
+                                       "prod = the running consortium the --kit admin kit reaches."),
     flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
                                         help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
+    kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
+                            "(the admin@... folder of `fedauc consortium provision`)."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -320,7 +326,12 @@ def train_command(
     from pipelines.checks import check_training
 
     _, shards_root = check_training(federation, shards, config)
-    flare = {"env": flare_env.value, "workspace": flare_workspace} if backend is TrainBackend.flare else None
+    flare = None
+    if backend is TrainBackend.flare:
+        from federated.flare.job import check_flare_env
+
+        check_flare_env(flare_env.value, kit)
+        flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
     summary = _flows().train_federated(federation, str(shards_root), config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
 

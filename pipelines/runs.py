@@ -175,8 +175,8 @@ def train_tracked(
     flare: dict | None = None,
 ) -> TrainingRun:
     """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards and record it
-    in MLflow. ``flare`` (``{"env": "sim", "workspace": folder}``) trains over NVIDIA FLARE instead of in this
-    process; the records are the same."""
+    in MLflow. ``flare`` (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit (prod)}``)
+    trains over NVIDIA FLARE instead of in this process; the records are the same."""
     shard_dirs = site_shard_dirs(federation, shards_root)
     config = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
     tracking.configure()
@@ -197,8 +197,9 @@ def train_tracked(
             from federated.flare.job import train_flare
 
             mlflow.log_param("flare_env", flare["env"])
-            result = train_flare(config, federation.task, tuple(federation.sites[0].diseases), flare["env"],
-                                 Path(flare["workspace"]), [logger], name=run_name)
+            kit = flare.get("kit")
+            result = train_flare(config, federation, shards_root, flare["env"], Path(flare["workspace"]),
+                                 Path(kit) if kit else None, [logger], name=run_name)
         model = result.model().eval()
         _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
         final = result.history[-1].get("metrics", {})

@@ -65,4 +65,4 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
 def test_flare_env_outside_the_choices_is_refused():
     result = runner.invoke(app, ["train", "--federation", "sites/demo/melanoma.yaml", "--algorithm", "codasca",
                                  "--backend", "flare", "--flare-env", "moon"])
-    assert result.exit_code == 2 and "'moon' is not one of 'sim'" in result.output
+    assert result.exit_code == 2 and "'moon' is not one of 'sim', 'poc', 'prod'" in result.output

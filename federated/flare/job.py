@@ -7,6 +7,7 @@ our project file; ``ProdEnv`` submits to a running consortium with an admin's st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from federated.flare.server import FAILURE_MARK, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
 from federated.sites import site_names
 from preprocessing.errors import ConfigError, FedaucError
+from preprocessing.federation import Federation
 
 
 class FlareJobFailed(FedaucError, RuntimeError):
@@ -28,9 +30,10 @@ class FlareJobFailed(FedaucError, RuntimeError):
 
 
 def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_timeout_s: float,
-              share_paths: bool) -> FlareJob:
+              share_paths: bool, threads: int | None = None) -> FlareJob:
     """The job for ``config``'s sites. ``share_paths``: every site on this machine reads the shard folder
-    the config names (SimEnv, PocEnv); otherwise each hospital's kit says where its shards are."""
+    the config names (SimEnv); otherwise each hospital's kit says where its shards are. ``threads``: torch's
+    thread count at every site (None: each site's own)."""
     names = site_names(config)
     # The site processes run in NVFlare's workspace, not here: a relative path would name another folder.
     dirs = ({n: str(Path(s.path).resolve()) for n, s in zip(names, config.sites) if isinstance(s, ShardSite)}
@@ -39,7 +42,7 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
     if share_paths and config.checkpoint_dir is not None:
         settings["checkpoint_dir"] = str(Path(config.checkpoint_dir).resolve())
     return FlareJob(settings=settings, sites=names, task=task, diseases=diseases, shard_dirs=dirs,
-                    job_timeout_s=job_timeout_s)
+                    job_timeout_s=job_timeout_s, threads=threads)
 
 
 def recipe(job: FlareJob, name: str):
@@ -58,7 +61,7 @@ def failure_reason(workspace: Path) -> str | None:
     for log in sorted(Path(workspace).rglob("log.txt")):
         for line in log.read_text(errors="replace").splitlines():
             if FAILURE_MARK in line:
-                return line[line.index(FAILURE_MARK) + len("fedauc "):]
+                return line[line.index(FAILURE_MARK) + len(FAILURE_MARK):].strip()
     return None
 
 
@@ -79,7 +82,7 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
     """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``)."""
     from nvflare.recipe import SimEnv
 
-    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True)
+    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads())
     r = recipe(job, name)
     workspace = Path(workspace)
     shutil.rmtree(workspace / r.job_name, ignore_errors=True)
@@ -93,18 +96,82 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
     return read_result(run.get_result(), config)
 
 
-# The NVFlare environments a training can run in from here (``fedauc train --flare-env``).
-FLARE_ENVS = ("sim",)
+# Seconds the submitter waits beyond the job's own timeout (the server's and sites' teardown, the download).
+_RESULT_MARGIN_S = 120.0
 
 
-def train_flare(config: TrainConfig, task: str, diseases: tuple[str, ...], env: str, workspace: Path,
-                callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> TrainResult:
-    """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
-    as site 0 reported it (the same records, in the same order, as an in-process training's callbacks)."""
+def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...], exec_env, log: Path,
+                      name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
+                      threads: int | None = None) -> TrainResult:
+    """Submit to a running consortium with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``), wait, read
+    the result back. Each hospital's kit names its own shards (``fedauc consortium start-site``), so the job
+    carries no paths. NVFlare's console chatter (job meta, progress dots) goes to ``log``."""
+    job = flare_job(config, task, diseases, job_timeout_s, share_paths=False, threads=threads)
+    r = recipe(job, name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as chatter, contextlib.redirect_stdout(chatter):
+        try:
+            run = r.run(exec_env)
+        except (RuntimeError, ValueError, ConnectionError) as err:
+            raise FlareJobFailed(f"could not submit the training to the consortium: {err}",
+                                 fix="check the admin kit and that the consortium's server runs") from None
+        folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
+        status = run.get_status()
+    if folder is None:
+        raise FlareJobFailed(f"the NVFlare job {run.get_job_id()} did not finish within {job_timeout_s:g} s "
+                             f"(status {status})", fix=f"abort it with the admin kit; NVFlare's output is in {log}")
+    if status != "FINISHED:COMPLETED":
+        reason = failure_reason(Path(folder)) or f"status {status}"
+        raise FlareJobFailed(f"the NVFlare job {run.get_job_id()} failed: {reason}",
+                             fix=f"the server's log of the job is under {folder}")
+    return read_result(folder, config)
+
+
+# The NVFlare environments a training can run in (``fedauc train --flare-env``): the simulator, a provisioned
+# consortium started on this machine for the job, a running consortium reached with an admin's kit.
+FLARE_ENVS = ("sim", "poc", "prod")
+
+
+def check_flare_env(env: str, kit: str | Path | None) -> Path | None:
+    """The admin kit ``prod`` submits with (None for the others); raises on a combination that cannot run."""
     if env not in FLARE_ENVS:
-        raise ConfigError(f"NVFlare environment {env!r} is not available here (available: {', '.join(FLARE_ENVS)})",
-                          fix="train with --flare-env sim")
-    result = run_simulated(config, task, diseases, workspace, name=name)
+        raise ConfigError(f"NVFlare environment {env!r} is not available (available: {', '.join(FLARE_ENVS)})",
+                          fix="train with --flare-env sim, poc or prod")
+    if (kit is not None) != (env == "prod"):
+        raise ConfigError("--kit (the admin's startup kit) goes with --flare-env prod, and only with it",
+                          fix="--flare-env prod --kit <the admin kit from `fedauc consortium provision`>")
+    if kit is None:
+        return None
+    admin = Path(kit).resolve()
+    if not (admin / "startup" / "fed_admin.json").is_file():
+        raise ConfigError(f"{admin}: not an admin's startup kit (no startup/fed_admin.json)",
+                          fix="pass the admin@... folder that `fedauc consortium provision` wrote")
+    return admin
+
+
+def train_flare(config: TrainConfig, federation: Federation, shards_root: Path, env: str, workspace: Path,
+                kit: Path | None = None, callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> TrainResult:
+    """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
+    as site 0 reported it (the same records, in the same order, as an in-process training's callbacks).
+    ``kit``: the admin's startup kit (``prod`` only)."""
+    admin = check_flare_env(env, kit)
+    task, diseases = federation.task, tuple(federation.sites[0].diseases)
+    workspace = Path(workspace)
+    if env == "sim":
+        result = run_simulated(config, task, diseases, workspace, name=name)
+    elif env == "poc":
+        from federated.flare.poc import LocalConsortium
+
+        with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
+            result = run_on_consortium(config, task, diseases, consortium.exec_env(), workspace / "submit.log",
+                                       name=name, threads=torch.get_num_threads())
+    else:
+        from nvflare.recipe import ProdEnv
+
+        username = json.loads((admin / "startup" / "fed_admin.json").read_text())["admin"]["username"]
+        result = run_on_consortium(config, task, diseases,
+                                   ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
+                                   workspace / "submit.log", name=name)
     for record in result.history:
         for callback in callbacks:
             callback(record)

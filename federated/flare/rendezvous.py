@@ -74,6 +74,12 @@ class Rendezvous:
                 del self._whats[seq]
             return entry.result
 
+    @property
+    def failure(self) -> str | None:
+        """Why the collectives stopped (the site that failed or never came), once they have."""
+        with self._cond:
+            return self._failure
+
     def fail(self, message: str) -> None:
         """Stop every waiting and future collective with ``message`` (a site's training failed)."""
         with self._cond:

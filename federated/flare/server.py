@@ -10,6 +10,7 @@ result; a failed site fails the job with a message naming it.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from federated.flare.spec import FlareJob
 
 RESULT_DIR = "fedauc_result"
 JOB_PROP = "fedauc_job"
-FAILURE_MARK = "fedauc training failed at "  # how the submitter finds the reason in the server's log
+FAILURE_MARK = "fedauc training failed: "  # how the submitter finds the reason in the server's log
 
 _rendezvous: Rendezvous | None = None
 
@@ -43,12 +44,27 @@ def run() -> str:
     connected = sorted(c.name for c in collab.clients)
     if connected != sorted(spec.sites):
         raise RuntimeError(f"the job runs at sites {connected}, the federation lists {sorted(spec.sites)}")
-    results = collab.clients(timeout=spec.job_timeout_s).train(spec.model_dump())
+    results = collab.clients(timeout=spec.job_timeout_s, blocking=False).train(spec.model_dump())
+    returned: dict[str, dict] = {}
+    finished = threading.Event()
+
+    def collect():  # every site's outcome; a site that died never has one
+        for site, result in results:
+            returned[site] = result
+        finished.set()
+
+    threading.Thread(target=collect, daemon=True, name="fedauc-results").start()
+    # A failed collective names the site that failed or never came; the job ends then, not when NVFlare
+    # gives up on a dead site's train call (the job's timeout).
+    while not finished.wait(0.5) and _rendezvous.failure is None:
+        pass
+    if _rendezvous.failure is not None:
+        raise RuntimeError(FAILURE_MARK + _rendezvous.failure)
     if results.failures:
         _rendezvous.fail("another site failed")
         raise RuntimeError(FAILURE_MARK + "; ".join(
             f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in sorted(results.failures.items())))
-    leader = dict(results)[spec.sites[0]]
+    leader = returned[spec.sites[0]]
     out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
     out.mkdir(parents=True, exist_ok=True)
     torch.save(leader["global_state"], out / "global_state.pt")

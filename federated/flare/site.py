@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from nvflare.collab import collab
 
 from federated.engine import Engine
@@ -25,6 +26,8 @@ _CALL_MARGIN_S = 30.0
 def train(job: dict) -> dict:
     spec = FlareJob.model_validate(job)
     name = collab.site_name
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
     try:
         site = spec.site_index(name)
         config = spec.train_config(name, Path(collab.workspace.get_site_config_dir()))

@@ -27,6 +27,10 @@ class FlareJob(BaseModel):
     # each hospital's kit says where its own shards are (SITE_FILE), and the centre never knows the paths.
     shard_dirs: dict[str, str] = Field(default_factory=dict)
     job_timeout_s: float = Field(gt=0)
+    # torch's intra-op threads at every site. CPU kernels split their sums by thread, so the same model
+    # needs the same count everywhere: one-machine environments send the submitter's (the in-process run's);
+    # a real consortium leaves each hospital its own (None).
+    threads: int | None = Field(default=None, gt=0)
 
     def site_index(self, name: str) -> int:
         if name not in self.sites:

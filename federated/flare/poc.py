@@ -1,0 +1,135 @@
+"""A provisioned consortium on this machine, run as hospitals run theirs (``fedauc train --flare-env poc``).
+
+Not NVFlare's own ``PocEnv`` (which provisions its own project with generated site names): the kits come
+from :func:`federated.flare.provision.provision` for the federation, exactly as ``fedauc consortium
+provision`` writes them, the server runs from its kit's ``startup/sub_start.sh``, every hospital's client
+starts through :func:`federated.flare.consortium.prepare_site` (certificate, shards and server checks, its
+shard folder written into its own kit) and the training is submitted with the admin's kit through
+``ProdEnv``, mutual TLS on one port chosen free at start. So a POC run exercises the production path
+end to end; only the machines are one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site
+from federated.flare.provision import Kits, project, provision
+from preprocessing.errors import ConfigError
+from preprocessing.federation import Federation
+
+ADMIN = "admin@fedauc.org"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def admin_session(kit: Path, timeout_s: float = 30.0):
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    return new_secure_session(ADMIN, str(kit), timeout=timeout_s)
+
+
+def connected_sites(admin_kit: Path) -> list[str]:
+    """The clients the server has admitted (through the admin's own mutually authenticated session)."""
+    session = admin_session(admin_kit)
+    try:
+        return sorted(c.name for c in session.get_system_info().client_info)
+    finally:
+        session.close()
+
+
+class LocalConsortium:
+    """Server and one client per federation site as processes here; logs under ``workspace/logs``."""
+
+    def __init__(self, federation: Federation, shards_root: str | Path, workspace: str | Path, port: int | None = None):
+        self.federation = federation
+        self.shards_root = Path(shards_root).resolve()
+        self.workspace = Path(workspace).resolve()
+        self.port = port or free_port()
+        self.kits: Kits | None = None
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    @property
+    def logs(self) -> Path:
+        return self.workspace / "logs"
+
+    def launch(self, name: str, command: list[str], cwd: Path) -> None:
+        """Run ``command`` as participant ``name`` (its output in ``logs/<name>.log``), stopped with the rest."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as log:
+            # Its own session, so that stopping it (and its job processes) never signals this process.
+            self.processes[name] = subprocess.Popen(command, cwd=cwd, env=client_env(), stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start(self, wait_s: float = 300.0) -> LocalConsortium:
+        """Provision, start the server and every site, return once the server has admitted all of them."""
+        self.kits = provision(project(self.federation, "localhost", self.port, ADMIN), self.workspace / "kits")
+        self.launch("server", ["bash", str(self.kits.server / "startup" / "sub_start.sh"), "--once"], self.kits.server)
+        deadline = time.monotonic() + wait_s
+        self._until(deadline, "the server to listen", lambda: _reachable("localhost", self.port))
+        folder = self.federation.path.parent
+        for site, entry in zip(self.federation.sites, self.federation.spec.sites):
+            client = prepare_site(self.kits.sites[site.name], folder / entry.config, self.shards_root)
+            self.launch(site.name, client_command(client), client.root)
+        names = sorted(site.name for site in self.federation.sites)
+        self._until(deadline, f"sites {', '.join(names)} to connect", lambda: connected_sites(self.kits.admin) == names)
+        return self
+
+    def _until(self, deadline: float, what: str, done) -> None:
+        while not done():
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise ConfigError(f"the local consortium's {name} stopped (exit {process.returncode}) while "
+                                      f"waiting for {what}", fix=f"read {self.logs / (name + '.log')}")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the local consortium timed out waiting for {what}",
+                                  fix=f"read the logs in {self.logs}")
+            time.sleep(0.5)
+
+    def exec_env(self):
+        from nvflare.recipe import ProdEnv
+
+        return ProdEnv(startup_kit_location=str(self.kits.admin), username=ADMIN, login_timeout=30.0)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL participant ``name`` and its job processes (NVFlare starts each in a session of its own):
+        what a crashed machine looks like to the others."""
+        process = self.processes.pop(name)
+        try:
+            family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            family = []
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def stop(self) -> None:
+        for name in list(self.processes):
+            self.kill(name)
+
+    def __enter__(self) -> LocalConsortium:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        check_server_reachable(host, port, timeout_s=1.0)
+    except ConfigError:
+        return False
+    return True
+

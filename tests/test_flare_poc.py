@@ -1,0 +1,141 @@
+"""A real consortium on this machine (federated/flare/poc.py): kits from our provisioning, a server and three
+hospital clients as their own processes, mutual TLS on a port chosen free at start, trainings submitted
+with the admin's kit (``ProdEnv``, as against a real consortium). One file, so that pytest-xdist runs these
+tests one after the other in one worker, on one consortium.
+
+(a) two rounds of CODASCA give the model NVFlare's simulator gives (max abs difference <= 1e-5), while
+(b) a client holding another consortium's kit dials the server during the job and is not admitted, and the
+server refuses a TLS client certificate from another CA outright; (c) a site killed mid-job fails the job
+within the configured collective timeout, with a one-line message naming the site, and nothing is
+registered in MLflow.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import threading
+import time
+
+import mlflow
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from federated.checkpoint import latest_round_dir
+from federated.flare.consortium import client_command, read_kit
+from federated.flare.job import FlareJobFailed, run_on_consortium, run_simulated
+from federated.flare.poc import LocalConsortium, connected_sites
+from federated.flare.provision import project, provision
+from federated.sites import federation_config
+from pipelines.runs import train_tracked
+from preprocessing.federation import load_federation
+
+pytestmark = pytest.mark.slow
+
+SITES = ["barcelona", "new-york", "vienna"]
+TIMEOUT_S = 20.0  # the collective timeout: a site silent this long fails the job
+SETTINGS = dict(algorithm="codasca", params={"T0": 8}, network="small_resnet", network_kwargs={"widths": [8, 16, 32]},
+                rounds=2, local_steps=8, batch_size=32, lr=1.0, guarantee_positives=True, eval_every=1,
+                progress=False, loader_workers=0, timeout_s=TIMEOUT_S, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def consortium(melanoma_shards, tmp_path_factory):
+    root, federation = melanoma_shards
+    with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
+        yield running
+
+
+def _foreign_kit(consortium: LocalConsortium, folder) -> object:
+    """Site 'mallory' of another consortium (its own root CA) whose kit dials our server's address."""
+    spec = project(consortium.federation, "localhost", consortium.port)
+    spec["name"] = "elsewhere"
+    spec["participants"] = [p for p in spec["participants"] if p["type"] != "client"] + [
+        {"name": "mallory", "type": "client", "org": "mallory"}]
+    return provision(spec, folder).sites["mallory"]
+
+
+def _tls_verdict(consortium: LocalConsortium, kit) -> str:
+    """Open a TLS connection to the server with ``kit``'s client certificate, trusting the consortium's root
+    CA; "admitted" when the server keeps it open (a site's certificate), else how the server ended it."""
+    context = ssl.create_default_context(cafile=str(consortium.kits.server / "startup" / "rootCA.pem"))
+    context.check_hostname = False
+    context.load_cert_chain(kit / "startup" / "client.crt", kit / "startup" / "client.key")
+    with socket.create_connection(("localhost", consortium.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as tls:
+        tls.settimeout(3.0)
+        try:
+            tls.recv(1)  # TLS 1.3: the server checks the client's certificate after the handshake returns here
+        except TimeoutError:
+            return "admitted"
+        except (ssl.SSLError, ConnectionError) as err:
+            return f"refused: {err}"
+    return "refused: closed by the server"
+
+
+def test_training_equals_the_simulator_and_a_foreign_client_is_refused(consortium, melanoma_shards, tmp_path):
+    root, federation = melanoma_shards
+    assert connected_sites(consortium.kits.admin) == SITES
+    mallory = _foreign_kit(consortium, tmp_path / "elsewhere")
+    # The server refuses another CA's client certificate in the handshake, and admits its own sites'.
+    assert _tls_verdict(consortium, consortium.kits.sites["vienna"]) == "admitted"
+    forged = tmp_path / "forged"  # mallory's certificate and key in a copy of vienna's kit
+    shutil.copytree(consortium.kits.sites["vienna"], forged)
+    for name in ("client.crt", "client.key"):
+        shutil.copy(mallory / "startup" / name, forged / "startup" / name)
+    verdict = _tls_verdict(consortium, forged)
+    assert verdict.startswith("refused"), verdict
+
+    # A whole NVFlare client from the other consortium dials the server while the training runs.
+    consortium.launch("mallory", client_command(read_kit(mallory)), mallory)
+    config = federation_config(load_federation(federation), root / "shards", SETTINGS)
+    result = run_on_consortium(config, "melanoma", ("Melanoma",), consortium.exec_env(), tmp_path / "submit.log",
+                               name="poc-equals-sim", job_timeout_s=900, threads=torch.get_num_threads())
+    assert connected_sites(consortium.kits.admin) == SITES
+    consortium.kill("mallory")
+    assert f"Cannot connect to host localhost:{consortium.port}" in (mallory / "log.txt").read_text()  # it tried
+
+    simulated = run_simulated(config, "melanoma", ("Melanoma",), tmp_path / "sim", name="poc-reference")
+    assert result.global_state.keys() == simulated.global_state.keys()
+    worst = max((result.global_state[k].float() - v.float()).abs().max().item()
+                for k, v in simulated.global_state.items())
+    assert worst <= 1e-5
+    assert [r["bytes_sent"] for r in result.history] == [r["bytes_sent"] for r in simulated.history]
+
+
+def test_a_site_killed_mid_job_fails_it_naming_the_site_and_registers_nothing(consortium, melanoma_shards, tmp_path,
+                                                                               monkeypatch):
+    root, federation = melanoma_shards
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    checkpoints = tmp_path / "checkpoints"
+    killed_at = []
+
+    def kill_after_the_first_round():
+        while latest_round_dir(checkpoints) is None:  # every site has finished round 0: the job is under way
+            time.sleep(0.2)
+        consortium.kill("new-york")
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_after_the_first_round, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(FlareJobFailed) as failed:
+            train_tracked(load_federation(federation), root / "shards",
+                          {**SETTINGS, "rounds": 200, "eval_every": 0, "checkpoint_dir": str(checkpoints)},
+                          run_name="killed", flare={"env": "prod", "workspace": str(tmp_path / "flare"),
+                                                    "kit": str(consortium.kits.admin)})
+        ended_at = time.monotonic()
+        message = failed.value.args[0]
+        assert "\n" not in message
+        assert "site(s) new-york did not reach" in message and f"within {TIMEOUT_S:g} s" in message
+        # The collective timeout, then NVFlare's teardown and the download of the job's folder; a job that
+        # waited for the dead site's train call would take its own timeout (hours) instead.
+        assert killed_at and ended_at - killed_at[0] < TIMEOUT_S + 120
+        client = MlflowClient()
+        assert client.search_registered_models() == [] and client.search_model_versions() == []
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert {r.info.status for r in runs} == {"FAILED"}
+    finally:
+        mlflow.set_tracking_uri(None)
