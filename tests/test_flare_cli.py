@@ -65,4 +65,17 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
 def test_flare_env_outside_the_choices_is_refused():
     result = runner.invoke(app, ["train", "--federation", "sites/demo/melanoma.yaml", "--algorithm", "codasca",
                                  "--backend", "flare", "--flare-env", "moon"])
-    assert result.exit_code == 2 and "'moon' is not one of 'sim', 'poc', 'prod'" in result.output
+    words = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert result.exit_code == 2 and "'moon' is not one of 'sim', 'poc', 'prod'" in words
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--flare-env", "prod"], "--kit (the admin's startup kit) goes with --flare-env prod, and only with it"),
+    (["--flare-env", "poc", "--kit", "kits/admin"], "goes with --flare-env prod, and only with it"),
+    (["--flare-env", "prod", "--kit", "sites"], "not an admin's startup kit (no startup/fed_admin.json)"),
+])
+def test_flare_env_and_kit_that_cannot_run_are_one_message(melanoma_shards, extra, expected):
+    root, federation = melanoma_shards
+    result = runner.invoke(app, ["train", "--federation", str(federation), "--shards", str(root / "shards"),
+                                 "--algorithm", "codasca", "--backend", "flare", *extra])
+    assert result.exit_code == 1 and expected in result.output and "Traceback" not in result.output
