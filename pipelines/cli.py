@@ -305,6 +305,9 @@ def train_command(
                                         help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
     kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
                             "(the admin@... folder of `fedauc consortium provision`)."),
+    site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
+                                       help="With --backend flare: seconds the sites wait for a silent site at a "
+                                            "communication before the job fails naming it."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -323,6 +326,8 @@ def train_command(
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
+    if backend is TrainBackend.flare:
+        config["timeout_s"] = site_timeout
     from pipelines.checks import check_training
 
     _, shards_root = check_training(federation, shards, config)

@@ -109,7 +109,7 @@ def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: s
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                     flare: dict | None = None) -> dict:
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites); ``flare``
-    (``{"env": "sim", "workspace": folder}``) runs it as an NVIDIA FLARE job."""
+    (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) runs it as an NVIDIA FLARE job."""
     summary = train_task(federation_yaml, shards_root, config, run_name, flare)
     create_markdown_artifact(key=f"train-{artifact_key(summary['run_name'])}",
                              markdown=runs.training_markdown(summary), description="federated training")
