@@ -14,7 +14,8 @@ scored on the valid splits), never on the reported seeds.
 Each claim gets a table of means with 95 % t-intervals over seeds and a verdict computed from the interval
 of a paired (same seed) difference (``verdict``). Every run is appended to ``--work``/runs.jsonl as it
 finishes and reused on a rerun, so an interrupted run loses nothing; ``--doc`` is rewritten between its
-``<!-- claims:begin -->`` and ``<!-- claims:end -->`` markers from whatever results exist.
+``<!-- claims:begin NAME -->`` and ``<!-- claims:end NAME -->`` markers (NAME: ``--name``, by default
+full or quick) from whatever results exist.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ POOL_PREVALENCE = 0.3  # generated rate: enough positives to draw any federation
 VALIDATION_SEED = 100
 HETEROGENEOUS_RATES = (0.05, 0.15, 0.3)
 NONINFERIORITY = 0.01  # AUC: "at equal AUC" means no worse than this
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+FIGURES = ("period", "rate", "rounds")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """Where run ``name``'s results go in the doc (one doc can hold several runs: full, long, ...)."""
+    return f"<!-- claims:begin {name} -->", f"<!-- claims:end {name} -->"
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ class Runner:
     setting: Setting
     path: Path
     figures: Path  # where the plots go (beside the doc that embeds them)
+    name: str  # the run's name: its plots are claims_<name>_<figure>.png
     done: dict[str, dict] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -182,6 +189,9 @@ class Runner:
             f.write(json.dumps(record) + "\n")
         self.done[key] = record
         return record
+
+    def figure(self, kind: str) -> Path:
+        return self.figures / f"claims_{self.name}_{kind}.png"
 
     def pick_lr(self, algorithm: str, params: dict, rates: tuple[float, ...], metric: str = "auc", **kw) -> float:
         """The lr of the grid with the best score on the validation federation."""
@@ -269,7 +279,7 @@ def claim_period(r: Runner) -> tuple[str, dict]:
     for I in s.periods[1:]:
         d = paired(runs[("codasca", I)], runs[("codaplus", I)])
         lines.append(f"| CODASCA minus CODA+ at I = {I} (superiority) | {diff_cell(d)} | {verdict(d)} |")
-    plot_period(runs, s, r.figures / "claims_period.png")
+    plot_period(runs, s, r.figure("period"))
     # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
     hetero = HETEROGENEOUS_RATES
     lr_h = r.pick_lr("codasca", {}, hetero)
@@ -309,7 +319,7 @@ def claim_imbalance(r: Runner) -> tuple[str, dict]:
                 verdicts[f"{name} vs FedAvg at {rate:.0%}"] = v
             lines.append(f"| {rate:.0%} | {name} | {lrs[name]} | {cell([x['auc'] for x in values])} | "
                          f"{diff_cell(d)} | {'**' + v + '**' if rate == min(s.rates) else v} |")
-    plot_rate(runs, methods, s, r.figures / "claims_rate.png")
+    plot_rate(runs, methods, s, r.figure("rate"))
     # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
     hetero = HETEROGENEOUS_RATES
     lr_h = r.pick_lr("codasca", {}, hetero)
@@ -348,7 +358,7 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
         d = [curve_area(a) - curve_area(b) for a, b in zip(runs["LocalSCGDAM"], values)]
         verdicts[f"localscgdam vs {name}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
-    plot_rounds(runs, r.figures / "claims_rounds.png")
+    plot_rounds(runs, r.figure("rounds"))
     # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
     hetero = HETEROGENEOUS_RATES
     lr_h = r.pick_lr("codasca", {}, hetero)
@@ -518,35 +528,35 @@ def plot_rounds(runs, path: Path) -> None:
 # --------------------------------------------------------------------------- report
 
 
-def write_doc(doc: Path, body: str) -> None:
-    """Replace the text between the markers (the hand-written text around them stays)."""
-    text = doc.read_text() if doc.exists() else f"# Claims\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{doc}: the markers {BEGIN} and {END} are missing; add them where the results go")
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    doc.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
+def write_doc(doc: Path, body: str, name: str) -> None:
+    """Replace the text between run ``name``'s markers (the hand-written text around them stays)."""
+    begin, end = markers(name)
+    text = doc.read_text() if doc.exists() else f"# Claims\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc}: the markers {begin} and {end} are missing; add them where the results go")
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
-def run_claims(setting: Setting, work: Path, doc: Path, claims: list[str], mode: str) -> dict[str, dict[str, str]]:
-    """Run ``claims`` (keys of CLAIMS) and write ``doc`` after each; returns their verdicts."""
+def run_claims(setting: Setting, work: Path, doc: Path, claims: list[str], name: str) -> dict[str, dict[str, str]]:
+    """Run ``claims`` (keys of CLAIMS) as run ``name`` and write ``doc`` after each; returns their verdicts."""
     work.mkdir(parents=True, exist_ok=True)
     doc.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    runner = Runner(build_pool(work, setting), setting, work / f"runs-{mode}.jsonl", doc.parent)
+    runner = Runner(build_pool(work, setting), setting, work / f"runs-{name}.jsonl", doc.parent, name)
     sections, summary, verdicts = [], [], {}
-    header = (f"_Written by `benchmarks/claims.py` ({mode} mode: {len(setting.seeds)} seeds, T = {setting.iterations} "
+    header = (f"_Written by `benchmarks/claims.py` (run {name!r}: {len(setting.seeds)} seeds, T = {setting.iterations} "
               f"iterations, {len(CLINICS)} sites x {setting.n_train} training rows at {setting.size} px, "
               f"small_resnet widths {setting.widths}, lr grid {setting.lr_grid})._")
-    for name in claims:
-        title, function = CLAIMS[name]
-        text, verdicts[name] = function(runner)
-        sections.append(f"### {title}\n\n{text}\n")
-        summary += [f"| {title} | {check} | {v} |" for check, v in verdicts[name].items()]
-        figures = [f"![{p}]({p})" for p in ("claims_period.png", "claims_rate.png", "claims_rounds.png")
-                   if (doc.parent / p).exists()]
-        write_doc(doc, "\n".join([header, "", "### Verdicts", "", "| claim | check | verdict |", "|---|---|---|",
-                                  *summary, "", *sections, *figures]))  # after every claim: an interrupted run keeps it
+    for key in claims:
+        title, function = CLAIMS[key]
+        text, verdicts[key] = function(runner)
+        sections.append(f"#### {title}\n\n{text}\n")
+        summary += [f"| {title} | {check} | {v} |" for check, v in verdicts[key].items()]
+        figures = [f"![{p.name}]({p.name})" for p in map(runner.figure, FIGURES) if p.exists()]
+        write_doc(doc, "\n".join([header, "", "#### Verdicts", "", "| claim | check | verdict |", "|---|---|---|",
+                                  *summary, "", *sections, *figures]), name)  # after every claim: an interrupted run keeps it
         print(f"{title}: done after {time.perf_counter() - started:.0f} s", flush=True)
     return verdicts
 
@@ -556,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller pool, fewer iterations and lrs (< 15 min)")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
     parser.add_argument("--iterations", type=int, default=None, help="T, iterations per run (default: the mode's)")
+    parser.add_argument("--rates", type=float, nargs="+", default=None, help="claim (b)'s positive rates")
     parser.add_argument("--claims", nargs="+", default=list(CLAIMS), choices=list(CLAIMS))
+    parser.add_argument("--name", default=None, help="the run's name: its markers in the doc, its plots and runs file "
+                                                     "(default: quick or full)")
     parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: shards and runs-<mode>.jsonl")
     parser.add_argument("--doc", type=Path, default=None,
                         help="markdown file to write the results into (default: docs/claims.md in full mode, "
@@ -567,9 +580,11 @@ def main(argv: list[str] | None = None) -> int:
         setting = replace(setting, seeds=tuple(range(args.seeds)))
     if args.iterations is not None:
         setting = replace(setting, iterations=args.iterations)
+    if args.rates is not None:
+        setting = replace(setting, rates=tuple(args.rates))
     doc = args.doc or (args.work / "quick.md" if args.quick else Path(__file__).resolve().parents[1] / "docs/claims.md")
     torch.set_num_threads(1)  # a two-stage 8/16-channel network is latency-bound: more threads only contend
-    run_claims(setting, args.work, doc, args.claims, "quick" if args.quick else "full")
+    run_claims(setting, args.work, doc, args.claims, args.name or ("quick" if args.quick else "full"))
     return 0
 
 

@@ -49,13 +49,16 @@ def test_verdict_follows_the_interval_of_the_paired_difference(differences, marg
 
 def test_write_doc_replaces_only_the_text_between_the_markers(tmp_path):
     doc = tmp_path / "result.md"
-    doc.write_text(f"# Title\n\nwritten by hand\n\n{claims.BEGIN}\nold numbers\n{claims.END}\n\nafter\n")
-    claims.write_doc(doc, "new numbers")
+    begin, end = claims.markers("full")
+    other = "\n".join(claims.markers("long"))
+    doc.write_text(f"# Title\n\nwritten by hand\n\n{begin}\nold numbers\n{end}\n\nafter\n{other}\n")
+    claims.write_doc(doc, "new numbers", "full")
     text = doc.read_text()
     assert "written by hand" in text and "after" in text and "new numbers" in text and "old numbers" not in text
+    assert text.endswith(f"{other}\n")  # another run's block is left alone
     doc.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
-        claims.write_doc(doc, "x")
+        claims.write_doc(doc, "x", "full")
 
 
 def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_the_runs(tmp_path):
@@ -68,8 +71,8 @@ def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_th
     assert all(v in allowed for checks in verdicts.values() for v in checks.values())
     text = doc.read_text()
     for title, _ in claims.CLAIMS.values():
-        assert f"### {title}" in text
-    for png in ("claims_period.png", "claims_rate.png", "claims_rounds.png"):
+        assert f"#### {title}" in text
+    for png in ("claims_tiny_period.png", "claims_tiny_rate.png", "claims_tiny_rounds.png"):
         assert (doc.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{png}]({png})" in text
     runs = tmp_path / "work" / "runs-tiny.jsonl"
