@@ -280,18 +280,6 @@ def claim_period(r: Runner) -> tuple[str, dict]:
         d = paired(runs[("codasca", I)], runs[("codaplus", I)])
         lines.append(f"| CODASCA minus CODA+ at I = {I} (superiority) | {diff_cell(d)} | {verdict(d)} |")
     plot_period(runs, s, r.figure("period"))
-    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
-    hetero = HETEROGENEOUS_RATES
-    lr_h = r.pick_lr("codasca", {}, hetero)
-    global_prior = r.seeds("codasca", {}, lr_h, hetero)
-    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
-    d = paired(local_prior, global_prior)
-    verdicts["CODASCA prior=local"] = v = verdict(d)
-    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
-              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
-              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
-              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
-              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -320,18 +308,6 @@ def claim_imbalance(r: Runner) -> tuple[str, dict]:
             lines.append(f"| {rate:.0%} | {name} | {lrs[name]} | {cell([x['auc'] for x in values])} | "
                          f"{diff_cell(d)} | {'**' + v + '**' if rate == min(s.rates) else v} |")
     plot_rate(runs, methods, s, r.figure("rate"))
-    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
-    hetero = HETEROGENEOUS_RATES
-    lr_h = r.pick_lr("codasca", {}, hetero)
-    global_prior = r.seeds("codasca", {}, lr_h, hetero)
-    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
-    d = paired(local_prior, global_prior)
-    verdicts["CODASCA prior=local"] = v = verdict(d)
-    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
-              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
-              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
-              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
-              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -359,18 +335,6 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
         verdicts[f"localscgdam vs {name}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
     plot_rounds(runs, r.figure("rounds"))
-    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
-    hetero = HETEROGENEOUS_RATES
-    lr_h = r.pick_lr("codasca", {}, hetero)
-    global_prior = r.seeds("codasca", {}, lr_h, hetero)
-    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
-    d = paired(local_prior, global_prior)
-    verdicts["CODASCA prior=local"] = v = verdict(d)
-    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
-              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
-              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
-              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
-              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 
@@ -408,18 +372,6 @@ def claim_fedxl(r: Runner) -> tuple[str, dict]:
         d = [a - b for a, b in zip(drops[fedxl], drops["FedAvg (BCE)"])]
         verdicts[f"{fedxl} noise vs FedAvg (BCE)"] = v = verdict(d)
         lines.append(f"| {fedxl} vs FedAvg (BCE) | {diff_cell(d)} | **{v}** |")
-    # imratio-aware: AUC-M's p is the global positive rate by default; a site's own rate is the alternative.
-    hetero = HETEROGENEOUS_RATES
-    lr_h = r.pick_lr("codasca", {}, hetero)
-    global_prior = r.seeds("codasca", {}, lr_h, hetero)
-    local_prior = r.seeds("codasca", {}, lr_h, hetero, prior="local")
-    d = paired(local_prior, global_prior)
-    verdicts["CODASCA prior=local"] = v = verdict(d)
-    lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
-              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
-              f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
-              f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
-              f"{diff_cell(d)} | {v} |"]
     return "\n".join(lines), verdicts
 
 

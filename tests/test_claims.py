@@ -69,6 +69,8 @@ def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_th
     assert set(verdicts) == set(claims.CLAIMS)
     allowed = {"reproduced", "not reproduced", "inconclusive"}
     assert all(v in allowed for checks in verdicts.values() for v in checks.values())
+    checks = [check for claim in verdicts.values() for check in claim]
+    assert len(checks) == len(set(checks))  # each check belongs to one claim
     text = doc.read_text()
     for title, _ in claims.CLAIMS.values():
         assert f"#### {title}" in text
