@@ -18,7 +18,9 @@ Keys of the float dict (``evaluate`` prefixes ``<split>/``): ``site/<k>/<metric>
 ``site/<k>/<metric>_macro`` (over the site's reported diseases), ``site/<k>/n_pos/<disease>`` and
 ``site/<k>/n_neg/<disease>``; ``pooled/<metric>/<disease>`` and ``pooled/<metric>_macro`` from the
 summed histograms, ``pooled/<metric>_bound/<disease>`` (the guaranteed ``|histogram value - exact
-pooled value|``, models.metrics.histogram_auc and friends); ``macro_over_sites/<metric>/<disease>`` and
+pooled value|``, models.metrics.histogram_auc and friends), ``pooled/auc_ci95_low/<disease>``,
+``pooled/auc_ci95_high/<disease>`` and their ``_macro`` (95 % intervals from the summed histograms,
+``pooled_auc_intervals``); ``macro_over_sites/<metric>/<disease>`` and
 ``macro_over_sites/<metric>_macro`` (mean over the sites whose value is reported). NaN = undefined.
 A suppressed site metric or count is absent from the float dict; the suppression record (a flat
 ``{key: str}`` with the same key shape) says ``"suppressed: fewer than 10 positives"`` (or negatives)
@@ -45,6 +47,7 @@ from models.metrics import (
     Bounded,
     evaluate_multilabel,
     histogram_auc,
+    histogram_auc_interval,
     histogram_partial_auc,
     histogram_two_way_partial_auc,
     metric_names,
@@ -185,7 +188,28 @@ def combine(reports: np.ndarray, histograms: np.ndarray, site_ids: list[int], di
             metrics[f"macro_over_sites/{key}"] = _mean(per_site.get(key, []))
         metrics[f"pooled/{m}_macro"] = _mean([float(pooled[f"{m}/{d}"].value) for d in diseases])
         metrics[f"macro_over_sites/{m}_macro"] = _mean([metrics[f"macro_over_sites/{m}/{d}"] for d in diseases])
+    metrics.update(pooled_auc_intervals(histograms, diseases, metrics["pooled/auc_macro"]))
     return metrics, suppressed
+
+
+def pooled_auc_intervals(histograms: np.ndarray, diseases: list[str], macro: float) -> dict[str, float]:
+    """95 % intervals of the pooled AUC per disease (``models.metrics.histogram_auc_interval``, from the summed
+    histograms) and of its macro mean ``macro``: ``pooled/auc_ci95_low/<disease>``, ``..._high/<disease>``,
+    ``pooled/auc_ci95_low_macro``, ``pooled/auc_ci95_high_macro``.
+
+    The diseases are scored on the same images, so their AUCs are correlated in ways the marginal histograms
+    cannot tell; the standard deviation of a mean is at most the mean of the standard deviations whatever
+    the correlation, so the macro interval's half-width is the mean of the diseases' (conservative)."""
+    out, half_widths = {}, []
+    for c, disease in enumerate(diseases):
+        interval = histogram_auc_interval(*histograms[c])
+        out[f"pooled/auc_ci95_low/{disease}"], out[f"pooled/auc_ci95_high/{disease}"] = interval.low, interval.high
+        if not np.isnan(histogram_auc(*histograms[c]).value):
+            half_widths.append(interval.half_width)
+    half = float(np.mean(half_widths)) if half_widths else float("nan")  # NaN when any defined AUC has none
+    out["pooled/auc_ci95_low_macro"] = max(0.0, macro - half) if not np.isnan(half) else float("nan")
+    out["pooled/auc_ci95_high_macro"] = min(1.0, macro + half) if not np.isnan(half) else float("nan")
+    return out
 
 
 # --- 2. through the backend -----------------------------------------------------------------------

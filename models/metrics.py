@@ -12,7 +12,8 @@ macro mean over defined diseases as ``<name>_macro``.
 
 Pooled over sites without per-image scores: :func:`score_histograms` (fixed equal-width bins of
 [0, 1]) and :func:`histogram_auc`, :func:`histogram_partial_auc`, :func:`histogram_two_way_partial_auc`,
-each returning a :class:`Bounded` value with the guaranteed bound on its distance to the exact metric.
+each returning a :class:`Bounded` value with the guaranteed bound on its distance to the exact metric,
+and :func:`histogram_auc_interval`, a confidence interval for the AUC from the same histograms.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import rankdata
+from scipy.stats import norm, rankdata
 
 
 class MetricResult(float):
@@ -361,6 +363,41 @@ def _histogram_roc(hp: np.ndarray, hn: np.ndarray) -> tuple[np.ndarray, np.ndarr
     occupied = (hp + hn) > 0
     hp, hn = hp[occupied][::-1], hn[occupied][::-1]
     return np.r_[0.0, np.cumsum(hn) / hn.sum()], np.r_[0.0, np.cumsum(hp) / hp.sum()]
+
+
+class HistogramInterval(NamedTuple):
+    """A confidence interval for the exact AUC from score histograms: ``[low, high]`` clipped to [0, 1],
+    and ``half_width`` before clipping (what a macro mean's interval adds up)."""
+
+    low: float
+    high: float
+    half_width: float
+
+
+def histogram_auc_interval(hist_pos, hist_neg, confidence: float = 0.95) -> HistogramInterval:
+    """DeLong's normal-approximation interval for the AUC from score histograms, widened by the
+    histogram bound (:func:`histogram_auc`) so that it is an interval for the exact AUC.
+
+    DeLong, DeLong and Clarke-Pearson (1988): with the placement values of each positive,
+    ``V10 = (negatives below + 1/2 negatives tied) / n_neg``, and of each negative,
+    ``V01 = (positives above + 1/2 positives tied) / n_pos``, the AUC is their mean and
+    ``Var = s2(V10) / n_pos + s2(V01) / n_neg`` (s2: sample variance). In a histogram every entry of a bin
+    shares the bin's placement value, so the variance needs the counts alone: no per-image score. NaN
+    when the AUC is undefined or a class has a single entry (no sample variance).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    auc = histogram_auc(hist_pos, hist_neg)
+    hp, hn, _ = _histogram_inputs(hist_pos, hist_neg)
+    n_pos, n_neg = hp.sum(), hn.sum()
+    if not auc.value.defined or n_pos < 2 or n_neg < 2:
+        return HistogramInterval(math.nan, math.nan, math.nan)
+    v10 = (np.cumsum(hn) - 0.5 * hn) / n_neg
+    v01 = (hp.sum() - np.cumsum(hp) + 0.5 * hp) / n_pos
+    variance = ((hp * (v10 - auc.value) ** 2).sum() / (n_pos - 1) / n_pos
+                + (hn * (v01 - auc.value) ** 2).sum() / (n_neg - 1) / n_neg)
+    half_width = float(norm.ppf(0.5 + confidence / 2) * math.sqrt(variance) + auc.bound)
+    return HistogramInterval(max(0.0, auc.value - half_width), min(1.0, auc.value + half_width), half_width)
 
 
 def histogram_partial_auc(hist_pos, hist_neg, max_fpr: float, standardized: bool = True) -> Bounded:

@@ -255,13 +255,15 @@ def demo(
     scale: float = typer.Option(1.0, "--scale", min=0.01, help="Multiply every demo hospital's size."),
     rounds: int = typer.Option(None, "--rounds", min=1, help="Override the demo's communication rounds."),
 ) -> None:
-    """The main job on the embedded default: synthetic hospitals -> shards -> four algorithms -> MLflow."""
+    """The main job on the embedded default: synthetic hospitals -> shards -> FedAvg and AUC methods on both
+    tasks -> MLflow -> comparison tables with 95 % intervals, and the seconds each stage took."""
     _flows()
     from pipelines.demo import demo as demo_flow
     from pipelines.tracking import configure
 
-    tables = demo_flow(scale=scale, rounds=rounds)
-    typer.echo(tables)
+    result = demo_flow(scale=scale, rounds=rounds)
+    typer.echo(result["tables"])
+    typer.echo(f"Where the time went:\n\n{result['profile']}")
     typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `fedauc ui`)")
     typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
 
@@ -370,10 +372,10 @@ def compare_command(
     html_path: str = typer.Option(None, "--html", help="Also write the table to this HTML file."),
 ) -> None:
     """The experiment's trainings as a table: federation, sites, status, algorithm, I, per-disease pooled test
-    AUC / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
+    AUC [95 % interval] / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
     from rich.console import Console
 
-    from pipelines.tables import rich_table, write_table
+    from pipelines.tables import fold_intervals, rich_table, write_table
     from pipelines.tracking import compare_runs, configure
 
     configure()
@@ -386,7 +388,7 @@ def compare_command(
     if federation is not None and not frame.empty:
         frame = frame[frame["federation"] == federation].reset_index(drop=True)
     title = f"{experiment}{f' / {federation}' if federation else ''}: pooled test metrics, best first"
-    Console(width=240).print(rich_table(frame, title, keep_whole=("run", "federation", "sites")))
+    Console(width=240).print(rich_table(fold_intervals(frame), title, keep_whole=("run", "federation", "sites")))
     if hidden:
         typer.echo(f"{hidden} unfinished training(s) hidden (failed, killed or running); --all lists them")
     for path in filter(None, (csv_path, html_path)):

@@ -21,7 +21,7 @@ from prefect.deployments import run_deployment
 from federated.backends import SiteFailure
 from pipelines import runs, tracking
 from pipelines.preprocess_flow import artifact_key, preprocess_site
-from pipelines.tables import markdown_table
+from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
@@ -111,9 +111,14 @@ def train_federated(federation_yaml: str, shards_root: str, config: dict, run_na
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites); ``flare``
     (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) runs it as an NVIDIA FLARE job."""
     summary = train_task(federation_yaml, shards_root, config, run_name, flare)
+    training_artifact(summary)
+    return summary
+
+
+def training_artifact(summary: dict) -> None:
+    """A training's headline as a Prefect artifact of the flow run that trained it."""
     create_markdown_artifact(key=f"train-{artifact_key(summary['run_name'])}",
                              markdown=runs.training_markdown(summary), description="federated training")
-    return summary
 
 
 @flow(name="start_site_client")
@@ -150,6 +155,6 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
                             f"{algorithm}-I{i}")
                  for algorithm in algorithms for i in local_steps]
     table = tracking.compare_runs(load_federation(federation_yaml).task)
-    create_markdown_artifact(key="compare", markdown=markdown_table(table),
+    create_markdown_artifact(key="compare", markdown=markdown_table(fold_intervals(table)),
                              description="runs of the experiment, best first")
     return summaries

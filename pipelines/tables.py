@@ -21,6 +21,20 @@ def markdown_table(frame: pd.DataFrame, float_format: str = ".3f") -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+def fold_intervals(frame: pd.DataFrame, float_format: str = ".3f") -> pd.DataFrame:
+    """A copy for display with each column ``X`` that has ``X low`` and ``X high`` beside it shown as
+    ``"value [low, high]"`` and the two bound columns dropped (CSV and HTML keep them as numbers)."""
+    out = frame.copy()
+    for column in frame.columns:
+        low, high = f"{column} low", f"{column} high"
+        if low in frame and high in frame:
+            out[column] = [markdown_cell(v, float_format) if math.isnan(lo) or math.isnan(hi)
+                           else f"{v:{float_format}} [{lo:{float_format}}, {hi:{float_format}}]"
+                           for v, lo, hi in zip(frame[column], frame[low], frame[high])]
+            out = out.drop(columns=[low, high])
+    return out
+
+
 def rich_table(frame: pd.DataFrame, title: str, keep_whole: Iterable[str] = ()) -> Table:
     """The frame as a rich table; the ``keep_whole`` columns are never shortened (a run name cut to
     "codasca-I…" cannot be told apart from its neighbours), the others wrap when the terminal is narrow."""

@@ -196,7 +196,8 @@ def promote_best(client: MlflowClient, name: str, version: str) -> bool:
 def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished: bool = False) -> pd.DataFrame:
     """The experiment's federated trainings (parent runs), best first: federation, sites and status, algorithm,
     I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and
-    minutes. Runs that did not finish (failed, killed, still running) have no test metrics and are left out
+    minutes, then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals``
+    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) have no test metrics and are left out
     unless ``include_unfinished``; ``frame.attrs["hidden"]`` counts them."""
     client = MlflowClient()
     found = client.get_experiment_by_name(experiment)
@@ -224,6 +225,10 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
             row[f"{short} macro"] = metrics.get(f"{prefix}_macro", float("nan"))
             row.update({f"{short} {key.rsplit('/', 1)[1]}": value for key, value in sorted(metrics.items())
                         if key.startswith(prefix + "/")})
+        for end in ("low", "high"):  # the 95 % interval of each pooled AUC (federated.evaluation.pooled_auc_intervals)
+            row[f"AUC macro {end}"] = metrics.get(f"test/pooled/auc_ci95_{end}_macro", float("nan"))
+            row.update({f"AUC {key.rsplit('/', 1)[1]} {end}": value for key, value in sorted(metrics.items())
+                        if key.startswith(f"test/pooled/auc_ci95_{end}/")})
         row["MB sent"] = metrics.get("bytes_sent_cumulative", float("nan")) / 1e6
         row["minutes"] = (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan")
         rows.append(row)

@@ -11,7 +11,8 @@ Example (``sites/demo/chest.yaml``)::
       - config: nih.yaml
 
 ``synth`` is read only by ``preprocessing.synth.generate_federation``: it says which synthetic hospital
-stands in for the site (format, number of images at scale 1, acquisition profile). Real federations
+stands in for the site (format, number of images at scale 1, acquisition profile, optionally the image
+size instead of the profile's). Real federations
 leave it out.
 """
 
@@ -31,6 +32,7 @@ class SynthSpec(BaseModel):
     n: int = Field(ge=1)
     profile: str | None = None  # a name in preprocessing.synth.profiles; None: the format's default
     image_format: Literal["dicom", "jpeg"] | None = None  # SIIM-ISIC only
+    size: tuple[int, int] | None = None  # the images' (height, width); None: the profile's
 
 
 class FederationSite(BaseModel):

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
 from preprocessing.decode import ALLOWED_MODALITIES, decode_image
 from preprocessing.federation import load_federation
@@ -157,9 +158,12 @@ def test_generate_federation_scales_and_writes_ingestible_sites(tmp_path, public
     for site in federation.sites:
         config = site.model_copy(update={"root": results[site.name].root})
         scanned = scan_site(config)
-        assert len(scanned.records) == 10 and len(scanned.quarantine) == 0
+        assert len(scanned.records) == 18 and len(scanned.quarantine) == 0
     assert next((tmp_path / "out" / "vienna" / "train").glob("*.dcm"))
     assert next((tmp_path / "out" / "barcelona" / "jpeg" / "train").glob("*.jpg"))
+    # The federation's size: [104, 128] replaces the Barcelona profile's 144x176.
+    with Image.open(next((tmp_path / "out" / "barcelona" / "jpeg" / "train").glob("*.jpg"))) as image:
+        assert image.size == (128, 104)
 
 
 def test_federation_errors_name_the_file_and_field(tmp_path):

@@ -12,6 +12,7 @@ mentions render a milder sign, which is what keeps the task between guessing and
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -64,17 +65,26 @@ def chest_findings(row: dict, rng: np.random.Generator) -> ChestFindings:
                          devices=bool(row["devices"]), lateral=bool(row["lateral"]))
 
 
+def sized_profile(profile_name: str, skin: bool, size: tuple[int, int] | None):
+    """The named acquisition profile, with its image ``size`` (height, width) replaced when one is given."""
+    site = (skin_profile if skin else chest_profile)(profile_name)
+    if size is None:
+        return site
+    part = "device" if skin else "xray"
+    return dataclasses.replace(site, **{part: dataclasses.replace(getattr(site, part), height=size[0], width=size[1])})
+
+
 def _render_job(job: tuple) -> None:
-    root, profile_name, seed, index, row = job
+    root, profile_name, size, seed, index, row = job
     rng = np.random.default_rng(seed + [index])
     path = Path(root) / row["path"]
     uid_seed = f"{seed}/{row['path']}"
     if row["file_type"] in ("dicom-rgb", "jpeg-rgb"):
-        site = skin_profile(profile_name)
+        site = sized_profile(profile_name, True, size)
         image = render_skin(sample_traits(bool(row["malignant"]), rng), site.device, rng)
         write_image(path, row["file_type"], image, jpeg_quality=site.jpeg_quality, uid_seed=uid_seed)
         return
-    site = chest_profile(profile_name)
+    site = sized_profile(profile_name, False, size)
     xray = site.xray
     # Anatomy is smooth: drawn at half the site's resolution, it is upsampled before the acquisition
     # adds blur, noise and markers at full resolution. This halves the cost of the whole generation.
@@ -86,9 +96,9 @@ def _render_job(job: tuple) -> None:
 
 
 def render_all(sample: SiteSample, root: Path, profile_name: str, seed: list[int], workers: int, progress: bool,
-               label: str) -> None:
+               label: str, size: tuple[int, int] | None = None) -> None:
     rows = sample.images.to_dict("records")
-    jobs = [(str(root), profile_name, seed, i, row) for i, row in enumerate(rows)]
+    jobs = [(str(root), profile_name, size, seed, i, row) for i, row in enumerate(rows)]
     bar = tqdm(total=len(jobs), desc=f"synth {label}", unit="img", disable=not progress, leave=False)
     if workers <= 1:
         for job in jobs:
@@ -106,10 +116,10 @@ def render_all(sample: SiteSample, root: Path, profile_name: str, seed: list[int
     bar.close()
 
 
-def _write_tables(sample: SiteSample, root: Path, fmt: str, profile_name: str) -> None:
+def _write_tables(sample: SiteSample, root: Path, fmt: str, profile_name: str, size: tuple[int, int] | None) -> None:
     for name, table in sample.tables.items():
         if fmt == "mimic-cxr-jpg" and name == "mimic-cxr-2.0.0-metadata.csv":
-            xray = chest_profile(profile_name).xray
+            xray = sized_profile(profile_name, False, size).xray
             table = table.assign(Rows=str(xray.height), Columns=str(xray.width))
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(root / name, index=False)
@@ -124,7 +134,7 @@ def default_workers() -> int:
 def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: str | None = None,
                   corrupt: float = 0.0, workers: int | None = None, overwrite: bool = False,
                   image_format: str | None = None, prevalence: float | None = None, metadata: str = "auto",
-                  progress: bool = True) -> SynthResult:
+                  progress: bool = True, size: tuple[int, int] | None = None, images: bool = True) -> SynthResult:
     """Write a synthetic hospital of ``n`` images in ``fmt``'s real layout under ``out``.
 
     ``profile``: a name in ``profiles.CHEST_PROFILES`` / ``SKIN_PROFILES`` (default per format).
@@ -136,6 +146,8 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
     "real" (fail without it) or "fallback" (always the fallback label model, ``sources``).
     ``overwrite``: replace a non-empty ``out``; without it a non-empty ``out`` is an error, so that a
     typo never mixes two hospitals' files.
+    ``size``: (height, width) of the images instead of the profile's. ``images=False`` writes the metadata
+    tables alone (the labels and splits a site would have, in seconds; no image file).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
@@ -145,6 +157,8 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
         raise ValueError(f"image_format applies to siim-isic-2020 only, not {fmt!r}")
     if prevalence is not None and (fmt != "siim-isic-2020" or not 0.0 < prevalence < 1.0):
         raise ValueError(f"prevalence applies to siim-isic-2020 only and must be in (0, 1), got {prevalence} for {fmt!r}")
+    if corrupt and not images:
+        raise ValueError("corrupt damages image files; it needs images=True")
     if metadata not in ("auto", "real", "fallback"):
         raise ValueError(f"metadata must be 'auto', 'real' or 'fallback', got {metadata!r}")
     started = time.perf_counter()
@@ -155,7 +169,7 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
         shutil.rmtree(out)
     profile_name = profile or DEFAULT_PROFILE[fmt]
     skin = fmt == "siim-isic-2020"
-    (skin_profile if skin else chest_profile)(profile_name)  # fail on a wrong name before any work
+    sized_profile(profile_name, skin, size)  # fail on a wrong name before any work
     rng = np.random.default_rng(_seed_of(seed, fmt, "records"))
     options = {}
     if fmt == "vindr-cxr":
@@ -168,9 +182,12 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
     sample = sample_format(fmt, n, rng, use_real=metadata != "fallback", **options)
     root = out / source_root(fmt)
     root.mkdir(parents=True, exist_ok=True)
-    _write_tables(sample, root, fmt, profile_name)
+    _write_tables(sample, root, fmt, profile_name, size)
+    if not images:
+        return SynthResult(fmt, root, 0, sample.real_metadata, corrupt_files(root, sample.images["path"], 0.0, []),
+                           time.perf_counter() - started)
     render_all(sample, root, profile_name, _seed_of(seed, fmt, "images"),
-               default_workers() if workers is None else workers, progress, f"{fmt} ({profile_name})")
+               default_workers() if workers is None else workers, progress, f"{fmt} ({profile_name})", size)
     corrupted = corrupt_files(root, sample.images["path"], corrupt, _seed_of(seed, fmt, "corrupt"))
     return SynthResult(fmt, root, len(sample.images), sample.real_metadata, corrupted, time.perf_counter() - started)
 
