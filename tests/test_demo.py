@@ -11,8 +11,9 @@ from preprocessing.synth import generate_federation
 
 
 def test_both_tasks_train_fedavg_beside_an_auc_method():
+    assert len({(name, yaml) for name, yaml, *_ in DEMO_TRAININGS}) == len(DEMO_TRAININGS)  # one run name each
     for federation in (CHEST, MELANOMA):
-        algorithms = [get_algorithm(algorithm) for yaml, algorithm, _, _ in DEMO_TRAININGS if yaml == federation]
+        algorithms = [get_algorithm(algorithm) for _, yaml, algorithm, _, _ in DEMO_TRAININGS if yaml == federation]
         assert get_algorithm("fedavg") in algorithms, federation.name
         # FedAvg and its relatives (FedProx, local SGD with momentum) minimise cross-entropy; the rest an AUC loss.
         assert any(not issubclass(algorithm, FedAvg) for algorithm in algorithms), federation.name
