@@ -20,7 +20,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from pipelines import tracking
-from pipelines.servers import ui_commands, wait_for
+from pipelines.servers import mlflow_runs_url, ui_commands, wait_for
 
 DOCS = Path(__file__).resolve().parent
 PORT = 5077
@@ -45,7 +45,7 @@ def mlflow_screenshot(experiment: str, out: Path) -> None:
                 ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1800,850",
-                 "--virtual-time-budget=20000", f"--screenshot={out}", f"{url}/#/experiments/{experiment_id}/runs"],
+                 "--virtual-time-budget=20000", f"--screenshot={out}", mlflow_runs_url(url, experiment_id)],
                 check=True, capture_output=True, timeout=180,
             )
     finally:
