@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +43,7 @@ class TrainResult:
     input_shape: tuple[int, ...]
     num_classes: int
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
+    test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -246,6 +248,7 @@ class Engine:
 
             bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
         initial = ([0] * len(self.sites), [0] * len(self.sites))
+        test_histograms = None
         if start_round == 0 and self.algorithm.initial_gather:
             initial = self.communicate((Comm.GATHER,))
             self.each_site(self.algorithm.round_end)
@@ -290,6 +293,7 @@ class Engine:
             }
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
+                test_histograms = evaluated.test_histograms
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
@@ -305,7 +309,7 @@ class Engine:
         gm = self.global_model()
         state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
         return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
-                           {s.index: s.state for s in self.sites})
+                           {s.index: s.state for s in self.sites}, test_histograms)
 
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:

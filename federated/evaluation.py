@@ -219,6 +219,9 @@ class Evaluation:
     suppressed: dict[str, str]  # ``<split>/site/<k>/...`` -> why it is absent from ``metrics``
     bytes_sent: list[int]  # per site of this process
     bytes_received: list[int]
+    # The test split's histograms summed over sites (C, 2, B): the pooled test ROC is drawn from them, so
+    # the centre needs no site's data for it. None when no site holds a test split.
+    test_histograms: np.ndarray | None = None
 
 
 def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContext, bn_stats: str, bins: int,
@@ -251,5 +254,7 @@ def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContex
         metrics, suppressed = combine(gathered, histograms[0].cpu().numpy(), list(range(K)), list(fed.diseases),
                                       min_count)
         out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
+        if split == "test":
+            out.test_histograms = histograms[0].cpu().numpy()
         out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
     return out

@@ -11,7 +11,9 @@ from pathlib import Path
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.federation import Federation
-from preprocessing.shard_format import SHARD_FILE, is_finished, read_shard_info
+from preprocessing.qc import SAMPLE_GRID_FILE, build_report, central_summary
+from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, shard_content_hash
+from preprocessing.sites import SharingPolicy
 
 
 def check_shard(site: str, shard_dir: Path, task: str, diseases: tuple[str, ...]) -> None:
@@ -67,3 +69,45 @@ def site_index(config: TrainConfig, name: str) -> int:
         raise ConfigError(f"site {name!r} is not in the config (its sites: {', '.join(names)})",
                           fix="pass one of the config's site names")
     return names.index(name)
+
+
+def site_report(name: str, shard_dir: Path, sharing: SharingPolicy, input_shape: tuple[int, ...],
+                num_classes: int) -> dict:
+    """What the centre records about a site's data, computed where the shards are: their content hash,
+    task and diseases, the QC summary as the site's ``sharing`` policy lets it leave (aggregate counts,
+    small ones suppressed: ``preprocessing.qc.central_summary``), the sample grid's PNG bytes only where
+    the policy opts in (``qc_grid``), and the model input shape and class count the site trains with.
+    Nothing per image. An NVIDIA FLARE site returns it with its result, so the centre needs no shards."""
+    info = read_shard_info(shard_dir)
+    grid = Path(shard_dir) / QC_DIR / SAMPLE_GRID_FILE
+    return {
+        "site": name,
+        "shard_hash": shard_content_hash(shard_dir),
+        "task": info.get("task"),
+        "diseases": list(info.get("diseases", ())),
+        "qc": central_summary(build_report(Path(shard_dir)), sharing.min_count, sharing.qc_grid),
+        "qc_grid": grid.read_bytes() if sharing.qc_grid and grid.is_file() else None,
+        "input_shape": [int(n) for n in input_shape],
+        "num_classes": int(num_classes),
+    }
+
+
+def check_site_reports(reports: list[dict], sites: list[str], task: str, diseases: tuple[str, ...]) -> None:
+    """Raise a ``DataError`` naming the first site whose report does not fit the federation (``sites`` in
+    order, ``task``, ``diseases``) or the first site's model input (shape, classes)."""
+    names = [r.get("site") for r in reports]
+    if names != list(sites):
+        raise DataError(f"the sites reported as {names}, the federation lists {list(sites)}",
+                        fix="start every hospital from its own kit of this federation")
+    first = reports[0]
+    for report in reports:
+        site = report["site"]
+        if report["task"] != task or tuple(report["diseases"]) != tuple(diseases):
+            raise DataError(f"site {site!r}: its shards are a {report['task']!r} task with diseases "
+                            f"{report['diseases']}, the federation trains {task!r} with {list(diseases)}",
+                            fix=f"preprocess site {site!r} with the federation's site YAML")
+        for field_, what in (("input_shape", "model input shape"), ("num_classes", "number of classes")):
+            if report[field_] != first[field_]:
+                raise DataError(f"site {site!r}: its {what} is {report[field_]}, site {first['site']!r}'s is "
+                                f"{first[field_]}: the sites cannot share one model",
+                                fix="preprocess every site with the same image_size and colour mode")

@@ -21,19 +21,23 @@ def check_site(site_yaml: str | Path) -> None:
         raise SiteConfigError(problems)
 
 
-def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict) -> tuple[Federation, Path]:
-    """The federation and its site files, every site's shards (``shards``, or where ``shards_root`` says),
-    and ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters. Returns the
-    federation and its shards folder."""
+def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict,
+                   local_sites: bool = True) -> tuple[Federation, Path]:
+    """The federation and its site files, every site's shards (``shards``, or where ``shards_root`` says;
+    only when ``local_sites``: the sites train on this machine, not at the hospitals of a running
+    consortium) and ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters.
+    Returns the federation and its shards folder."""
     from federated import ShardSite, TrainConfig, get_algorithm
     from pipelines.runs import site_shard_dirs
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
-    shard_dirs = site_shard_dirs(federation, root)
+    if local_sites:
+        site_shard_dirs(federation, root)
     try:
-        validated = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
+        validated = TrainConfig.model_validate({**config, "sites": [ShardSite(name=site.name, path=root / site.name)
+                                                                    for site in federation.sites]})
         get_algorithm(validated.algorithm).Params(**validated.params)
     except ValidationError as err:
         problems = validation_problems("training config", err)

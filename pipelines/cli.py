@@ -284,7 +284,8 @@ def train_command(
     federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
     algorithm: str = typer.Option(..., "--algorithm", help="A registered algorithm, e.g. codasca."),
     shards: str = typer.Option(None, "--shards", help="Where `fedauc preprocess` wrote the shards "
-                               "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/)."),
+                               "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/); "
+                               "not read with --flare-env prod (the hospitals read their own)."),
     rounds: int = typer.Option(20, "--rounds", min=1),
     local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
@@ -332,13 +333,14 @@ def train_command(
         config["timeout_s"] = site_timeout
     from pipelines.checks import check_training
 
-    _, shards_root = check_training(federation, shards, config)
     flare = None
     if backend is TrainBackend.flare:
         from federated.flare.job import check_flare_env
 
         check_flare_env(flare_env.value, kit)
         flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
+    # A running consortium's sites read their own shards at the hospitals: none are needed here.
+    _, shards_root = check_training(federation, shards, config, local_sites=flare is None or flare["env"] != "prod")
     summary = _flows().train_federated(federation, str(shards_root), config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
 

@@ -3,7 +3,8 @@
 Each flow reads like the table of contents of its job; the work is in the packages (``preprocessing``,
 ``federated``, ``pipelines.runs``). Tasks are the units of retry and caching: preprocessing is cached by
 the shard writer's own content hash (a re-run with nothing changed does no work), training by the shard
-content hashes plus the full training config, so a retried or repeated flow never retrains what it has.
+content hashes plus the full training config, so a retried or repeated flow never retrains what it has
+(except against a running consortium, whose shards only the hospitals can hash: never cached).
 Import after ``pipelines.prefect_env.configure_prefect_env()``.
 """
 
@@ -87,8 +88,14 @@ def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, 
 
 
 # --- training -----------------------------------------------------------------------------------------
-def _training_cache_key(context, parameters) -> str:
-    """Shard content hashes + the whole config: same data, same config, same trained model."""
+def _training_cache_key(context, parameters) -> str | None:
+    """Shard content hashes + the whole config: same data, same config, same trained model. None (never
+    cached) for a running consortium (``flare`` env ``prod``): its shards are at the hospitals, their
+    hashes known only from the sites' reports after the training, so a cache key cannot say that the data
+    is unchanged."""
+    flare = parameters.get("flare")
+    if flare is not None and flare.get("env") == "prod":
+        return None
     federation = load_federation(parameters["federation_yaml"])
     hashes = [shard_content_hash(d) for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
     payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),

@@ -4,7 +4,8 @@ One parent run per training (params: algorithm and every hyperparameter, sites, 
 version) and one child run per site. Per-round metrics go where they belong: pooled and
 macro-over-sites values and the bytes communicated to the parent, a site's own metrics and bytes to its
 child run. At the end: the pooled test ROC (from the sites' summed score histograms), the sites' QC
-summaries (counts only, small ones suppressed; the QC report itself stays at the site), which metrics were
+summaries (counts only, small ones suppressed; the QC report itself stays at the site) and shard hashes as
+each site reports them (over NVIDIA FLARE the sites send them: the centre opens no shard), which metrics were
 suppressed, the config, and the global model, registered as ``fedauc-<task>`` with the champion alias moved
 when it wins on pooled validation macro-AUC. Importable and testable without Prefect.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,22 +29,16 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from federated import ShardSite, TrainConfig, get_algorithm, train
-from federated.data import load_shard, to_model_input
+from federated.data import load_shard
 from federated.evaluation import absent_summary, combine, site_summary
 from federated.predict import predict_scores
+from federated.sites import site_report
 from pipelines import tracking
 from pipelines.tables import markdown_table
 from preprocessing.errors import DataError
 from preprocessing.federation import Federation
-from preprocessing.qc import (
-    SAMPLE_GRID_FILE,
-    build_report,
-    central_summary,
-    render_central_markdown,
-    suppressed,
-    suppressed_label_counts,
-)
-from preprocessing.shard_format import QC_DIR, is_finished, shard_content_hash
+from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed, suppressed_label_counts
+from preprocessing.shard_format import is_finished
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
 UNDEFINED = {
@@ -88,8 +84,9 @@ def code_version() -> str:
     return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def training_params(config: TrainConfig, federation: Federation, shard_dirs: list[Path]) -> dict[str, str]:
-    """Every hyperparameter, the algorithm's defaults resolved, plus what identifies the data and code."""
+def training_params(config: TrainConfig, federation: Federation) -> dict[str, str]:
+    """Every hyperparameter, the algorithm's defaults resolved, plus what identifies the code. The data's
+    identity (each site's shard hash) comes from the sites' reports (:func:`site_params`)."""
     algorithm_params = get_algorithm(config.algorithm).Params(**config.params).model_dump()
     params = dict(config.model_dump(exclude={"sites", "params"}))
     params.update({f"algo.{key}": value for key, value in algorithm_params.items()})
@@ -101,9 +98,11 @@ def training_params(config: TrainConfig, federation: Federation, shard_dirs: lis
         "I": config.local_steps,
         "code_version": code_version(),
     })
-    for site, shard_dir in zip(federation.sites, shard_dirs):
-        params[f"shard_hash.{site.name}"] = shard_content_hash(shard_dir)
     return {key: str(value) for key, value in params.items()}
+
+
+def site_params(reports: list[dict]) -> dict[str, str]:
+    return {f"shard_hash.{report['site']}": report["shard_hash"] for report in reports}
 
 
 class RoundLogger:
@@ -176,55 +175,65 @@ def train_tracked(
 ) -> TrainingRun:
     """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards and record it
     in MLflow. ``flare`` (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit (prod)}``)
-    trains over NVIDIA FLARE instead of in this process; the records are the same."""
-    shard_dirs = site_shard_dirs(federation, shards_root)
-    config = TrainConfig.model_validate({**config, "sites": [ShardSite(path=d) for d in shard_dirs]})
+    trains over NVIDIA FLARE instead of in this process; the records are the same. What is recorded about
+    the sites' data (shard hashes, QC summaries, model input) comes from their reports
+    (``federated.sites.site_report``): an NVIDIA FLARE site sends its own, so ``prod`` reads no shards here
+    (``shards_root`` is not opened); in-process, this machine holds the shards and reports for them."""
+    names = [site.name for site in federation.sites]
+    if flare is None or flare["env"] != "prod":  # the sites run on this machine: their shards must be here
+        site_shard_dirs(federation, shards_root)
+    config = TrainConfig.model_validate({**config, "sites": [ShardSite(name=name, path=Path(shards_root) / name)
+                                                             for name in names]})
     tracking.configure()
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
     # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
-    params = training_params(config, federation, shard_dirs)
-    with training_runs(experiment, run_name, federation.name, [site.name for site in federation.sites]) as (
-            parent, child_ids):
+    params = training_params(config, federation)
+    with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
         mlflow.log_params(params)
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
         logger = RoundLogger(client, parent.info.run_id, child_ids)
         if flare is None:
             result = train(config, callbacks=[logger])
+            reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes)
+                       for site, spec in zip(federation.sites, config.sites)]
         else:
             from federated.flare.job import train_flare
 
             mlflow.log_param("flare_env", flare["env"])
             kit = flare.get("kit")
-            result = train_flare(config, federation, shards_root, flare["env"], Path(flare["workspace"]),
+            result = train_flare(config, federation, Path(shards_root), flare["env"], Path(flare["workspace"]),
                                  Path(kit) if kit else None, [logger], name=run_name)
+            reports = result.site_reports
+        mlflow.log_params(site_params(reports))
         model = result.model().eval()
-        _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config)
+        _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
         mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
-        version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(shard_dirs[0]),
+        version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(result.input_shape),
                                                     final.get(SELECTION_METRIC, float("nan")))
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
 
-def _log_site_artifacts(client, federation, shard_dirs, child_ids, model, config) -> None:
-    """Per site: its QC summary (and its sample grid where the site YAML opts in); on the parent: the pooled
-    test ROC curves, drawn from the site-local evaluation's summed histograms."""
-    for site, shard_dir, run_id in zip(federation.sites, shard_dirs, child_ids):
-        summary = central_summary(build_report(shard_dir), site.sharing.min_count, site.sharing.qc_grid)
-        for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{site.name}")):
+def _log_site_artifacts(client, federation, reports, child_ids, test_histograms) -> None:
+    """Per site: its QC summary (and its sample grid where the site YAML opts in) as the site reported it;
+    on the parent: the pooled test ROC curves, drawn from the histograms the sites' last evaluation summed."""
+    for report, run_id in zip(reports, child_ids):
+        summary = report["qc"]
+        for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{report['site']}")):
             client.log_dict(target, summary, f"{folder}/summary.json")
             client.log_text(target, render_central_markdown(summary), f"{folder}/summary.md")
-            grid = shard_dir / QC_DIR / SAMPLE_GRID_FILE
-            if site.sharing.qc_grid and grid.is_file():
-                client.log_artifact(target, str(grid), artifact_path=folder)
-    _, _, histograms = site_local_test(model, federation, shard_dirs, config.resolve_device(), config.eval_bins,
-                                       config.eval_min_count)
-    if histograms.sum():
-        figure = tracking.roc_figure(histograms, federation.sites[0].diseases, f"{federation.name}: pooled test ROC")
+            if report["qc_grid"] is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    grid = Path(tmp) / SAMPLE_GRID_FILE
+                    grid.write_bytes(report["qc_grid"])
+                    client.log_artifact(target, str(grid), artifact_path=folder)
+    if test_histograms is not None and test_histograms.sum():
+        figure = tracking.roc_figure(test_histograms, federation.sites[0].diseases,
+                                     f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
 
@@ -250,12 +259,11 @@ def site_local_test(model, federation: Federation, shard_dirs: list[Path], devic
             {f"test/{key}": value for key, value in suppressed.items()}, summed)
 
 
-def synthetic_input_example(shard_dir: Path) -> np.ndarray:
-    """Two mid-gray images of the shard's shape as the model sees them (float in [0, 1], channels first):
-    the registered model's signature and example, and torch.export's sample input, without a patient's
-    pixels (only the image array's shape is read)."""
-    shape = load_shard(shard_dir).train.images.shape[1:]
-    return to_model_input(np.full((2, *shape), 128, dtype=np.uint8), torch.device("cpu")).numpy()
+def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
+    """Two mid-gray images of the model's input shape (channels first) as the model sees them (float in
+    [0, 1]: uint8 128 / 255): the registered model's signature and example, and torch.export's sample
+    input, without a patient's pixels and without opening any shard."""
+    return np.full((2, *input_shape), np.float32(128) / np.float32(255), dtype=np.float32)
 
 
 def training_summary(run: TrainingRun) -> dict:

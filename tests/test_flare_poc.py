@@ -7,7 +7,10 @@ tests one after the other in one worker, on one consortium.
 (b) a client holding another consortium's kit dials the server during the job and is not admitted, and the
 server refuses a TLS client certificate from another CA outright; (c) a site killed mid-job fails the job
 within the configured collective timeout: ``fedauc train --flare-env prod --kit <admin kit>`` ends with a
-one-line message naming the site, and nothing is registered in MLflow.
+one-line message naming the site, and nothing is registered in MLflow; (d) the same command with no shards
+at the submitting machine records in MLflow what an in-process training with every shard at hand records
+(the sites report their shard hashes, QC summaries and model input; the pooled ROC comes from their summed
+histograms).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from federated.flare.provision import project, provision
 from federated.sites import federation_config
 from pipelines.cli import app
 from preprocessing.federation import load_federation
+from preprocessing.shard_format import shard_content_hash
 
 pytestmark = pytest.mark.slow
 
@@ -141,5 +145,68 @@ def test_a_site_killed_mid_job_fails_it_naming_the_site_and_registers_nothing(co
         assert client.search_registered_models() == [] and client.search_model_versions() == []
         runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
         assert runs and {r.info.status for r in runs} == {"FAILED"}
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def _records(client: MlflowClient, run_id: str) -> dict:
+    """What MLflow holds of one training: the parent's params and metric names, its artifacts and QC
+    summaries, and per site (by name) its child run's metric names and data-given values (counts, bytes)."""
+    parent = client.get_run(run_id)
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    exact = ("n_pos", "n_neg", "bytes_")
+
+    def given(metrics):  # what the data and the declared exchange fix, whatever the arithmetic's threads
+        return {k: v for k, v in metrics.items() if any(part in k for part in exact) and "bound" not in k}
+
+    return {
+        "params": {k: v for k, v in parent.data.params.items() if k not in ("flare_env", "code_version", "timeout_s")},
+        "metrics": sorted(parent.data.metrics),
+        "given": given(parent.data.metrics),
+        "artifacts": sorted(a.path for a in client.list_artifacts(run_id)),
+        "qc": {site: mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/qc/{site}/summary.json")
+               for site in SITES},
+        "children": {c.data.tags["site"]: (sorted(c.data.metrics), given(c.data.metrics),
+                                           sorted(a.path for a in client.list_artifacts(c.info.run_id, "qc")))
+                     for c in children},
+        "status": (parent.info.status, sorted(c.info.status for c in children)),
+    }
+
+
+def test_the_centre_records_a_consortium_training_without_any_shard(consortium, melanoma_shards, tmp_path,
+                                                                    monkeypatch):
+    """``--flare-env prod`` with an empty shards folder at the submitting machine: every site reports its
+    shard hash, QC summary and model input, and MLflow holds the records an in-process training of the same
+    config writes with every shard at hand: same params (shard hashes included), metrics, per-site child
+    runs, QC summaries, pooled test ROC, a registered model."""
+    root, federation = melanoma_shards
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    empty = tmp_path / "no-shards-here"
+    empty.mkdir()
+    common = ["train", "--federation", str(federation), "--algorithm", "codasca", "-p", "T0=4", "--rounds", "2",
+              "--local-steps", "2", "--batch-size", "16", "--eval-every", "1", "--site-timeout", f"{TIMEOUT_S:g}",
+              "--run-name", "at-the-hospitals", "--checkpoint-dir", str(tmp_path / "checkpoints")]
+    try:
+        consortium_run = CliRunner().invoke(app, [
+            *common, "--shards", str(empty),
+            "--backend", "flare", "--flare-env", "prod", "--kit", str(consortium.kits.admin),
+            "--flare-workspace", str(tmp_path / "flare")])
+        assert consortium_run.exit_code == 0, consortium_run.output
+        assert list(empty.iterdir()) == []
+        local_run = CliRunner().invoke(app, [*common, "--shards", str(root / "shards")])
+        assert local_run.exit_code == 0, local_run.output
+        client = MlflowClient()
+        parents = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                     "tags.fedauc_role = 'federated-training'", order_by=["attributes.start_time ASC"])
+        assert len(parents) == 2
+        flared, local = (_records(client, run.info.run_id) for run in parents)
+        assert flared == local
+        assert flared["status"] == ("FINISHED", ["FINISHED"] * 3)
+        assert "roc_test_pooled.png" in flared["artifacts"] and "test/pooled/auc_macro" in flared["metrics"]
+        for site in SITES:
+            assert flared["params"][f"shard_hash.{site}"] == shard_content_hash(root / "shards" / site)
+            assert flared["children"][site][0] and "test/n_pos/Melanoma" in flared["children"][site][0]
+        assert client.get_run(parents[0].info.run_id).data.params["flare_env"] == "prod"
+        assert sorted(int(v.version) for v in client.search_model_versions()) == [1, 2]
     finally:
         mlflow.set_tracking_uri(None)

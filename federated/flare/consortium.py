@@ -84,7 +84,8 @@ def check_server_reachable(host: str, port: int, timeout_s: float = 5.0) -> None
 
 
 def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path, check_server: bool = True) -> ClientKit:
-    """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here)."""
+    """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here) and
+    what of their QC summary may leave (the site YAML's ``sharing``)."""
     client = read_kit(kit)
     site = load_site(site_yaml)
     if site.name != client.name:
@@ -95,7 +96,8 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     check_shard(site.name, shard_dir, site.task, site.diseases)
     if check_server:
         check_server_reachable(client.server_host, client.server_port)
-    (client.root / "local" / SITE_FILE).write_text(json.dumps({"site": site.name, "shards": str(shard_dir)}))
+    (client.root / "local" / SITE_FILE).write_text(json.dumps({"site": site.name, "shards": str(shard_dir),
+                                                               "sharing": site.sharing.model_dump()}))
     return client
 
 

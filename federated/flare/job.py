@@ -12,15 +12,17 @@ import json
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
-from federated.flare.server import FAILURE_MARK, JOB_PROP, RESULT_DIR
+from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
-from federated.sites import site_names
+from federated.sites import check_site_reports, site_names
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
 
@@ -30,9 +32,10 @@ class FlareJobFailed(FedaucError, RuntimeError):
 
 
 def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_timeout_s: float,
-              share_paths: bool, threads: int | None = None) -> FlareJob:
+              share_paths: bool, threads: int | None = None, sharing: dict[str, dict] | None = None) -> FlareJob:
     """The job for ``config``'s sites. ``share_paths``: every site on this machine reads the shard folder
-    the config names (SimEnv); otherwise each hospital's kit says where its shards are. ``threads``: torch's
+    the config names and shares its QC as ``sharing`` (site name -> its YAML's sharing policy; default:
+    the policy's defaults) says (SimEnv); otherwise each hospital's kit says both. ``threads``: torch's
     thread count at every site (None: each site's own)."""
     names = site_names(config)
     # The site processes run in NVFlare's workspace, not here: a relative path would name another folder.
@@ -42,7 +45,7 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
     if share_paths and config.checkpoint_dir is not None:
         settings["checkpoint_dir"] = str(Path(config.checkpoint_dir).resolve())
     return FlareJob(settings=settings, sites=names, task=task, diseases=diseases, shard_dirs=dirs,
-                    job_timeout_s=job_timeout_s, threads=threads)
+                    sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s, threads=threads)
 
 
 def recipe(job: FlareJob, name: str):
@@ -65,8 +68,15 @@ def failure_reason(workspace: Path) -> str | None:
     return None
 
 
-def read_result(result_root: str | Path, config: TrainConfig) -> TrainResult:
-    """The global model and history site 0 returned, from the job's result folder."""
+@dataclass
+class FlareResult(TrainResult):
+    # Every site's report on its data (federated.sites.site_report), in the federation's order.
+    site_reports: list[dict] = field(default_factory=list)
+
+
+def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
+    """The global model, history and summed test histograms site 0 returned and every site's report, from
+    the job's result folder."""
     found = sorted(Path(result_root).rglob(f"{RESULT_DIR}/result.json"))
     if not found:
         raise FlareJobFailed(f"the NVFlare job finished without a result under {result_root}",
@@ -74,15 +84,24 @@ def read_result(result_root: str | Path, config: TrainConfig) -> TrainResult:
     folder = found[0].parent
     meta = json.loads((folder / "result.json").read_text())
     state = torch.load(folder / "global_state.pt", map_location="cpu", weights_only=True)
-    return TrainResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"])
+    histograms = None if meta["test_histograms"] is None else np.asarray(meta["test_histograms"], dtype=np.float64)
+    reports = meta["sites"]
+    for report in reports:
+        grid = folder / f"{report['site']}.{GRID_SUFFIX}"
+        report["qc_grid"] = grid.read_bytes() if grid.is_file() else None
+    return FlareResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"],
+                       test_histograms=histograms, site_reports=reports)
 
 
 def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], workspace: Path,
-                  name: str = "fedauc", job_timeout_s: float = 24 * 3600.0) -> TrainResult:
-    """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``)."""
+                  name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
+                  sharing: dict[str, dict] | None = None) -> FlareResult:
+    """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``); ``sharing``:
+    each site's sharing policy (``flare_job``)."""
     from nvflare.recipe import SimEnv
 
-    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads())
+    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads(),
+                    sharing=sharing)
     r = recipe(job, name)
     workspace = Path(workspace)
     shutil.rmtree(workspace / r.job_name, ignore_errors=True)
@@ -102,7 +121,7 @@ _RESULT_MARGIN_S = 120.0
 
 def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...], exec_env, log: Path,
                       name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
-                      threads: int | None = None) -> TrainResult:
+                      threads: int | None = None) -> FlareResult:
     """Submit to a running consortium with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``), wait, read
     the result back. Each hospital's kit names its own shards (``fedauc consortium start-site``), so the job
     carries no paths. NVFlare's console chatter (job meta, progress dots) goes to ``log``."""
@@ -149,16 +168,19 @@ def check_flare_env(env: str, kit: str | Path | None) -> Path | None:
     return admin
 
 
-def train_flare(config: TrainConfig, federation: Federation, shards_root: Path, env: str, workspace: Path,
-                kit: Path | None = None, callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> TrainResult:
+def train_flare(config: TrainConfig, federation: Federation, shards_root: Path | None, env: str, workspace: Path,
+                kit: Path | None = None, callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> FlareResult:
     """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
     as site 0 reported it (the same records, in the same order, as an in-process training's callbacks).
-    ``kit``: the admin's startup kit (``prod`` only)."""
+    ``shards_root``: where this machine's sites read their shards (``sim`` and ``poc``, which run every
+    site here; ``prod`` reads none). ``kit``: the admin's startup kit (``prod`` only). The sites' reports
+    are checked against the federation (one ``DataError`` naming the first site that does not fit)."""
     admin = check_flare_env(env, kit)
     task, diseases = federation.task, tuple(federation.sites[0].diseases)
     workspace = Path(workspace)
     if env == "sim":
-        result = run_simulated(config, task, diseases, workspace, name=name)
+        result = run_simulated(config, task, diseases, workspace, name=name,
+                               sharing={site.name: site.sharing.model_dump() for site in federation.sites})
     elif env == "poc":
         from federated.flare.poc import LocalConsortium
 
@@ -172,6 +194,7 @@ def train_flare(config: TrainConfig, federation: Federation, shards_root: Path, 
         result = run_on_consortium(config, task, diseases,
                                    ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
                                    workspace / "submit.log", name=name)
+    check_site_reports(result.site_reports, [site.name for site in federation.sites], task, diseases)
     for record in result.history:
         for callback in callbacks:
             callback(record)

@@ -3,8 +3,9 @@
 ``run`` (``@collab.main``) calls every site's ``train`` once; while the sites train, their backends call
 ``collective`` here, which returns only when all K sites have contributed (``Rendezvous``). The server
 holds no model of its own and sees what the sites' engines declared for communication. Site 0's final
-model and history are written to the job's run folder (``RESULT_DIR``), which comes back with the job
-result; a failed site fails the job with a message naming it.
+model, history and summed test histograms, and every site's report on its data (hash, QC summary, model
+input) are written to the job's run folder (``RESULT_DIR``), which comes back with the job result; a
+failed site fails the job with a message naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from federated.flare.spec import FlareJob
 RESULT_DIR = "fedauc_result"
 JOB_PROP = "fedauc_job"
 FAILURE_MARK = "fedauc training failed: "  # how the submitter finds the reason in the server's log
+GRID_SUFFIX = "qc_grid.png"  # <site>.qc_grid.png in RESULT_DIR: the sample grid a site's policy shares
 
 _rendezvous: Rendezvous | None = None
 
@@ -68,5 +70,11 @@ def run() -> str:
     out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
     out.mkdir(parents=True, exist_ok=True)
     torch.save(leader["global_state"], out / "global_state.pt")
-    (out / "result.json").write_text(json.dumps({k: leader[k] for k in ("history", "input_shape", "num_classes")}))
+    reports = [returned[site]["report"] for site in spec.sites]
+    for report in reports:  # the PNG bytes of a site that shares its sample grid, beside the JSON
+        grid = report.pop("qc_grid")
+        if grid is not None:
+            (out / f"{report['site']}.{GRID_SUFFIX}").write_bytes(grid)
+    (out / "result.json").write_text(json.dumps(
+        {**{k: leader[k] for k in ("history", "input_shape", "num_classes", "test_histograms")}, "sites": reports}))
     return str(out)

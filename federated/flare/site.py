@@ -2,8 +2,10 @@
 
 The engine is the one every backend runs (federated/engine.py); its collectives go to the server through
 :class:`FlareBackend`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
-lives in this call's engine; only the tensors a collective carries and, from site 0, the final global
-model and the round history (bytes, losses, metrics: what the in-process run reports) are returned.
+lives in this call's engine; only the tensors a collective carries, every site's report on its data
+(``federated.sites.site_report``: shard hash, QC summary as its sharing policy allows, model input) and,
+from site 0, the final global model, the round history (bytes, losses, metrics: what the in-process run
+reports) and the test histograms summed over sites (the pooled ROC) are returned.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from federated.engine import Engine
 from federated.flare.backend import FlareBackend
 from federated.flare.spec import FlareJob
 from federated.network import training_device
+from federated.sites import site_report
 
 # Seconds a site's collective call may take beyond the server's own timeout (it answers within that).
 _CALL_MARGIN_S = 30.0
@@ -30,16 +33,20 @@ def train(job: dict) -> dict:
         torch.set_num_threads(spec.threads)
     try:
         site = spec.site_index(name)
-        config = spec.train_config(name, Path(collab.workspace.get_site_config_dir()))
+        shard_dir, sharing = spec.own_shards(name, Path(collab.workspace.get_site_config_dir()))
+        config = spec.train_config(name, shard_dir)
         server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
-        backend = FlareBackend(len(spec.sites), site, server.collective, training_device(config))
-        result = Engine(config, backend).run()
+        engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config)))
+        result = engine.run()
+        report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
     except Exception as err:
         # Tell the server at once, so the other sites stop waiting for this one (instead of timing out).
         collab.server(timeout=_CALL_MARGIN_S, optional=True).site_failed(name, f"{type(err).__name__}: {err}")
         raise
     if site != 0:
-        return {"site": name}
-    return {"site": name, "global_state": result.global_state, "history": result.history,
-            "input_shape": list(result.input_shape), "num_classes": result.num_classes}
+        return {"report": report}
+    histograms = None if result.test_histograms is None else result.test_histograms.tolist()
+    return {"report": report, "global_state": result.global_state, "history": result.history,
+            "input_shape": list(result.input_shape), "num_classes": result.num_classes,
+            "test_histograms": histograms}
 

@@ -1,5 +1,5 @@
 """What the server sends every site: the training settings, the federation's sites in order, its task and
-diseases, and (one-machine environments only) where each site's shards are."""
+diseases, and (the simulator only) where each site's shards are and what of their QC may leave them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from federated.config import ShardSite, TrainConfig
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError, DataError
+from preprocessing.sites import SharingPolicy
 
 # Written by `fedauc consortium start-site` into the site's startup kit (local/): the site's own shard folder.
 SITE_FILE = "fedauc_site.json"
@@ -23,9 +24,12 @@ class FlareJob(BaseModel):
     sites: list[str] = Field(min_length=1)  # the federation's site names, in its order = site index
     task: str
     diseases: tuple[str, ...]
-    # SimEnv / PocEnv: every site on this machine, shards named here. A real consortium leaves it empty:
+    # SimEnv: every site on this machine, shards named here. A consortium (POC or real) leaves it empty:
     # each hospital's kit says where its own shards are (SITE_FILE), and the centre never knows the paths.
     shard_dirs: dict[str, str] = Field(default_factory=dict)
+    # SimEnv only, like shard_dirs: each site's sharing policy from its site YAML. A hospital's kit carries
+    # its own (SITE_FILE), so what leaves a site is decided at the site, not by the centre's job.
+    sharing: dict[str, dict] = Field(default_factory=dict)
     job_timeout_s: float = Field(gt=0)
     # torch's intra-op threads at every site. CPU kernels split their sums by thread, so the same model
     # needs the same count everywhere: one-machine environments send the submitter's (the in-process run's);
@@ -39,25 +43,29 @@ class FlareJob(BaseModel):
                               fix="start the client from the kit of a site in the federation YAML")
         return self.sites.index(name)
 
-    def train_config(self, name: str, site_config_dir: Path | None) -> TrainConfig:
-        """The config site ``name`` trains with: its own shard folder (checked against the federation)
-        and, for the other sites, names only (their data is never opened here)."""
-        shard_dir = self._shard_dir(name, site_config_dir)
-        check_shard(name, shard_dir, self.task, self.diseases)
-        sites = [ShardSite(name=s, path=shard_dir if s == name else Path(self.shard_dirs.get(s, s)))
-                 for s in self.sites]
-        return TrainConfig.model_validate({**self.settings, "sites": sites})
-
-    def _shard_dir(self, name: str, site_config_dir: Path | None) -> Path:
+    def own_shards(self, name: str, site_config_dir: Path | None) -> tuple[Path, SharingPolicy]:
+        """Site ``name``'s shard folder, checked against the federation, and its sharing policy: from its
+        kit (SITE_FILE, written by ``fedauc consortium start-site`` from its own site YAML), else from the
+        job (SimEnv); a kit without a policy shares as the defaults allow."""
         local = None if site_config_dir is None else Path(site_config_dir) / SITE_FILE
         if local is not None and local.is_file():
             own = json.loads(local.read_text())
             if own.get("site") != name:
                 raise ConfigError(f"{local} describes site {own.get('site')!r}, this client is {name!r}",
                                   fix="start each site from its own kit")
-            return Path(own["shards"])
-        if name in self.shard_dirs:
-            return Path(self.shard_dirs[name])
-        raise DataError(f"site {name!r}: no shard folder known (no {local or SITE_FILE})",
-                        fix="start the site with `fedauc consortium start-site <kit> --site-yaml <its site YAML> "
-                            "--shards <folder>`")
+            shard_dir, sharing = Path(own["shards"]), own.get("sharing", {})
+        elif name in self.shard_dirs:
+            shard_dir, sharing = Path(self.shard_dirs[name]), self.sharing.get(name, {})
+        else:
+            raise DataError(f"site {name!r}: no shard folder known (no {local or SITE_FILE})",
+                            fix="start the site with `fedauc consortium start-site <kit> --site-yaml <its site YAML> "
+                                "--shards <folder>`")
+        check_shard(name, shard_dir, self.task, self.diseases)
+        return shard_dir, SharingPolicy.model_validate(sharing)
+
+    def train_config(self, name: str, shard_dir: Path) -> TrainConfig:
+        """The config site ``name`` trains with: its own shard folder and, for the other sites, names only
+        (their data is never opened here)."""
+        sites = [ShardSite(name=s, path=shard_dir if s == name else Path(self.shard_dirs.get(s, s)))
+                 for s in self.sites]
+        return TrainConfig.model_validate({**self.settings, "sites": sites})
