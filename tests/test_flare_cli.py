@@ -55,6 +55,16 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
             f"tags.mlflow.parentRunId = '{flare['run_id']}'")}
         assert children == {"vienna", "barcelona", "new-york"}
         assert client.get_run(flare["run_id"]).data.params["flare_env"] == "sim"
+        # The data's records come from the sites' reports: the in-process run's, shard hashes and QC included.
+        params = [{k: v for k, v in client.get_run(run["run_id"]).data.params.items()
+                   if k not in ("flare_env", "checkpoint_dir")} for run in (local, flare)]
+        assert params[0] == params[1] and "shard_hash.vienna" in params[0]
+        artifacts = [sorted(a.path for folder in ("", "qc", "qc/vienna") for a in client.list_artifacts(run["run_id"], folder))
+                     for run in (local, flare)]
+        assert artifacts[0] == artifacts[1] and "roc_test_pooled.png" in artifacts[0]
+        qc = [mlflow.artifacts.load_dict(f"{client.get_run(run['run_id']).info.artifact_uri}/qc/vienna/summary.json")
+              for run in (local, flare)]
+        assert qc[0] == qc[1]
         assert flare["model_version"] is not None
         assert list((tmp_path / "flare").rglob("log.txt"))  # the job's logs stay in its workspace
         assert (root / "ckpt" / "flare").is_dir()  # the checkpoints where the command said, not in the workspace

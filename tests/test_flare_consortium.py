@@ -4,6 +4,7 @@ check a hospital meets before its client starts, each with its own message."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import socket
 
@@ -11,7 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from federated.flare.consortium import check_certificate, read_kit
+from federated.sites import check_site_reports, site_report
 from pipelines.cli import app
+from preprocessing.errors import DataError
+from preprocessing.qc import build_report, central_summary
+from preprocessing.shard_format import shard_content_hash
+from preprocessing.sites import SharingPolicy
 
 runner = CliRunner()
 
@@ -68,3 +74,27 @@ def test_start_site_refuses_what_would_not_work(consortium, tmp_path):
 
     with pytest.raises(Exception, match="the site's certificate expired on"):
         check_certificate(read_kit(prod / "vienna"), now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=5000))
+
+
+def test_site_reports_carry_counts_only_and_the_centre_names_a_site_that_does_not_fit(melanoma_shards):
+    """What a FLARE site returns about its data (federated.sites.site_report) and the centre's check of it."""
+    root, _ = melanoma_shards
+    names = ["vienna", "barcelona", "new-york"]
+    reports = [site_report(name, root / "shards" / name, SharingPolicy(), (3, 32, 32), 1) for name in names]
+    check_site_reports(reports, names, "melanoma", ("Melanoma",))
+    vienna = reports[0]
+    assert vienna["shard_hash"] == shard_content_hash(root / "shards" / "vienna") and vienna["qc_grid"] is None
+    assert vienna["qc"] == central_summary(build_report(root / "shards" / "vienna"), 10, False)
+    assert str(root) not in json.dumps(vienna)  # no path leaves the site
+    strict = site_report("vienna", root / "shards" / "vienna", SharingPolicy(min_count=10_000), (3, 32, 32), 1)
+    assert set(strict["qc"]["kept_per_split"].values()) == {"<10000"}  # the site's own policy suppresses
+
+    with pytest.raises(DataError, match=r"site 'new-york': its model input shape is \[3, 64, 64\], "
+                                        r"site 'vienna''s is \[3, 32, 32\]"):
+        check_site_reports([*reports[:2], {**reports[2], "input_shape": [3, 64, 64]}], names, "melanoma",
+                           ("Melanoma",))
+    with pytest.raises(DataError, match=r"site 'barcelona': its shards are a 'chest-xray' task"):
+        check_site_reports([reports[0], {**reports[1], "task": "chest-xray"}, reports[2]], names, "melanoma",
+                           ("Melanoma",))
+    with pytest.raises(DataError, match=r"the sites reported as \['vienna', 'barcelona'\]"):
+        check_site_reports(reports[:2], names, "melanoma", ("Melanoma",))

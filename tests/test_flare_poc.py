@@ -110,45 +110,6 @@ def test_training_equals_the_simulator_and_a_foreign_client_is_refused(consortiu
     assert [r["bytes_sent"] for r in result.history] == [r["bytes_sent"] for r in simulated.history]
 
 
-def test_a_site_killed_mid_job_fails_it_naming_the_site_and_registers_nothing(consortium, melanoma_shards, tmp_path,
-                                                                               monkeypatch):
-    root, federation = melanoma_shards
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
-    checkpoints = tmp_path / "checkpoints"
-    killed_at = []
-
-    def kill_after_the_first_round():
-        while latest_round_dir(checkpoints) is None:  # every site has finished round 0: the job is under way
-            time.sleep(0.2)
-        consortium.kill("new-york")
-        killed_at.append(time.monotonic())
-
-    killer = threading.Thread(target=kill_after_the_first_round, daemon=True)
-    killer.start()
-    try:
-        # What the coordinating centre types against a running consortium.
-        result = CliRunner().invoke(app, [
-            "train", "--federation", str(federation), "--shards", str(root / "shards"), "--algorithm", "codasca",
-            "-p", "T0=4", "--rounds", "500", "--local-steps", "2", "--batch-size", "16", "--eval-every", "0",
-            "--run-name", "killed", "--checkpoint-dir", str(checkpoints), "--backend", "flare",
-            "--flare-env", "prod", "--kit", str(consortium.kits.admin), "--site-timeout", f"{TIMEOUT_S:g}",
-            "--flare-workspace", str(tmp_path / "flare")])
-        ended_at = time.monotonic()
-        assert result.exit_code == 1, result.output
-        message = next(line for line in result.output.splitlines() if line.startswith("error: "))
-        assert "site(s) new-york did not reach" in message and f"within {TIMEOUT_S:g} s" in message
-        assert "Traceback" not in result.output
-        # The collective timeout, then NVFlare's teardown and the download of the job's folder; a job that
-        # waited for the dead site's train call would take its own timeout (hours) instead.
-        assert killed_at and ended_at - killed_at[0] < TIMEOUT_S + 120
-        client = MlflowClient()
-        assert client.search_registered_models() == [] and client.search_model_versions() == []
-        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-        assert runs and {r.info.status for r in runs} == {"FAILED"}
-    finally:
-        mlflow.set_tracking_uri(None)
-
-
 def _records(client: MlflowClient, run_id: str) -> dict:
     """What MLflow holds of one training: the parent's params and metric names, its artifacts and QC
     summaries, and per site (by name) its child run's metric names and data-given values (counts, bytes)."""
@@ -208,5 +169,45 @@ def test_the_centre_records_a_consortium_training_without_any_shard(consortium, 
             assert flared["children"][site][0] and "test/n_pos/Melanoma" in flared["children"][site][0]
         assert client.get_run(parents[0].info.run_id).data.params["flare_env"] == "prod"
         assert sorted(int(v.version) for v in client.search_model_versions()) == [1, 2]
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+# Last: it kills a site of the module's consortium.
+def test_a_site_killed_mid_job_fails_it_naming_the_site_and_registers_nothing(consortium, melanoma_shards, tmp_path,
+                                                                               monkeypatch):
+    root, federation = melanoma_shards
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    checkpoints = tmp_path / "checkpoints"
+    killed_at = []
+
+    def kill_after_the_first_round():
+        while latest_round_dir(checkpoints) is None:  # every site has finished round 0: the job is under way
+            time.sleep(0.2)
+        consortium.kill("new-york")
+        killed_at.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_after_the_first_round, daemon=True)
+    killer.start()
+    try:
+        # What the coordinating centre types against a running consortium.
+        result = CliRunner().invoke(app, [
+            "train", "--federation", str(federation), "--shards", str(root / "shards"), "--algorithm", "codasca",
+            "-p", "T0=4", "--rounds", "500", "--local-steps", "2", "--batch-size", "16", "--eval-every", "0",
+            "--run-name", "killed", "--checkpoint-dir", str(checkpoints), "--backend", "flare",
+            "--flare-env", "prod", "--kit", str(consortium.kits.admin), "--site-timeout", f"{TIMEOUT_S:g}",
+            "--flare-workspace", str(tmp_path / "flare")])
+        ended_at = time.monotonic()
+        assert result.exit_code == 1, result.output
+        message = next(line for line in result.output.splitlines() if line.startswith("error: "))
+        assert "site(s) new-york did not reach" in message and f"within {TIMEOUT_S:g} s" in message
+        assert "Traceback" not in result.output
+        # The collective timeout, then NVFlare's teardown and the download of the job's folder; a job that
+        # waited for the dead site's train call would take its own timeout (hours) instead.
+        assert killed_at and ended_at - killed_at[0] < TIMEOUT_S + 120
+        client = MlflowClient()
+        assert client.search_registered_models() == [] and client.search_model_versions() == []
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert runs and {r.info.status for r in runs} == {"FAILED"}
     finally:
         mlflow.set_tracking_uri(None)
