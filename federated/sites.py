@@ -99,15 +99,22 @@ def check_site_reports(reports: list[dict], sites: list[str], task: str, disease
     if names != list(sites):
         raise DataError(f"the sites reported as {names}, the federation lists {list(sites)}",
                         fix="start every hospital from its own kit of this federation")
-    first = reports[0]
     for report in reports:
         site = report["site"]
         if report["task"] != task or tuple(report["diseases"]) != tuple(diseases):
             raise DataError(f"site {site!r}: its shards are a {report['task']!r} task with diseases "
                             f"{report['diseases']}, the federation trains {task!r} with {list(diseases)}",
                             fix=f"preprocess site {site!r} with the federation's site YAML")
+    check_model_inputs(reports)
+
+
+def check_model_inputs(reports: list[dict]) -> None:
+    """Raise a ``DataError`` naming the first site whose model input (``input_shape``, ``num_classes``)
+    differs from the first report's: the sites could not share one model."""
+    first = reports[0]
+    for report in reports:
         for field_, what in (("input_shape", "model input shape"), ("num_classes", "number of classes")):
             if report[field_] != first[field_]:
-                raise DataError(f"site {site!r}: its {what} is {report[field_]}, site {first['site']!r}'s is "
-                                f"{first[field_]}: the sites cannot share one model",
+                raise DataError(f"site {report['site']!r}: its {what} is {report[field_]}, site {first['site']!r}'s "
+                                f"is {first[field_]}: the sites cannot share one model",
                                 fix="preprocess every site with the same image_size and colour mode")

@@ -88,3 +88,33 @@ def test_rendezvous_names_the_site_that_never_came():
     assert "site(s) new-york did not reach barrier (collective #1) within 0.5 s" in str(results[0])
     with pytest.raises(SiteFailure, match="new-york"):  # later collectives fail at once
         rendezvous.contribute(2, "barrier", 0, None, COMBINE["barrier"])
+
+
+def test_a_site_whose_images_give_another_model_input_stops_the_job_before_training(tmp_path, melanoma_shards):
+    """new-york preprocessed at 40 px beside 32 px sites: small_resnet would train on it (adaptive pooling),
+    but the sites compare their model inputs first and the job fails naming it, before any round."""
+    import shutil
+
+    import yaml
+
+    from federated.checkpoint import latest_round_dir
+    from federated.flare.job import FlareJobFailed
+    from preprocessing.scan import scan_site
+    from preprocessing.shards import shard_site
+    from preprocessing.sites import load_site
+
+    root, federation = melanoma_shards
+    for name in ("vienna", "barcelona"):
+        shutil.copytree(root / "shards" / name, tmp_path / "shards" / name)
+    site = yaml.safe_load((root / "new-york.yaml").read_text())
+    (tmp_path / "new-york.yaml").write_text(yaml.safe_dump({**site, "root": str(root / site["root"]), "image_size": 40}))
+    config = load_site(tmp_path / "new-york.yaml")
+    shard_site(config, scan_site(config), tmp_path / "shards", workers=0, progress=False)
+    settings = dict(algorithm="fedavg", network="small_resnet", network_kwargs={"widths": [8, 16, 32]}, rounds=2,
+                    local_steps=2, batch_size=16, progress=False, loader_workers=0, timeout_s=60, device="cpu",
+                    checkpoint_dir=str(tmp_path / "checkpoints"))
+    cfg = federation_config(load_federation(federation), tmp_path / "shards", settings)
+    with pytest.raises(FlareJobFailed, match=r"site 'new-york': its model input shape is \[3, 40, 40\], "
+                                             r"site 'vienna''s is \[3, 32, 32\]"):
+        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-inputs")
+    assert latest_round_dir(tmp_path / "checkpoints") is None

@@ -93,9 +93,12 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
     return [weighted_sum([p["flats"][g] for p in payloads], weights) for g in range(len(payloads[0]["flats"]))]
 
 
-# How the server combines each kind of collective (FlareBackend's payloads), in site order.
+# How the server combines each kind of collective (FlareBackend's payloads), in site order; "inputs": every
+# site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareBackend numbers from 1).
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "mean": _mean,
     "gather": lambda payloads: torch.cat(payloads, dim=0),
     "barrier": lambda payloads: None,
+    "inputs": lambda payloads: payloads,
 }
+INPUTS_SEQ = 0

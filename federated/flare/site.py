@@ -17,9 +17,10 @@ from nvflare.collab import collab
 
 from federated.engine import Engine
 from federated.flare.backend import FlareBackend
+from federated.flare.rendezvous import INPUTS_SEQ
 from federated.flare.spec import FlareJob
 from federated.network import training_device
-from federated.sites import site_report
+from federated.sites import check_model_inputs, site_report
 
 # Seconds a site's collective call may take beyond the server's own timeout (it answers within that).
 _CALL_MARGIN_S = 30.0
@@ -37,6 +38,10 @@ def train(job: dict) -> dict:
         config = spec.train_config(name, shard_dir)
         server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
         engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config)))
+        # Before the first step: a site whose images give another model input than site 0's stops the job
+        # now, naming itself, not after the training (the centre checks the reports again).
+        inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}
+        check_model_inputs([server.collective(INPUTS_SEQ, "inputs", site, inputs)[0], inputs])
         result = engine.run()
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
     except Exception as err:
