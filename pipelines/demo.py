@@ -1,8 +1,8 @@
 """The demo: synthetic hospitals in the real formats, onboarded, preprocessed, trained, logged, compared.
 
-``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU in under
-4 minutes (docs/performance.md, "The demo"). A second run reuses the generated data and the shards
-(nothing changed, nothing redone) and the trained models (Prefect's cache).
+``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU: about 500
+CPU seconds for a fresh run (docs/performance.md, "The demo": where they go, per stage). A second run reuses
+the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
 
 Both tasks train FedAvg (BCE) beside AUC methods. The trainings run two at a time in their own processes
 (Prefect's process pool), each on one thread: on two cores this beats one training on two threads, whose
