@@ -150,7 +150,7 @@ def test_the_centre_records_a_consortium_training_without_any_shard(consortium, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
     empty = tmp_path / "no-shards-here"
     empty.mkdir()
-    common = ["train", "--federation", str(federation), "--algorithm", "codasca", "-p", "T0=4", "--rounds", "2",
+    common = ["train", "--federation", str(federation), "--algorithm", "codasca", "-p", "T0=4", "--rounds", "1",
               "--local-steps", "2", "--batch-size", "16", "--eval-every", "1", "--site-timeout", f"{TIMEOUT_S:g}",
               "--run-name", "at-the-hospitals", "--checkpoint-dir", str(tmp_path / "checkpoints")]
     try:
