@@ -8,7 +8,8 @@ once with the real stages (``scan_site``, ``shard_site``) at ``--size`` px; the 
 ``--work``. Each federation then draws its sites' training rows from a clinic's train split at the
 positive rate the claim needs (down to 1 %), seeded: the sites differ by device and by positive rate.
 The score is the pooled AUC (or pAUC) of the averaged model over the clinics' whole test splits, whose
-positive rate does not matter to an AUC; learning rates are chosen on a validation federation (seed 100,
+positive rate does not matter to an AUC, or with ``--score macro_over_sites`` the mean of the clinics' own
+AUCs (a device's shift of every score counts against the pooled AUC, not against a clinic's); learning rates are chosen on a validation federation (seed 100,
 scored on the valid splits), never on the reported seeds.
 
 Each claim gets a table of means with 95 % t-intervals over seeds and a verdict computed from the interval
@@ -72,6 +73,14 @@ class Setting:
     flip: float = 0.2
     widths: tuple[int, ...] = (8, 16)  # small_resnet: stem 8, one stage of 16
     eval_points: int = 8  # evaluations along the run (AUC-vs-rounds curves)
+    # "pooled": one ranking over every clinic's test rows; "macro_over_sites": the mean of the clinics' own
+    # AUCs, what each hospital sees. Devices shift a model's scores per clinic, which the pooled AUC counts
+    # as ranking errors.
+    score: str = "pooled"
+
+    @property
+    def scored(self) -> str:
+        return "pooled" if self.score == "pooled" else "clinics' mean"
 
 
 FULL = Setting()
@@ -170,6 +179,8 @@ class Runner:
                 "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
         if prior != "global":  # only when set: the stored runs' keys stay valid
             spec["prior"] = prior
+        if s.score != "pooled":
+            spec["score"] = s.score
         key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
         if key in self.done:
             return self.done[key]
@@ -180,10 +191,11 @@ class Runner:
                              warmup_rounds=warmup_rounds, prior=prior, loader_workers=0, progress=False)
         started = time.perf_counter()
         history = train(config).history
-        curve = [(h["iteration"], h["metrics"]["test/pooled/auc_macro"]) for h in history if "metrics" in h]
+        curve = [(h["iteration"], h["metrics"][f"test/{s.score}/auc_macro"]) for h in history if "metrics" in h]
         last = history[-1]["metrics"]
-        record = {"key": key, **spec, "auc": last["test/pooled/auc_macro"],
-                  "pauc": last["test/pooled/pauc_fpr0.3_mcclish_macro"], "curve": curve,
+        record = {"key": key, **spec, "auc": last[f"test/{s.score}/auc_macro"],
+                  "pauc": last[f"test/{s.score}/pauc_fpr0.3_mcclish_macro"], "curve": curve,
+                  "auc_pooled": last["test/pooled/auc_macro"], "auc_sites": last["test/macro_over_sites/auc_macro"],
                   "seconds": time.perf_counter() - started}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -263,7 +275,7 @@ def claim_period(r: Runner) -> tuple[str, dict]:
     runs = {(alg, I): r.seeds(alg, params, lrs[alg], rates, local_steps=I) for alg in lrs for I in s.periods}
     lines = [f"Sites at {', '.join(f'{p:.0%}' for p in rates)} positives; T = {s.iterations} iterations at every I; "
              f"two stages (T0 = T/2); lr chosen at I = {s.periods[0]}: CODA+ {lrs['codaplus']}, CODASCA {lrs['codasca']}.",
-             "", "| algorithm | I | rounds | pooled test AUC |", "|---|---:|---:|---|"]
+             "", f"| algorithm | I | rounds | {s.scored} test AUC |", "|---|---:|---:|---|"]
     for (alg, I), values in runs.items():
         lines.append(f"| {alg} | {I} | {s.iterations // I} | {cell([v['auc'] for v in values])} |")
     lines += ["", f"| comparison (paired) | difference | verdict (non-inferiority, margin {NONINFERIORITY}) |", "|---|---|---|"]
@@ -293,7 +305,7 @@ def claim_imbalance(r: Runner) -> tuple[str, dict]:
             for rate in s.rates for name, (alg, params) in methods.items()}
     lines = [f"Every site at the same positive rate; T = {s.iterations}, I = {s.local_steps}; "
              f"each method's lr chosen on the validation federation at {min(s.rates):.0%} (the claim's rate).", "",
-             "| positive rate | method | lr | pooled test AUC | AUC minus FedAvg (paired) | verdict |", "|---:|---|---:|---|---|---|"]
+             f"| positive rate | method | lr | {s.scored} test AUC | AUC minus FedAvg (paired) | verdict |", "|---:|---|---:|---|---|---|"]
     verdicts = {}
     for rate in s.rates:
         for name in methods:
@@ -320,7 +332,7 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
     lrs = {name: r.pick_lr(alg, params, rates) for name, (alg, params) in methods.items()}
     runs = {name: r.seeds(alg, params, lrs[name], rates) for name, (alg, params) in methods.items()}
     lines = [f"Sites at {', '.join(f'{p:.0%}' for p in rates)} positives; T = {s.iterations}, I = {s.local_steps}. "
-             "Convergence speed is the mean pooled test AUC over the run's evaluation points (the area under "
+             f"Convergence speed is the mean {s.scored} test AUC over the run's evaluation points (the area under "
              "the AUC-vs-iterations curve, divided by its length): a method that gets there sooner scores higher.", "",
              "| method | lr | mean AUC along the run | final AUC | LocalSCGDAM minus it, along the run (paired) | verdict |",
              "|---|---:|---|---|---|---|"]
@@ -334,7 +346,7 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
         d = [curve_area(a) - curve_area(b) for a, b in zip(runs["LocalSCGDAM"], values)]
         verdicts[f"localscgdam vs {name}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
-    plot_rounds(runs, r.figure("rounds"))
+    plot_rounds(runs, s, r.figure("rounds"))
     return "\n".join(lines), verdicts
 
 
@@ -348,7 +360,7 @@ def claim_fedxl(r: Runner) -> tuple[str, dict]:
     verdicts = {"fedxl2 vs localpair (pAUC)": verdict(d)}
     lines = [f"Sites at {', '.join(f'{p:.0%}' for p in rates)} positives; T = {s.iterations}, I = {s.local_steps}; "
              "one-way pAUC at FPR <= 0.3 (McClish-standardised), lr chosen on it.", "",
-             "| method | lr | pooled test pAUC | pooled test AUC |", "|---|---:|---|---|"]
+             f"| method | lr | {s.scored} test pAUC | {s.scored} test AUC |", "|---|---:|---|---|"]
     for alg, values in runs.items():
         lines.append(f"| {alg} | {lrs[alg]} | {cell([v['pauc'] for v in values])} | {cell([v['auc'] for v in values])} |")
     lines += ["", f"FeDXL2 minus Local Pair, pAUC (paired): {diff_cell(d)}: **{verdicts['fedxl2 vs localpair (pAUC)']}**.", ""]
@@ -388,7 +400,7 @@ def recipe(r: Runner) -> tuple[str, dict]:
     base = r.seeds("codasca", {}, lr, rates)
     warmed = r.seeds("codasca", {}, lr, rates, warmup_rounds=warm)
     lines = [f"Every site at {rate:.0%} positives; T = {s.iterations}, I = {s.local_steps}; lrs as in claim (b).", "",
-             "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+             f"| setting | {s.scored} test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
              f"| CODASCA, default (no warm-up, positives guaranteed) | {cell([v['auc'] for v in base])} | | |"]
     verdicts = {}
     d = paired(warmed, base)
@@ -410,7 +422,7 @@ def recipe(r: Runner) -> tuple[str, dict]:
     d = paired(local_prior, global_prior)
     verdicts["CODASCA prior=local"] = v = verdict(d)
     lines += ["", f"AUC-M's imratio p at sites of {', '.join(f'{p:.0%}' for p in hetero)} positives (lr {lr_h}):", "",
-              "| setting | pooled test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
+              f"| setting | {s.scored} test AUC | minus the default (paired) | verdict (superiority) |", "|---|---|---|---|",
               f"| CODASCA, p = the federation's positive rate (prior=global, default) | {cell([x['auc'] for x in global_prior])} | | |",
               f"| CODASCA, p = each site's own positive rate (prior=local) | {cell([x['auc'] for x in local_prior])} | "
               f"{diff_cell(d)} | {v} |"]
@@ -454,7 +466,7 @@ def plot_period(runs, s: Setting, path: Path) -> None:
         for alg in ("codaplus", "codasca"):
             _band(ax, list(s.periods), [[v["auc"] for v in runs[(alg, I)]] for I in s.periods], alg)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="communication window I (local steps)", ylabel="pooled test AUC",
+        ax.set(xlabel="communication window I (local steps)", ylabel=f"{s.scored} test AUC",
                title=f"AUC vs I at T = {s.iterations} iterations")
     _plot(path, draw)
 
@@ -464,16 +476,16 @@ def plot_rate(runs, methods, s: Setting, path: Path) -> None:
         for name in methods:
             _band(ax, [100 * p for p in s.rates], [[v["auc"] for v in runs[(name, p)]] for p in s.rates], name)
         ax.set_xscale("log")
-        ax.set(xlabel="positive rate at every site (%)", ylabel="pooled test AUC", title="AUC vs positive rate")
+        ax.set(xlabel="positive rate at every site (%)", ylabel=f"{s.scored} test AUC", title="AUC vs positive rate")
     _plot(path, draw)
 
 
-def plot_rounds(runs, path: Path) -> None:
+def plot_rounds(runs, s: Setting, path: Path) -> None:
     def draw(ax):
         for name, values in runs.items():
             iterations = [it for it, _ in values[0]["curve"]]
             _band(ax, iterations, [[v["curve"][i][1] for v in values] for i in range(len(iterations))], name)
-        ax.set(xlabel="iteration (local steps)", ylabel="pooled test AUC", title="AUC vs iterations, heterogeneous sites")
+        ax.set(xlabel="iteration (local steps)", ylabel=f"{s.scored} test AUC", title="AUC vs iterations, heterogeneous sites")
     _plot(path, draw)
 
 
@@ -499,7 +511,9 @@ def run_claims(setting: Setting, work: Path, doc: Path, claims: list[str], name:
     runner = Runner(build_pool(work, setting), setting, work / f"runs-{name}.jsonl", doc.parent, name)
     sections, summary, verdicts = [], [], {}
     header = (f"_Written by `benchmarks/claims.py` (run {name!r}: {len(setting.seeds)} seeds, T = {setting.iterations} "
-              f"iterations, {len(CLINICS)} sites x {setting.n_train} training rows at {setting.size} px, "
+              f"iterations, {len(CLINICS)} sites x {setting.n_train} training rows at {setting.size} px drawn from "
+              f"{setting.pool} images per clinic, "
+              f"score: the {setting.scored} test AUC, "
               f"small_resnet widths {setting.widths}, lr grid {setting.lr_grid})._")
     for key in claims:
         title, function = CLAIMS[key]
@@ -519,6 +533,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
     parser.add_argument("--iterations", type=int, default=None, help="T, iterations per run (default: the mode's)")
     parser.add_argument("--rates", type=float, nargs="+", default=None, help="claim (b)'s positive rates")
+    parser.add_argument("--rows-per-site", type=int, default=None,
+                        help="training rows per site (default: the mode's); a larger --pool may be needed")
+    parser.add_argument("--pool", type=int, default=None, help="images generated per clinic (default: the mode's)")
+    parser.add_argument("--size", type=int, default=None, help="image side in px (default: the mode's)")
+    parser.add_argument("--widths", type=int, nargs="+", default=None, help="small_resnet widths (default: the mode's)")
+    parser.add_argument("--lr-grid", type=float, nargs="+", default=None, help="lrs tried on the validation federation")
+    parser.add_argument("--periods", type=int, nargs="+", default=None,
+                        help="claim (a)'s windows I (its lrs are chosen at the first)")
+    parser.add_argument("--score", choices=("pooled", "macro_over_sites"), default=None,
+                        help="the AUC reported: over the pooled test rows (default) or the mean of the clinics' AUCs")
     parser.add_argument("--claims", nargs="+", default=list(CLAIMS), choices=list(CLAIMS))
     parser.add_argument("--name", default=None, help="the run's name: its markers in the doc, its plots and runs file "
                                                      "(default: quick or full)")
@@ -534,6 +558,17 @@ def main(argv: list[str] | None = None) -> int:
         setting = replace(setting, iterations=args.iterations)
     if args.rates is not None:
         setting = replace(setting, rates=tuple(args.rates))
+    for option, name in (("rows_per_site", "n_train"), ("pool", "pool"), ("size", "size")):
+        if getattr(args, option) is not None:
+            setting = replace(setting, **{name: getattr(args, option)})
+    if args.widths is not None:
+        setting = replace(setting, widths=tuple(args.widths))
+    if args.periods is not None:
+        setting = replace(setting, periods=tuple(args.periods))
+    if args.score is not None:
+        setting = replace(setting, score=args.score)
+    if args.lr_grid is not None:
+        setting = replace(setting, lr_grid=tuple(args.lr_grid))
     doc = args.doc or (args.work / "quick.md" if args.quick else Path(__file__).resolve().parents[1] / "docs/claims.md")
     torch.set_num_threads(1)  # a two-stage 8/16-channel network is latency-bound: more threads only contend
     run_claims(setting, args.work, doc, args.claims, args.name or ("quick" if args.quick else "full"))
