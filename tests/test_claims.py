@@ -87,3 +87,17 @@ def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_th
     assert any(r["warmup_rounds"] and r["curve"][-1][0] == tiny.iterations for r in records)
     assert claims.run_claims(tiny, tmp_path / "work", doc, list(claims.CLAIMS), "tiny") == verdicts
     assert len(runs.read_text().splitlines()) == len(records)  # nothing retrained
+
+
+def test_the_command_line_sets_the_regime_and_the_clinics_mean_score(tmp_path):
+    doc = tmp_path / "result.md"
+    assert claims.main(["--quick", "--pool", "150", "--rows-per-site", "40", "--iterations", "8", "--lr-grid", "0.3",
+                        "--seeds", "2", "--rates", "0.2", "--claims", "b", "--score", "macro_over_sites",
+                        "--name", "cli", "--work", str(tmp_path / "work"), "--doc", str(doc)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "work" / "runs-cli.jsonl").read_text().splitlines()]
+    assert {r["lr"] for r in records} == {0.3} and {tuple(r["rates"]) for r in records} == {(0.2, 0.2, 0.2)}
+    assert all(r["setting"][:4] == [150, 32, 40, 8] and r["score"] == "macro_over_sites" for r in records)
+    assert all(r["auc"] == r["auc_sites"] for r in records)
+    assert any(r["auc_sites"] != r["auc_pooled"] for r in records)  # the two scores are different numbers
+    text = doc.read_text()
+    assert "3 sites x 40 training rows" in text and "clinics' mean test AUC" in text
