@@ -1,6 +1,6 @@
 """The demo: synthetic hospitals in the real formats, onboarded, preprocessed, trained, logged, compared.
 
-``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU: about 500
+``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU: about 400
 CPU seconds for a fresh run (docs/performance.md, "The demo": where they go, per stage). A second run reuses
 the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
 

@@ -239,11 +239,11 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
 
 
 def site_local_test(model, federation: Federation, shard_dirs: list[Path], device: torch.device, bins: int,
-                    min_count: int) -> tuple[dict[str, float], dict[str, str], np.ndarray]:
+                    min_count: int) -> tuple[dict[str, float], dict[str, str]]:
     """The test split evaluated as the engine evaluates: each site summarises its own split
     (``federated.evaluation.site_summary``: its metrics and counts, small ones suppressed, and score
     histograms), and only the summaries are combined. Returns the ``test/``-prefixed metrics with sites by
-    name, the suppression record, and the histograms summed over sites (C, 2, bins)."""
+    name and the suppression record."""
     diseases = list(federation.sites[0].diseases)
     reports, histograms = [], []
     for shard_dir in shard_dirs:
@@ -252,11 +252,10 @@ def site_local_test(model, federation: Federation, shard_dirs: list[Path], devic
                              site_summary(test.labels, predict_scores(model, test.images, device), bins, min_count))
         reports.append(report)
         histograms.append(histogram)
-    summed = np.sum(histograms, axis=0)
-    metrics, suppressed = combine(np.stack(reports), summed, [site.name for site in federation.sites], diseases,
-                                  min_count)
+    metrics, suppressed = combine(np.stack(reports), np.sum(histograms, axis=0), [site.name for site in federation.sites],
+                                  diseases, min_count)
     return ({f"test/{key}": value for key, value in metrics.items()},
-            {f"test/{key}": value for key, value in suppressed.items()}, summed)
+            {f"test/{key}": value for key, value in suppressed.items()})
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
@@ -304,7 +303,7 @@ def evaluate_registered(federation: Federation, shards_root: Path, model_uri: st
     model_uri = model_uri or f"models:/{tracking.registered_model_name(federation.task)}@{tracking.CHAMPION_ALIAS}"
     model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
     defaults = TrainConfig.model_fields
-    metrics, suppressed, _ = site_local_test(model, federation, site_shard_dirs(federation, shards_root),
+    metrics, suppressed = site_local_test(model, federation, site_shard_dirs(federation, shards_root),
                                              torch.device("cpu"), defaults["eval_bins"].default,
                                              defaults["eval_min_count"].default)
     experiment = tracking.experiment_id(federation.task)
