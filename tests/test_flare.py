@@ -118,3 +118,14 @@ def test_a_site_whose_images_give_another_model_input_stops_the_job_before_train
                                              r"site 'vienna''s is \[3, 32, 32\]"):
         run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-inputs")
     assert latest_round_dir(tmp_path / "checkpoints") is None
+
+
+def test_only_a_lost_port_race_makes_the_simulator_run_again(tmp_path):
+    from federated.flare.job import _lost_port_race
+
+    log = tmp_path / "job" / "barcelona" / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text("ERROR - Execute exception: OSError: [Errno 98] Address already in use\n")
+    assert _lost_port_race(tmp_path / "job")
+    log.write_text("ERROR - fedauc training failed: site 'barcelona': DataError: no shards\n")
+    assert not _lost_port_race(tmp_path / "job")

@@ -104,15 +104,26 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
                     sharing=sharing)
     r = recipe(job, name)
     workspace = Path(workspace)
-    shutil.rmtree(workspace / r.job_name, ignore_errors=True)
-    env = SimEnv(clients=job.sites, workspace_root=str(workspace))
-    try:
-        run = r.run(env)
-    except RuntimeError as err:
-        reason = failure_reason(workspace / r.job_name) or str(err)
-        raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
-                             fix=f"the logs of every site are under {workspace / r.job_name}") from None
+    for attempt in range(2):
+        shutil.rmtree(workspace / r.job_name, ignore_errors=True)
+        env = SimEnv(clients=job.sites, workspace_root=str(workspace))
+        try:
+            run = r.run(env)
+            break
+        except RuntimeError as err:
+            # The simulator picks a free port for each site's worker and binds it moments later; on a busy
+            # machine another process can take it in between. That lost race, and only it, is run again.
+            if attempt == 0 and _lost_port_race(workspace / r.job_name):
+                continue
+            reason = failure_reason(workspace / r.job_name) or str(err)
+            raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
+                                 fix=f"the logs of every site are under {workspace / r.job_name}") from None
     return read_result(run.get_result(), config)
+
+
+def _lost_port_race(job_dir: Path) -> bool:
+    return any("[Errno 98] Address already in use" in log.read_text(errors="replace")
+               for log in Path(job_dir).rglob("log.txt"))
 
 
 # Seconds the submitter waits beyond the job's own timeout (the server's and sites' teardown, the download).
