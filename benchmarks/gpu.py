@@ -86,7 +86,8 @@ def reset_peak(device: torch.device) -> None:
 def config(dirs: list[Path], args, rounds: int) -> TrainConfig:
     return TrainConfig(algorithm="fedavg", sites=[ShardSite(path=d) for d in dirs], network=args.network,
                        rounds=rounds, local_steps=args.local_steps, batch_size=args.batch, lr=0.01, progress=False,
-                       augment_flip=FLIP, augment_shift=SHIFT, loader_workers=2, compile_network=args.compile)
+                       augment_flip=FLIP, augment_shift=SHIFT, loader_workers=2,
+                       compile_network=args.compile is not None, compile_mode=args.compile or "default")
 
 
 def engine_rate(dirs: list[Path], args, device: torch.device) -> tuple[float, float]:
@@ -169,8 +170,9 @@ def main() -> int:
     parser.add_argument("--sites", type=int, default=5)
     parser.add_argument("--local-steps", type=int, default=8, help="I")
     parser.add_argument("--rounds", type=int, default=4 if cuda else 1, help="timed rounds after a warm-up round")
-    parser.add_argument("--repeats", type=int, default=2 if cuda else 1, help="interleaved repeats; the best is reported")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the network in both loops")
+    parser.add_argument("--repeats", type=int, default=3 if cuda else 1, help="interleaved repeats; the best is reported")
+    parser.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                        help="torch.compile the network in both loops, in this mode (default; reduce-overhead: CUDA graphs)")
     args = parser.parse_args()
     device = torch.device("cuda" if cuda else "cpu")
     if cuda:
@@ -189,7 +191,7 @@ def main() -> int:
     memory = {key: max(gib for _, gib in values) for key, values in runs.items()}
     print(f"{name}; {args.network} {args.image}x{args.image} 1-channel, K={args.sites} sites, B={args.batch}, "
           f"I={args.local_steps}, {args.rounds} timed rounds, best of {args.repeats}; "
-          f"{'bfloat16 autocast, channels-last' if cuda else 'float32'}{', torch.compile' if args.compile else ''}")
+          f"{'bfloat16 autocast, channels-last' if cuda else 'float32'}{f', torch.compile {args.compile}' if args.compile else ''}")
     for key, label in (("plain", "plain PyTorch loop"), ("engine", "in-process engine")):
         gpu = f"peak GPU memory {memory[key]:.2f} GiB" if cuda else "(no GPU memory on the CPU)"
         print(f"  {label:<20} {best[key]:9.1f} images/s   {gpu}")

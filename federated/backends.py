@@ -47,11 +47,11 @@ def weighted_sum(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
+    # One multi-tensor copy, not a copy_ per tensor: on a GPU each copy_ is a kernel launch (about 600 per
+    # site for DenseNet121), and launches, not the GPU, set the pace of a round (docs/performance.md, gpu.py).
+    tensors = list(tensors)
+    pieces = flat.split([t.numel() for t in tensors])
+    torch._foreach_copy_(tensors, [piece.view_as(t) for piece, t in zip(pieces, tensors)])
 
 
 class InProcessBackend:

@@ -136,6 +136,9 @@ class TrainConfig(BaseModel):
     # torch.compile each site's network (nn.Module.compile: state_dict keys unchanged). Pays a compilation
     # per site at the start (minutes for DenseNet121), then faster steps on CUDA; a long GPU run's option.
     compile_network: bool = False
+    # torch.compile's mode. "reduce-overhead" replays the forward and backward passes as CUDA graphs: at the
+    # usual per-site batches a GPU step is bound by kernel launches, not by the GPU (docs/performance.md).
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     backend: Literal["inprocess", "distributed"] = "inprocess"
     timeout_s: float = Field(default=300.0, gt=0)  # distributed: a silent site fails the job after this
     checkpoint_dir: Path | None = None
@@ -168,6 +171,8 @@ class TrainConfig(BaseModel):
                                    or self.checkpoint_dir is not None):
             raise ValueError(f"warmup_rounds={self.warmup_rounds} needs rounds > warmup_rounds (got {self.rounds}), "
                              "the in-process backend and no checkpoint_dir")
+        if self.compile_mode != "default" and not self.compile_network:
+            raise ValueError(f"compile_mode={self.compile_mode!r} needs compile_network=True")
         if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):
             raise ValueError("sites of kind 'tensor' live in this process; the distributed backend needs "
                              "'shard' or 'synthetic' sites")

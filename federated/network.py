@@ -44,7 +44,7 @@ def initial_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes
     if config.channels_last and device.type == "cuda" and len(input_shape) == 3:
         model = model.to(memory_format=torch.channels_last)
     if config.compile_network:
-        model.compile()
+        model.compile(mode=config.compile_mode)
     return model.train()
 
 

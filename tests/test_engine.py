@@ -210,6 +210,8 @@ def test_config_errors_are_explicit():
         federated.train(_cfg(algorithm="codaplus", params={"T0": 5}))
     with pytest.raises(ValueError, match="resume=True needs checkpoint_dir"):
         _cfg(resume=True)
+    with pytest.raises(ValueError, match="compile_mode='reduce-overhead' needs compile_network=True"):
+        _cfg(compile_mode="reduce-overhead")
     with pytest.raises(ValueError, match="distributed backend needs"):
         _cfg(backend="distributed", sites=[TensorSite(train=(torch.zeros(4, 2), torch.zeros(4, 1)))])
 
@@ -265,3 +267,22 @@ class _ShapeShifter(FedAvg):
 def test_a_mean_tensor_that_changes_shape_is_refused():
     with pytest.raises(RuntimeError, match=r"MEAN tensor 'v' is now \(4,\) torch.float32, declared \(\(3,\)"):
         federated.train(_cfg(algorithm="test_shape_shifter"))
+
+
+def test_in_process_mean_writes_the_weighted_mean_into_every_layout():
+    """The averaged buffer goes back in one multi-tensor copy: channels-last (as convolution weights are on
+    a GPU), transposed and plain tensors of two dtypes each get their own weighted mean, in place."""
+    from federated.backends import InProcessBackend
+
+    torch.manual_seed(0)
+    sites = [[torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last), torch.randn(3, 5).t(),
+              torch.randn(7), torch.randn(2, dtype=torch.float64)] for _ in range(3)]
+    weights = [0.5, 0.3, 0.2]
+    expected = [sum(w * site[i] for w, site in zip(weights, sites)) for i in range(4)]
+    storages = [[t.data_ptr() for t in site] for site in sites]
+    InProcessBackend(3).mean_(sites, weights)
+    for site, pointers in zip(sites, storages):
+        assert [t.data_ptr() for t in site] == pointers  # in place: optimizers and CUDA graphs hold these tensors
+        assert site[0].is_contiguous(memory_format=torch.channels_last)
+        for got, want in zip(site, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -147,7 +147,9 @@ class Algorithm:
             x = x.contiguous(memory_format=torch.channels_last)
         with self.autocast():
             out = site.model(x)
-        return out.float().reshape(len(x), -1)
+        # A copy even when already float32: under CUDA graphs the network's output buffer is overwritten by the
+        # next replay, and algorithms keep scores across steps (score pools, moving averages).
+        return out.to(torch.float32, copy=True).reshape(len(x), -1)
 
     @staticmethod
     def params(site: Site) -> list[torch.Tensor]:
