@@ -29,7 +29,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from federated import ShardSite, TrainConfig, get_algorithm, train
-from federated.data import load_shard
+from federated.data import load_shard, to_model_input
 from federated.evaluation import absent_summary, combine, site_summary
 from federated.predict import predict_scores
 from federated.sites import site_report
@@ -259,10 +259,12 @@ def site_local_test(model, federation: Federation, shard_dirs: list[Path], devic
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
-    """Two mid-gray images of the model's input shape (channels first) as the model sees them (float in
-    [0, 1]: uint8 128 / 255): the registered model's signature and example, and torch.export's sample
-    input, without a patient's pixels and without opening any shard."""
-    return np.full((2, *input_shape), np.float32(128) / np.float32(255), dtype=np.float32)
+    """Two mid-gray images of the model's input shape (channels first) as the model sees them: uint8 rows
+    of the shard layout through the training's own conversion. The registered model's signature and
+    example, and torch.export's sample input, without a patient's pixels and without opening any shard."""
+    channels, height, width = input_shape
+    rows = np.full((2, height, width) if channels == 1 else (2, height, width, channels), 128, dtype=np.uint8)
+    return to_model_input(rows, torch.device("cpu")).numpy()
 
 
 def training_summary(run: TrainingRun) -> dict:
