@@ -4,9 +4,13 @@
 CPU seconds for a fresh run (docs/performance.md, "The demo": where they go, per stage). A second run reuses
 the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
 
-Both tasks train FedAvg (BCE) beside AUC methods. The trainings run two at a time in their own processes
-(Prefect's process pool), each on one thread: on two cores this beats one training on two threads, whose
-threads wait on each other at every operation, and by far when other work shares the cores.
+Both tasks train FedAvg (BCE) beside AUC methods. Each piece of work starts as soon as it can
+(``run_schedule``), so that both cores stay busy: both federations' data (generate, onboard, preprocess) at
+once, in two threads of the flow's process (their renderers and decoders are processes of their own), and
+each training as soon as its federation's shards exist, longest first, two at a time in their own
+processes (Prefect's process pool), each on one thread: on two cores two one-thread trainings beat one
+training on two threads, whose threads wait on each other at every operation, and by far when other work
+shares the cores.
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import psutil
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
-from prefect.task_runners import ProcessPoolTaskRunner
+from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
 from pipelines import flows, tracking
 from pipelines.tables import fold_intervals, markdown_table
@@ -32,7 +39,7 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHEST = PROJECT_DIR / "sites" / "demo" / "chest.yaml"
 MELANOMA = PROJECT_DIR / "sites" / "demo" / "melanoma.yaml"
 DEMO_DATA = PROJECT_DIR / "demo_data"
-TRAINING_PROCESSES = 2
+PROCESSES = 2
 
 # What every demo training shares (a federated.TrainConfig without sites and algorithm).
 BASE_CONFIG = {
@@ -97,42 +104,118 @@ def cpu_seconds() -> float:
 
 
 class Stopwatch:
-    """Wall and CPU seconds per stage of the demo, with the machine's 1-minute load average when each ended.
-    On a shared machine the wall seconds depend on the others' load; the CPU seconds much less so (CPU
-    seconds / wall seconds: how many of the two cores the stage had)."""
+    """Where the demo's time went: consecutive phases, whose wall seconds add up to the run's, with their CPU
+    seconds (every process of the run) and, inside the overlapped phase, its stages with their wall seconds
+    only (stages that overlap share the processes and the cores: no CPU figure is theirs alone). Each row
+    says when it started and ended (seconds since the process started) and the machine's 1-minute load
+    average when it ended. On a shared machine the wall seconds depend on the others' load; the CPU seconds
+    much less so (CPU seconds / wall seconds: how many of the two cores a phase had)."""
 
     def __init__(self):
+        self.origin = psutil.Process().create_time()
         self.rows: list[dict] = []
 
-    def since_process_start(self, stage: str) -> None:
-        """A stage that began when this process did (interpreter, imports, Prefect's server start-up)."""
-        self._add(stage, time.time() - psutil.Process().create_time(), cpu_seconds())
+    def since_process_start(self, phase: str) -> None:
+        """A phase that began when this process did (interpreter, imports, Prefect's server start-up)."""
+        self.add(phase, self.origin, time.time() - self.origin, cpu_seconds(), phase=True)
+
+    @contextmanager
+    def phase(self, name: str):
+        began, wall, cpu = time.time(), time.perf_counter(), cpu_seconds()
+        yield
+        self.add(name, began, time.perf_counter() - wall, cpu_seconds() - cpu, phase=True)
 
     @contextmanager
     def stage(self, name: str):
-        wall, cpu = time.perf_counter(), cpu_seconds()
+        began, wall = time.time(), time.perf_counter()
         yield
-        self._add(name, time.perf_counter() - wall, cpu_seconds() - cpu)
+        self.add(name, began, time.perf_counter() - wall)
 
-    def _add(self, stage: str, seconds: float, cpu: float) -> None:
-        self.rows.append({"stage": stage, "seconds": seconds, "CPU seconds": cpu, "load (1 min)": os.getloadavg()[0]})
+    def add(self, name: str, began: float, seconds: float, cpu: float | None = None, phase: bool = False) -> None:
+        """``began``: epoch seconds (``time.time()``), comparable across the run's processes."""
+        self.rows.append({"stage": f"**{name}**" if phase else name, "began": began, "seconds": seconds,
+                          "CPU seconds": cpu, "load (1 min)": os.getloadavg()[0], "phase": phase})
 
     def markdown(self) -> str:
         frame = pd.DataFrame(self.rows)
-        frame.insert(2, "share", frame["seconds"] / frame["seconds"].sum())
-        total = {"stage": "total", "seconds": frame["seconds"].sum(), "share": 1.0,
-                 "CPU seconds": frame["CPU seconds"].sum(), "load (1 min)": os.getloadavg()[0]}
-        return markdown_table(pd.concat([frame, pd.DataFrame([total])], ignore_index=True), ".2f")
+        frame.insert(1, "from s", frame.pop("began") - self.origin)
+        frame.insert(2, "to s", frame["from s"] + frame["seconds"])
+        phases = frame[frame.pop("phase")]
+        total = {"stage": "**total**", "from s": 0.0, "to s": phases["to s"].max(), "seconds": phases["seconds"].sum(),
+                 "CPU seconds": phases["CPU seconds"].sum(), "load (1 min)": os.getloadavg()[0]}
+        return markdown_table(pd.concat([frame, pd.DataFrame([total])], ignore_index=True), ".1f")
 
 
-def _share_prefect_server() -> None:
-    """Point the training processes at this process's Prefect server: without a ``PREFECT_API_URL`` each
-    would start an ephemeral server of its own on the same database (seconds of CPU each, and lock waits)."""
+@dataclass(frozen=True, eq=False)  # identity: a training's params are dicts
+class Job:
+    """One unit of the demo's work: a federation's data (``training`` None: generate, onboard, preprocess)
+    or one of its trainings (a ``DEMO_TRAININGS`` entry)."""
+
+    federation: Path
+    training: tuple | None = None
+
+    @property
+    def name(self) -> str:
+        federation = load_federation(self.federation).name
+        return f"data of {federation}" if self.training is None else f"train {self.training[0]} on {federation}"
+
+
+def run_schedule(jobs: Sequence[Job], slots: int, submit: Callable, first_done: Callable,
+                 finished: Callable[[Job, object], None]) -> None:
+    """Run ``jobs``, each as soon as it can start: a federation's data at once, a training once its
+    federation's data job has finished and fewer than ``slots`` trainings run; among the trainings that can
+    start, in the list's order. ``submit(job)`` starts one and returns its future, ``first_done(futures)``
+    waits for one of them and returns it, ``finished(job, result)`` is called as each ends (a failed job
+    raises here)."""
+    prepared = {job.federation for job in jobs if job.training is None}
+    orphans = sorted({str(job.federation) for job in jobs if job.federation not in prepared})
+    if orphans:
+        raise ValueError(f"trainings on federations without a data job: {', '.join(orphans)}")
+    waiting, running, ready = list(jobs), {}, set()
+    while waiting or running:
+        # One training per free slot, in the list's order: submitted all at once, Prefect's process pool would
+        # start them in whatever order its threads get to them, and the longest training could start last.
+        training = sum(job.training is not None for job in running.values())
+        trainable = [job for job in waiting if job.training is not None and job.federation in ready]
+        for job in [job for job in waiting if job.training is None] + trainable[:slots - training]:
+            waiting.remove(job)
+            running[submit(job)] = job
+        done = first_done(list(running))
+        job = running.pop(done)
+        result = done.result()
+        if job.training is None:
+            ready.add(job.federation)
+        finished(job, result)
+
+
+@task(name="demo-data", cache_policy=NO_CACHE)
+def prepare_data(federation_yaml: str, shards: str, scale: float, seed: int) -> list[dict]:
+    """Generate, onboard and preprocess one federation (beside the other federation's data and the first
+    trainings); returns its stages' profile rows."""
+    federation = load_federation(federation_yaml)
+    watch = Stopwatch()
+    with watch.stage(f"generate {federation.name}"):
+        ensure_generated(Path(federation_yaml), scale, seed)
+    with watch.stage(f"onboard {federation.name}"):
+        for site in federation.sites:
+            flows.onboard_site(str(site.source))
+    with watch.stage(f"preprocess {federation.name}"):
+        flows.preprocess_federation(federation_yaml, shards)
+    return watch.rows
+
+
+def _before_the_first_training() -> None:
+    """Point the training processes at this process's Prefect server (without a ``PREFECT_API_URL`` each
+    would start an ephemeral server of its own on the same database: seconds of CPU each, and lock waits) and
+    create the MLflow experiments (two first uses at once, in two processes, would both create one)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         os.environ["PREFECT_API_URL"] = SubprocessASGIServer().api_url  # the ephemeral server this flow runs on
+    tracking.configure()
+    for federation_yaml in (CHEST, MELANOMA):
+        tracking.experiment_id(load_federation(federation_yaml).task)
 
 
 def _one_thread() -> None:
@@ -151,49 +234,46 @@ def demo_table(task: str) -> str:
     return markdown_table(fold_intervals(table[shown + bounds]))
 
 
-@flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=TRAINING_PROCESSES, initializer=_one_thread))
+@flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
 def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str]:
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
-    returns ``{"tables": Markdown, "profile": Markdown}``, the comparison tables and the seconds each stage took."""
+    returns ``{"tables": Markdown, "profile": Markdown}``, the comparison tables and where the time went."""
     watch = Stopwatch()
     watch.since_process_start("start-up (imports, Prefect server)")
     _one_thread()
-    shards = DEMO_DATA / "shards"
-    for federation_yaml in (CHEST, MELANOMA):
-        name = load_federation(federation_yaml).name
-        with watch.stage(f"generate {name}"):
-            ensure_generated(federation_yaml, scale, seed)
-        with watch.stage(f"onboard {name}"):
-            for site in load_federation(federation_yaml).sites:
-                flows.onboard_site(str(site.source))
-        with watch.stage(f"preprocess {name}"):
-            flows.preprocess_federation(str(federation_yaml), str(shards))
-    with watch.stage(f"train ({len(DEMO_TRAININGS)} trainings, {TRAINING_PROCESSES} processes)"):
-        _share_prefect_server()
-        # Created here, before the processes start: two first uses at once would both create the experiment.
-        tracking.configure()
-        for federation_yaml in (CHEST, MELANOMA):
-            tracking.experiment_id(load_federation(federation_yaml).task)
-        waiting, running = list(DEMO_TRAININGS), {}
-        while waiting or running:
-            # One submission per free process, in the list's order: submitted all at once, the pool would start
-            # them in whatever order its threads get to them, and the longest could start last.
-            while waiting and len(running) < TRAINING_PROCESSES:
-                run_name, federation_yaml, algorithm, params, overrides = waiting.pop(0)
-                config = {**BASE_CONFIG, **overrides, "algorithm": algorithm, "params": params}
-                if rounds is not None:
-                    config["rounds"] = rounds
-                future = flows.train_task.submit(str(federation_yaml), str(shards), config, run_name)
-                running[future] = load_federation(federation_yaml).name
-            done = next(as_completed(list(running)))
-            summary = done.result()
-            flows.training_artifact(summary)
-            print(f"trained {summary['run_name']} on {running.pop(done)} in {summary['seconds']:.0f} s", flush=True)
+    shards = str(DEMO_DATA / "shards")
+    jobs = [Job(CHEST), Job(MELANOMA)] + [Job(training[1], training) for training in DEMO_TRAININGS]
+    with (watch.phase(f"data and {len(DEMO_TRAININGS)} trainings, overlapped"),
+          ThreadPoolTaskRunner(max_workers=2) as threads):
+        started: dict[Job, float] = {}
+
+        def submit(job: Job):
+            if job.training is None:
+                started[job] = time.time()
+                return threads.submit(prepare_data, {"federation_yaml": str(job.federation), "shards": shards,
+                                                     "scale": scale, "seed": seed})
+            if all(other.training is None for other in started):  # not before: the data need neither
+                _before_the_first_training()
+            started[job] = time.time()
+            run_name, federation_yaml, algorithm, params, overrides = job.training
+            config = {**BASE_CONFIG, **overrides, "algorithm": algorithm, "params": params}
+            if rounds is not None:
+                config["rounds"] = rounds
+            return flows.train_task.submit(str(federation_yaml), shards, config, run_name)
+
+        def finished(job: Job, result) -> None:
+            if job.training is None:
+                watch.rows.extend(result)
+            else:
+                flows.training_artifact(result)
+                watch.add(job.name, started[job], time.time() - started[job])
+            print(f"{job.name}: {time.time() - started[job]:.0f} s", flush=True)
+
+        run_schedule(jobs, PROCESSES, submit, lambda futures: next(as_completed(futures)), finished)
     tables = []
-    for federation_yaml in (CHEST, MELANOMA):
-        task = load_federation(federation_yaml).task
-        with watch.stage(f"evaluate {task} champion"):
-            flows.evaluate(str(federation_yaml), str(shards))
-        with watch.stage(f"compare {task}"):
-            tables.append(f"## {task}\n\n" + demo_table(task))
+    with watch.phase("evaluate both champions, compare"):
+        for federation_yaml in (CHEST, MELANOMA):
+            task_name = load_federation(federation_yaml).task
+            flows.evaluate(str(federation_yaml), shards)
+            tables.append(f"## {task_name}\n\n" + demo_table(task_name))
     return {"tables": "\n".join(tables), "profile": watch.markdown()}

@@ -1,10 +1,18 @@
-"""The demo's design, checked without running it: what it trains and how many positives its tests hold."""
+"""The demo's design, checked without running it: what it trains, how many positives its tests hold, and
+the order its work runs in."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import pytest
+
 from federated.algorithms.fedavg import FedAvg
 from federated.registry import get_algorithm
-from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA
+from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA, Job, run_schedule
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.synth import generate_federation
@@ -30,3 +38,61 @@ def test_the_pooled_melanoma_test_holds_at_least_40_positives(tmp_path):
             positives[split] += int(records.loc[records["split"] == split, "Melanoma"].sum())
     assert positives["test"] >= 40, positives
     assert positives["valid"] >= 10, positives  # the champion is picked on the pooled validation AUC
+
+
+def _schedule(tmp_path, log: list, slower: Path | None, fail: Path | None = None):
+    """Runs the demo's jobs through ``run_schedule`` on real threads: a data job writes its federation's
+    marker, the ``slower`` federation's only once a training has started (or after a minute: a scheduler that
+    waits for every federation's data fails the test instead of hanging it); a training records whether its
+    marker existed when it started and how many trainings were running then."""
+    lock, running, first_training, waited = threading.Lock(), [0], threading.Event(), []
+    jobs = [Job(CHEST), Job(MELANOMA)] + [Job(training[1], training) for training in DEMO_TRAININGS]
+
+    def work(job: Job):
+        marker = tmp_path / f"{job.federation.stem}.ready"
+        if job.training is None:
+            if job.federation == slower:
+                waited.append(first_training.wait(timeout=60))
+            if job.federation == fail:
+                raise OSError(f"disk full while preprocessing {job.federation.stem}")
+            marker.touch()
+            return "data"
+        with lock:
+            running[0] += 1
+            log.append((job, marker.exists(), running[0]))
+        first_training.set()
+        time.sleep(0.01)  # so that trainings overlap
+        with lock:
+            running[0] -= 1
+        return job.training[0]
+
+    finished = []
+    with ThreadPoolExecutor(max_workers=len(jobs)) as executor:
+        run_schedule(jobs, 2, lambda job: executor.submit(work, job),
+                     lambda futures: next(as_completed(futures)), lambda job, result: finished.append((job, result)))
+    return jobs, finished, waited
+
+
+@pytest.mark.parametrize("slower", [CHEST, MELANOMA])
+def test_trainings_start_after_their_federations_data_two_at_a_time_longest_first(tmp_path, slower):
+    log = []
+    jobs, finished, waited = _schedule(tmp_path, log, slower)
+    assert sorted(map(id, (job for job, _ in finished))) == sorted(map(id, jobs))  # every job ran, once
+    assert all(ready for _, ready, _ in log)  # no training before its federation's shards
+    assert max(running for _, _, running in log) <= 2
+    assert waited == [True]  # the faster federation's trainings did not wait for the slower one's data
+    for federation in (CHEST, MELANOMA):  # each federation's trainings start in the list's (longest-first) order
+        started = [job.training for job, _, _ in log if job.federation == federation]
+        assert started == [training for training in DEMO_TRAININGS if training[1] == federation]
+
+
+def test_a_failed_data_job_stops_the_demo_before_its_trainings(tmp_path):
+    log = []
+    with pytest.raises(OSError, match="disk full while preprocessing chest"):
+        _schedule(tmp_path, log, slower=None, fail=CHEST)
+    assert all(job.federation != CHEST for job, _, _ in log)
+
+
+def test_a_training_without_its_federations_data_job_is_refused():
+    with pytest.raises(ValueError, match="without a data job"):
+        run_schedule([Job(CHEST), Job(MELANOMA, DEMO_TRAININGS[3])], 2, None, None, None)
