@@ -257,10 +257,16 @@ def demo(
 ) -> None:
     """The main job on the embedded default: synthetic hospitals -> shards -> FedAvg and AUC methods on both
     tasks -> MLflow -> comparison tables with 95 % intervals, and the seconds each stage took."""
+    from pipelines.prefect_env import boot_ephemeral_server, configure_prefect_env
+
+    configure_prefect_env()
+    booting = boot_ephemeral_server()  # while the flows, torch and MLflow are imported
     _flows()
     from pipelines.demo import demo as demo_flow
     from pipelines.tracking import configure
 
+    if booting is not None:
+        booting.join()
     result = demo_flow(scale=scale, rounds=rounds)
     typer.echo(result["tables"])
     typer.echo(f"Where the time went:\n\n{result['profile']}")
