@@ -5,12 +5,12 @@ CPU seconds for a fresh run (docs/performance.md, "The demo": where they go, per
 the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
 
 Both tasks train FedAvg (BCE) beside AUC methods. Each piece of work starts as soon as it can
-(``run_schedule``), so that both cores stay busy: both federations' data (generate, onboard, preprocess) at
-once, in two threads of the flow's process (their renderers and decoders are processes of their own), and
-each training as soon as its federation's shards exist, longest first, two at a time in their own
-processes (Prefect's process pool), each on one thread: on two cores two one-thread trainings beat one
-training on two threads, whose threads wait on each other at every operation, and by far when other work
-shares the cores.
+(``run_schedule``), so that both cores stay busy: the chest federation's data (generate, onboard,
+preprocess: its renderers and decoders use both cores), then its trainings, longest first, while the
+melanoma federation's data is made beside them, then melanoma's trainings. The trainings run two at a time
+in their own processes (Prefect's process pool), each on one thread: on two cores two one-thread trainings
+beat one training on two threads, whose threads wait on each other at every operation, and by far when
+other work shares the cores.
 """
 
 from __future__ import annotations
@@ -162,11 +162,11 @@ class Job:
 
 def run_schedule(jobs: Sequence[Job], slots: int, submit: Callable, first_done: Callable,
                  finished: Callable[[Job, object], None]) -> None:
-    """Run ``jobs``, each as soon as it can start: a federation's data at once, a training once its
-    federation's data job has finished and fewer than ``slots`` trainings run; among the trainings that can
-    start, in the list's order. ``submit(job)`` starts one and returns its future, ``first_done(futures)``
-    waits for one of them and returns it, ``finished(job, result)`` is called as each ends (a failed job
-    raises here)."""
+    """Run ``jobs``, each as soon as it can start: the federations' data one after the other in the list's
+    order (each uses every core: two at once would only delay the first federation's trainings), a training
+    once its federation's data job has finished and fewer than ``slots`` trainings run, in the list's order.
+    ``submit(job)`` starts one and returns its future, ``first_done(futures)`` waits for one of them and
+    returns it, ``finished(job, result)`` is called as each ends (a failed job raises here)."""
     prepared = {job.federation for job in jobs if job.training is None}
     orphans = sorted({str(job.federation) for job in jobs if job.federation not in prepared})
     if orphans:
@@ -176,8 +176,10 @@ def run_schedule(jobs: Sequence[Job], slots: int, submit: Callable, first_done: 
         # One training per free slot, in the list's order: submitted all at once, Prefect's process pool would
         # start them in whatever order its threads get to them, and the longest training could start last.
         training = sum(job.training is not None for job in running.values())
+        preparing = training < len(running)
+        data = [job for job in waiting if job.training is None][:0 if preparing else 1]
         trainable = [job for job in waiting if job.training is not None and job.federation in ready]
-        for job in [job for job in waiting if job.training is None] + trainable[:slots - training]:
+        for job in data + trainable[:slots - training]:
             waiting.remove(job)
             running[submit(job)] = job
         done = first_done(list(running))
@@ -244,14 +246,14 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
     shards = str(DEMO_DATA / "shards")
     jobs = [Job(CHEST), Job(MELANOMA)] + [Job(training[1], training) for training in DEMO_TRAININGS]
     with (watch.phase(f"data and {len(DEMO_TRAININGS)} trainings, overlapped"),
-          ThreadPoolTaskRunner(max_workers=2) as threads):
+          ThreadPoolTaskRunner(max_workers=1) as data_thread):
         started: dict[Job, float] = {}
 
         def submit(job: Job):
             if job.training is None:
                 started[job] = time.time()
-                return threads.submit(prepare_data, {"federation_yaml": str(job.federation), "shards": shards,
-                                                     "scale": scale, "seed": seed})
+                return data_thread.submit(prepare_data, {"federation_yaml": str(job.federation), "shards": shards,
+                                                         "scale": scale, "seed": seed})
             if all(other.training is None for other in started):  # not before: the data need neither
                 _before_the_first_training()
             started[job] = time.time()

@@ -40,31 +40,33 @@ def test_the_pooled_melanoma_test_holds_at_least_40_positives(tmp_path):
     assert positives["valid"] >= 10, positives  # the champion is picked on the pooled validation AUC
 
 
-def _schedule(tmp_path, log: list, slower: Path | None, fail: Path | None = None):
+def _schedule(tmp_path, log: list, fail: Path | None = None):
     """Runs the demo's jobs through ``run_schedule`` on real threads: a data job writes its federation's
-    marker, the ``slower`` federation's only once a training has started (or after a minute: a scheduler that
+    marker, the second federation's only once a training has started (or after a minute: a scheduler that
     waits for every federation's data fails the test instead of hanging it); a training records whether its
-    marker existed when it started and how many trainings were running then."""
-    lock, running, first_training, waited = threading.Lock(), [0], threading.Event(), []
+    marker existed when it started, how many trainings were running then and whether a data job was. Returns
+    the jobs, ``(job, result)`` in the order they finished, and whether the second data job saw a training."""
+    lock, running, first_training, waited = threading.Lock(), {"data": 0, "training": 0}, threading.Event(), []
     jobs = [Job(CHEST), Job(MELANOMA)] + [Job(training[1], training) for training in DEMO_TRAININGS]
 
     def work(job: Job):
         marker = tmp_path / f"{job.federation.stem}.ready"
+        kind = "data" if job.training is None else "training"
+        with lock:
+            running[kind] += 1
+            log.append((job, marker.exists(), dict(running)))
+        if job.training is None and job.federation == MELANOMA:
+            waited.append(first_training.wait(timeout=60))
+        if job.training is not None:
+            first_training.set()
+            time.sleep(0.01)  # so that trainings overlap
+        with lock:
+            running[kind] -= 1
+        if job.federation == fail and job.training is None:
+            raise OSError(f"disk full while preprocessing {job.federation.stem}")
         if job.training is None:
-            if job.federation == slower:
-                waited.append(first_training.wait(timeout=60))
-            if job.federation == fail:
-                raise OSError(f"disk full while preprocessing {job.federation.stem}")
             marker.touch()
-            return "data"
-        with lock:
-            running[0] += 1
-            log.append((job, marker.exists(), running[0]))
-        first_training.set()
-        time.sleep(0.01)  # so that trainings overlap
-        with lock:
-            running[0] -= 1
-        return job.training[0]
+        return kind
 
     finished = []
     with ThreadPoolExecutor(max_workers=len(jobs)) as executor:
@@ -73,24 +75,26 @@ def _schedule(tmp_path, log: list, slower: Path | None, fail: Path | None = None
     return jobs, finished, waited
 
 
-@pytest.mark.parametrize("slower", [CHEST, MELANOMA])
-def test_trainings_start_after_their_federations_data_two_at_a_time_longest_first(tmp_path, slower):
+def test_trainings_start_after_their_federations_data_two_at_a_time_longest_first(tmp_path):
     log = []
-    jobs, finished, waited = _schedule(tmp_path, log, slower)
+    jobs, finished, waited = _schedule(tmp_path, log)
     assert sorted(map(id, (job for job, _ in finished))) == sorted(map(id, jobs))  # every job ran, once
-    assert all(ready for _, ready, _ in log)  # no training before its federation's shards
-    assert max(running for _, _, running in log) <= 2
-    assert waited == [True]  # the faster federation's trainings did not wait for the slower one's data
+    trainings = [(job, ready, running) for job, ready, running in log if job.training is not None]
+    assert all(ready for _, ready, _ in trainings)  # no training before its federation's shards
+    assert max(running["training"] for _, _, running in trainings) <= 2
+    assert max(running["data"] for _, _, running in log) == 1  # one federation's data at a time, chest first
+    assert [job.federation for job, _, _ in log if job.training is None] == [CHEST, MELANOMA]
+    assert waited == [True]  # the chest trainings did not wait for melanoma's data
     for federation in (CHEST, MELANOMA):  # each federation's trainings start in the list's (longest-first) order
-        started = [job.training for job, _, _ in log if job.federation == federation]
+        started = [job.training for job, _, _ in trainings if job.federation == federation]
         assert started == [training for training in DEMO_TRAININGS if training[1] == federation]
 
 
 def test_a_failed_data_job_stops_the_demo_before_its_trainings(tmp_path):
     log = []
     with pytest.raises(OSError, match="disk full while preprocessing chest"):
-        _schedule(tmp_path, log, slower=None, fail=CHEST)
-    assert all(job.federation != CHEST for job, _, _ in log)
+        _schedule(tmp_path, log, fail=CHEST)
+    assert [job.training for job, _, _ in log if job.federation == CHEST] == [None]
 
 
 def test_a_training_without_its_federations_data_job_is_refused():
