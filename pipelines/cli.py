@@ -263,13 +263,14 @@ def demo(
     booting = boot_ephemeral_server()  # while the flows, torch and MLflow are imported
     _flows()
     from pipelines.demo import demo as demo_flow
+    from pipelines.demo import profile_markdown
     from pipelines.tracking import configure
 
     if booting is not None:
         booting.join()
     result = demo_flow(scale=scale, rounds=rounds)
     typer.echo(result["tables"])
-    typer.echo(f"Where the time went:\n\n{result['profile']}")
+    typer.echo(f"Where the time went:\n\n{profile_markdown(result['profile'])}")
     typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `fedauc ui`)")
     typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
 
