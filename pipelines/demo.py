@@ -137,7 +137,8 @@ class Stopwatch:
                           "CPU seconds": cpu, "load (1 min)": os.getloadavg()[0], "phase": phase})
 
     def markdown(self) -> str:
-        frame = pd.DataFrame(self.rows)
+        # Each phase, then its stages (which start within it) in the order they started.
+        frame = pd.DataFrame(sorted(self.rows, key=lambda row: (row["began"], not row["phase"])))
         frame.insert(1, "from s", frame.pop("began") - self.origin)
         frame.insert(2, "to s", frame["from s"] + frame["seconds"])
         phases = frame[frame.pop("phase")]

@@ -12,7 +12,7 @@ import pytest
 
 from federated.algorithms.fedavg import FedAvg
 from federated.registry import get_algorithm
-from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA, Job, run_schedule
+from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA, Job, Stopwatch, profile_markdown, run_schedule
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.synth import generate_federation
@@ -100,3 +100,23 @@ def test_a_failed_data_job_stops_the_demo_before_its_trainings(tmp_path):
 def test_a_training_without_its_federations_data_job_is_refused():
     with pytest.raises(ValueError, match="without a data job"):
         run_schedule([Job(CHEST), Job(MELANOMA, DEMO_TRAININGS[3])], 2, None, None, None)
+
+
+def test_the_profile_phases_add_up_to_the_total_and_list_their_stages_in_start_order():
+    watch = Stopwatch()
+    watch.since_process_start("start-up")
+    with watch.phase("overlapped"):
+        began = time.time()
+        with watch.stage("first"):
+            pass
+        watch.add("second", began, time.time() - began)  # started before "first", reported after it
+    with watch.phase("evaluate"):
+        pass
+    rows = [line.split(" | ") for line in profile_markdown(watch.rows).splitlines()[2:]]
+    names = [row[0].removeprefix("| ") for row in rows]
+    assert names == ["**start-up**", "**overlapped**", "second", "first", "**evaluate**", "**end of the flow run**",
+                     "**total**"]
+    phases = [float(row[3]) for name, row in zip(names, rows) if name.startswith("**") and name != "**total**"]
+    total = rows[-1]
+    assert float(total[3]) == pytest.approx(sum(phases), abs=0.2)  # the table rounds each to 0.1 s
+    assert float(total[2]) == pytest.approx(float(total[3]), abs=0.1)  # phases are consecutive: no gap, no overlap
