@@ -1,7 +1,8 @@
 """The demo: synthetic hospitals in the real formats, onboarded, preprocessed, trained, logged, compared.
 
-``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU: about 400
-CPU seconds for a fresh run (docs/performance.md, "The demo": where they go, per stage). A second run reuses
+``fedauc demo`` / ``make demo`` run the ``demo`` flow with these defaults, sized for a 2-core CPU: about 340
+CPU seconds and 3-3.5 minutes for a fresh run on an idle one (docs/performance.md, "The demo": where they
+go, per phase and stage). A second run reuses
 the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
 
 Both tasks train FedAvg (BCE) beside AUC methods. Each piece of work starts as soon as it can
