@@ -15,13 +15,18 @@ Two kinds of source, each written as N synthetic files and measured on the same 
 The pipeline is ``write_site_shards`` (decode, resize, write, compact, manifest). Its rate per CPU-second is
 measured in this process (``workers=0``, CPU time from ``getrusage``, which other load on a shared machine
 does not distort the way it distorts wall time); with worker processes the same work runs in spawned
-processes that each spend about 0.5 CPU-seconds importing numpy, pandas and pydicom once per run (printed
-apart: a site of 200,000 images pays it once). The 1 -> 2 worker speed-up is in wall time, start-up
-included, best of ``--rounds`` interleaved rounds; on a machine whose cores are busy with other work it
-cannot reach 2. Peak memory is sampled during the 2-worker runs, whose CPU time is not used in the
-rates. Targets also: 2 workers faster than 1.
+processes that each spend about 2 CPU-seconds importing numpy, pandas and pydicom once per run (printed
+apart: a site of 200,000 images pays it once). The 1 -> 2 worker speed-up compares steady-state wall rates:
+the films of the second half, i.e. the wall time of a run on all the films minus that of a run on the
+first half, so that what a run pays once (the pool's start-up, compaction, the manifest) cancels. Counted
+with the start-up, a benchmark-sized site measures the start-up: 40 JPEG films are 0.8 CPU-seconds of
+work against 3.7 for starting two workers, so the speed-up runs on more films: copies of the measured
+ones, each with a marker that changes its bytes but not its pixels. Best of ``--rounds`` interleaved rounds; on a machine whose
+cores are busy with other work it cannot reach 2. Peak memory is sampled during the 2-worker runs, whose
+CPU time is not used in the rates. Target also: 2 workers >= 1.6 x one (0.8 x linear).
 
-Run: ``.venv/bin/python benchmarks/preprocess.py [--images 200] [--jpeg-images 40] [--memory-check]``.
+Run: ``.venv/bin/python benchmarks/preprocess.py [--images 256] [--jpeg-images 128] [--scaling-images 1024]
+[--jpeg-scaling-images 512] [--memory-check]``.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import contextlib
 import dataclasses
 import multiprocessing
 import resource
+import struct
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +61,7 @@ TRANSFORM = TransformSettings(task="chest-xray", image_size=224, min_image_size=
 PNG_TARGET = 0.8  # pipeline / full decode-only, per CPU-second
 JPEG_TARGET = 2.0  # pipeline / full-decode tile rate, per CPU-second
 JPEG_QUALITY = 95  # MIMIC-CXR-JPG's export setting
+SPEEDUP_TARGET = 1.6  # steady-state wall rate, 2 workers / 1 worker, on an otherwise idle 2-core machine
 
 
 def make_films(root: Path, count: int, size: int = 1024) -> pd.DataFrame:
@@ -87,6 +95,28 @@ def make_jpeg_films(root: Path, count: int, distinct: int = 4, height: int = 300
         film[0, 0] = k % 256
         Image.fromarray(film).save(root / f"{k:06d}.jpg", quality=JPEG_QUALITY)
     return film_records([f"{k:06d}.jpg" for k in range(count)])
+
+
+def marked_copies(root: Path, records: pd.DataFrame, count: int) -> pd.DataFrame:
+    """``count`` films cycling through ``records``' files, each made distinct by a marker that leaves the
+    pixels and the decoding work alone: a tEXt chunk after a PNG's header chunk, a comment segment after a
+    JPEG's start marker (byte-identical copies would be quarantined as duplicate content). Milliseconds a
+    film, where rendering and encoding new ones takes tens."""
+    paths = []
+    for k in range(count):
+        source = root / records["image_path"].iloc[k % len(records)]
+        data, marker = source.read_bytes(), f"copy {k}".encode()
+        if source.suffix == ".png":
+            body = b"tEXt" + b"fedauc\0" + marker
+            end_of_header = 8 + 25  # signature, then IHDR: length, type, 13 bytes, CRC
+            data = (data[:end_of_header] + struct.pack(">I", len(body) - 4) + body
+                    + struct.pack(">I", zlib.crc32(body)) + data[end_of_header:])
+        else:
+            data = data[:2] + b"\xff\xfe" + struct.pack(">H", len(marker) + 2) + marker + data[2:]
+        name = f"copy{k:06d}{source.suffix}"
+        (root / name).write_bytes(data)
+        paths.append(name)
+    return film_records(paths)
 
 
 def film_records(paths: list[str]) -> pd.DataFrame:
@@ -207,12 +237,22 @@ def pipeline(root: Path, records: pd.DataFrame, out: Path, workers: int) -> tupl
     return elapsed, cpu
 
 
-def measure(kind: str, root: Path, records: pd.DataFrame, tmp: Path, rounds: int) -> dict:
+def steady_rate(root: Path, records: pd.DataFrame, out: Path, workers: int) -> float:
+    """Wall images/s of the films past the first half: the run on all of them minus the run on the first
+    half, so that the fixed costs of a run (pool start-up, compaction, manifest) cancel."""
+    half = len(records) // 2
+    first = pipeline(root, records.iloc[:half].reset_index(drop=True), out / "half", workers)[0]
+    whole = pipeline(root, records, out / "whole", workers)[0]
+    return (len(records) - half) / max(whole - first, 1e-9)
+
+
+def measure(kind: str, root: Path, records: pd.DataFrame, scaling: pd.DataFrame, tmp: Path, rounds: int) -> dict:
     """Best-of-``rounds`` CPU and wall figures of one source kind, the baselines interleaved with the pipeline.
 
     The per-CPU-second rate is the pipeline in this process (``workers=0``: the same decode, resize, write,
     compaction and manifest, without a pool whose start-up, measured apart, is the noisiest figure under
-    load); 1 and 2 worker processes give the wall-time speed-up.
+    load); 1 and 2 worker processes give the steady-state wall rates of the speed-up, on ``scaling``: enough
+    films that the work, not the pool's start-up, sets the wall time of each half.
     """
     baselines = {"decode-only": decode_only, "full-decode tiles": full_decode_tiles}
     if kind == "JPEG":
@@ -227,35 +267,40 @@ def measure(kind: str, root: Path, records: pd.DataFrame, tmp: Path, rounds: int
         for workers in (1, 2):
             startup[workers] = worker_startup(workers)
             with PeakMemory() if workers == 2 else contextlib.nullcontext() as memory:
-                walls[workers].append(pipeline(root, records, tmp / f"{kind}-out{round_}", workers)[0])
+                walls[workers].append(steady_rate(root, scaling, tmp / f"{kind}-w{workers}-{round_}", workers))
     n = len(records)
     return {
         "n": n,
+        "scaling": len(scaling),
         "base": {name: n / min(seconds) for name, seconds in base.items()},
         "rate": n / min(cpus),
-        "wall": {workers: n / min(walls[workers]) for workers in (1, 2)},
+        "wall": {workers: max(walls[workers]) for workers in (1, 2)},
         "startup": startup,
         "peak": memory.peak,
     }
 
 
 def report(kind: str, geometry: str, m: dict) -> float:
-    print(f"{m['n']} {kind} films {geometry} -> 224x224 uint8 shards")
+    print(f"{m['n']} {kind} films {geometry} -> 224x224 uint8 shards ({m['scaling']} for the worker speed-up)")
     for name, rate in m["base"].items():
         print(f"  {name + ', 1 process':<32} {rate:7.1f} images per CPU-second")
     print(f"  {'pipeline, 1 process':<32} {m['rate']:7.1f} images per CPU-second")
     for workers in (1, 2):
         label = f"pipeline, {workers} worker{'s' if workers > 1 else ''}"
-        print(f"  {label:<32} {m['wall'][workers]:7.1f} images/s wall, pool start-up {m['startup'][workers]:.1f} CPU-s")
+        print(f"  {label:<32} {m['wall'][workers]:7.1f} images/s wall, steady state; pool start-up "
+              f"{m['startup'][workers]:.1f} CPU-s")
     speedup = m["wall"][2] / m["wall"][1]
-    print(f"  speed-up 1 -> 2 workers, wall time: {speedup:.2f}x; peak RSS with 2 workers {m['peak'] / 2**20:.0f} MiB")
+    print(f"  speed-up 1 -> 2 workers, steady-state wall rate: {speedup:.2f}x  (target >= {SPEEDUP_TARGET}); "
+          f"peak RSS with 2 workers {m['peak'] / 2**20:.0f} MiB")
     return speedup
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=200, help="PNG films")
-    parser.add_argument("--jpeg-images", type=int, default=40, help="JPEG films")
+    parser.add_argument("--images", type=int, default=256, help="PNG films")
+    parser.add_argument("--jpeg-images", type=int, default=128, help="JPEG films")
+    parser.add_argument("--scaling-images", type=int, default=1024, help="PNG films of the worker speed-up")
+    parser.add_argument("--jpeg-scaling-images", type=int, default=512, help="JPEG films of the worker speed-up")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--memory-check", action="store_true")
     args = parser.parse_args(argv)
@@ -268,12 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         jpegs = make_jpeg_films(tmp / "jpeg", args.jpeg_images)
         print(f"{psutil.cpu_count()} CPUs, best of {args.rounds} interleaved rounds")
 
-        png = measure("PNG", tmp / "films", small, tmp, args.rounds)
+        png = measure("PNG", tmp / "films", small, marked_copies(tmp / "films", small, args.scaling_images), tmp,
+                      args.rounds)
         png_speedup = report("PNG", "1024x1024", png)
         png_ratio = png["rate"] / png["base"]["decode-only"]
         print(f"  pipeline / decode-only, per CPU-second: {png_ratio:.2f}  (target >= {PNG_TARGET})")
 
-        jpeg = measure("JPEG", tmp / "jpeg", jpegs, tmp, args.rounds)
+        jpeg = measure("JPEG", tmp / "jpeg", jpegs, marked_copies(tmp / "jpeg", jpegs, args.jpeg_scaling_images), tmp,
+                       args.rounds)
         jpeg_speedup = report("JPEG", "3000x2500 quality 95", jpeg)
         jpeg_rate = jpeg["rate"]
         jpeg_ratio = jpeg_rate / jpeg["base"]["full-decode tiles"]
@@ -282,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             f"/ full decode-only {jpeg_rate / jpeg['base']['decode-only']:.2f}; "
             f"/ entropy floor {jpeg_rate / jpeg['base']['entropy floor']:.2f}"
         )
-        ok = png_ratio >= PNG_TARGET and jpeg_ratio >= JPEG_TARGET and png_speedup > 1.0 and jpeg_speedup > 1.0
+        ok = png_ratio >= PNG_TARGET and jpeg_ratio >= JPEG_TARGET and min(png_speedup, jpeg_speedup) >= SPEEDUP_TARGET
         if args.memory_check:
             with PeakMemory() as memory:
                 elapsed = pipeline(tmp / "films", records, tmp / "out", workers=2)[0]
