@@ -252,7 +252,7 @@ def demo_table(task: str) -> str:
 
 
 @flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
-def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str]:
+def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str | list[dict]]:
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
     returns ``{"tables": Markdown, "profile": rows}``, the comparison tables and where the time went
     (``profile_markdown`` shows it)."""
