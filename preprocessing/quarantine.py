@@ -7,8 +7,10 @@ proves ``input rows = kept + quarantined``.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: decode workers import Reason and would pay pandas' import for nothing
+    import pandas as pd
 
 
 class Reason(str, Enum):
@@ -43,11 +45,15 @@ QUARANTINE_COLUMNS: tuple[str, ...] = ("record_id", "source_row", "image_path", 
 
 
 def empty_quarantine() -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame({column: pd.Series(dtype="object") for column in QUARANTINE_COLUMNS})
 
 
 def quarantine_rows(records: pd.DataFrame, stage: str, reason: Reason, detail: str | pd.Series) -> pd.DataFrame:
     """Quarantine rows for ``records`` (canonical records, or raw rows carrying the same id columns)."""
+    import pandas as pd
+
     if stage not in STAGES:
         raise ValueError(f"unknown quarantine stage {stage!r}; expected one of {STAGES}")
     rows = pd.DataFrame(
