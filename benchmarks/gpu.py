@@ -38,7 +38,7 @@ import torch
 import federated
 from federated import ShardSite, TrainConfig
 from federated.data import SiteLoader, augment, device_images, load_shard
-from federated.network import initial_model
+from federated.network import initial_model, training_forward
 from models.objectives import masked_bce_with_logits
 from preprocessing.records import CHEST_XRAY_DISEASES
 from preprocessing.shard_format import FORMAT_VERSION, SHARD_FILE, images_path, manifest_path
@@ -110,6 +110,8 @@ def plain_rate(dirs: list[Path], args, device: torch.device) -> tuple[float, flo
     sites = [load_shard(d).train for d in dirs]
     cfg = config(dirs, args, 1)
     model = initial_model(cfg, (1, args.image, args.image), len(CHEST_XRAY_DISEASES), device)
+    compiled = training_forward(model, cfg)
+    forward = model if compiled is None else compiled
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     cuda = device.type == "cuda"
     rng = np.random.default_rng(0)
@@ -126,7 +128,7 @@ def plain_rate(dirs: list[Path], args, device: torch.device) -> tuple[float, flo
             x = x.contiguous(memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            logits = model(x).float()
+            logits = forward(x).float()
         loss = masked_bce_with_logits(logits, torch.nan_to_num(labels), (~torch.isnan(labels)).float())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

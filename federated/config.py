@@ -133,8 +133,8 @@ class TrainConfig(BaseModel):
     device: str = "auto"  # "auto" = cuda when available; in the distributed backend cuda:<local rank>
     amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
     channels_last: bool = True  # CUDA only
-    # torch.compile each site's network (nn.Module.compile: state_dict keys unchanged). Pays a compilation
-    # per site at the start (minutes for DenseNet121), then faster steps on CUDA; a long GPU run's option.
+    # torch.compile each site's network for its training steps (network.training_forward: state_dict keys
+    # unchanged). Pays a compilation at the start (minutes for DenseNet121); a long GPU run's option.
     compile_network: bool = False
     # torch.compile's mode. "reduce-overhead" replays the forward and backward passes as CUDA graphs: at the
     # usual per-site batches a GPU step is bound by kernel launches, not by the GPU (docs/performance.md).

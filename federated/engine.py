@@ -28,7 +28,7 @@ from federated.backends import DistributedBackend, InProcessBackend
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader, label_counts
-from federated.network import build_model, initial_model, model_input_shape, training_device
+from federated.network import build_model, initial_model, model_input_shape, training_device, training_forward
 from federated.registry import get_algorithm
 from federated.state import Comm, model_state_spec, model_tensors, nbytes
 
@@ -159,7 +159,8 @@ class Engine:
             with torch.random.fork_rng(devices=[self.device]):
                 torch.cuda.manual_seed(self.config.seed * 100_003 + 2 * k + 2)
                 cuda_state = torch.cuda.get_rng_state()
-        return Site(k, data, model, loader, weight, prior, rng_state=gen.get_state(), cuda_rng_state=cuda_state)
+        return Site(k, data, model, loader, weight, prior, rng_state=gen.get_state(), cuda_rng_state=cuda_state,
+                    forward=training_forward(model, self.config))
 
     def each_site(self, hook) -> None:
         """Run ``hook(site)`` for every site of this process under the site's own RNG stream."""

@@ -38,14 +38,19 @@ def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: 
 def initial_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int,
                   device: torch.device) -> nn.Module:
     """The run's initial network (seeded by ``config.seed``: the same at every site), on ``device`` in
-    train mode, channels-last on CUDA and compiled when the config asks for it."""
+    train mode, channels-last on CUDA."""
     torch.manual_seed(config.seed)
     model = build_model(config, input_shape, num_classes).to(device)
     if config.channels_last and device.type == "cuda" and len(input_shape) == 3:
         model = model.to(memory_format=torch.channels_last)
-    if config.compile_network:
-        model.compile(mode=config.compile_mode)
     return model.train()
+
+
+def training_forward(model: nn.Module, config: TrainConfig) -> nn.Module | None:
+    """What a site's training steps call when the config compiles the network: ``torch.compile``'s wrapper,
+    which shares the network's parameters and leaves its state_dict keys alone. Not ``nn.Module.compile()``:
+    it compiles ``Module._call_impl``, which dynamo does not trace under torch 2.13, so it silently ran eager."""
+    return torch.compile(model, mode=config.compile_mode) if config.compile_network else None
 
 
 def model_input_shape(data: SiteData) -> tuple[int, ...]:

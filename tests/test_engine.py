@@ -286,3 +286,21 @@ def test_in_process_mean_writes_the_weighted_mean_into_every_layout():
         assert site[0].is_contiguous(memory_format=torch.channels_last)
         for got, want in zip(site, expected):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_compile_network_trains_through_a_compiled_graph_and_keeps_the_state():
+    """compile_network must compile (nn.Module.compile() silently ran eager under torch 2.13) and change
+    nothing else: the same state_dict keys and, for this network, the same model as eager."""
+    from torch._dynamo.utils import counters
+
+    # A network without len(): an `or` on torch.compile's wrapper raised for it.
+    config = {"algorithm": "codasca", "params": {}, "network": "small_resnet", "rounds": 1, "local_steps": 2,
+              "sites": _sites(K=2, shape=(1, 8, 8))}
+    eager = federated.train(_cfg(**config))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = federated.train(_cfg(**config, compile_network=True))
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert list(compiled.global_state) == list(eager.global_state)
+    for name, value in eager.global_state.items():
+        torch.testing.assert_close(compiled.global_state[name], value, rtol=1e-5, atol=1e-6)

@@ -67,6 +67,9 @@ class Site:
     cuda_rng_state: torch.Tensor | None = None
     param_list: list[torch.Tensor] | None = None
     param_names: list[str] | None = None
+    # What the training steps call: torch.compile's wrapper of ``model`` (same parameters and state_dict) when
+    # the config compiles the network; None: the network itself.
+    forward: nn.Module | None = None
 
     def parameter_names(self) -> list[str]:
         if self.param_names is None:
@@ -146,7 +149,7 @@ class Algorithm:
         if self.fed.channels_last and x.ndim == 4 and x.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last)
         with self.autocast():
-            out = site.model(x)
+            out = (site.model if site.forward is None else site.forward)(x)
         # A copy even when already float32: under CUDA graphs the network's output buffer is overwritten by the
         # next replay, and algorithms keep scores across steps (score pools, moving averages).
         return out.to(torch.float32, copy=True).reshape(len(x), -1)
