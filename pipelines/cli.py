@@ -263,7 +263,7 @@ def demo(
     booting = boot_ephemeral_server()  # while the flows, torch and MLflow are imported
     _flows()
     from pipelines.demo import demo as demo_flow
-    from pipelines.demo import profile_markdown
+    from pipelines.schedule import profile_markdown
     from pipelines.tracking import configure
 
     if booting is not None:

@@ -12,7 +12,8 @@ import pytest
 
 from federated.algorithms.fedavg import FedAvg
 from federated.registry import get_algorithm
-from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA, Job, Stopwatch, profile_markdown, run_schedule
+from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA
+from pipelines.schedule import Job, Stopwatch, profile_markdown, run_schedule
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.synth import generate_federation
