@@ -120,3 +120,19 @@ def generic_csv_site_yaml(name, root):
                     "patient_column": "mrn_hash", "view_column": "projection",
                     "label_columns": {"Cardiomegaly": "cardiomegaly", "Pleural Effusion": "effusion"}},
     }
+
+
+@pytest.fixture(scope="module")
+def poc_slot():
+    """One NVIDIA FLARE POC consortium on this machine at a time, across pytest-xdist workers: a consortium
+    is a server and three clients, each a few processes, and two at once on CI's two cores time out. A test
+    module that starts one (``LocalConsortium``, ``--flare-env poc``) takes this fixture first; a second
+    module waits here, not in a collective."""
+    import fcntl
+
+    with open(os.path.join(tempfile.gettempdir(), "fedauc-poc-slot.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -53,7 +53,7 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 8}, network="small_resnet", n
 
 
 @pytest.fixture(scope="module")
-def consortium(melanoma_shards, tmp_path_factory):
+def consortium(poc_slot, melanoma_shards, tmp_path_factory):
     root, federation = melanoma_shards
     with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
         yield running
