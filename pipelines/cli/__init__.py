@@ -1,0 +1,23 @@
+"""The ``fedauc`` command line (entry point ``pipelines.cli:app``). Thin: every command parses arguments and calls
+into a package. Each module here holds one group of commands; this one puts them on the app, in the order
+``fedauc --help`` lists them."""
+
+from __future__ import annotations
+
+from pipelines.cli import consortium, data, operations, sites, training
+from pipelines.cli.application import app
+
+app.command()(data.inspect)
+app.command()(data.synth)
+app.command()(data.preprocess)
+app.command()(operations.demo)
+app.command("train")(training.train_command)
+app.command("evaluate")(training.evaluate_command)
+app.command("compare")(training.compare_command)
+app.command()(operations.ui)
+app.command()(operations.deploy)
+app.add_typer(sites.sites_app, name="sites")
+app.add_typer(sites.federation_app, name="federation")
+app.add_typer(consortium.consortium_app, name="consortium")
+
+__all__ = ["app"]

@@ -1,0 +1,80 @@
+"""The ``fedauc`` Typer application: its ``--debug`` option, how a user's error ends a command (one message, its
+fix, exit code 1) and the Prefect flows the commands run, imported once the embedded-Prefect defaults are set."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+from typer.core import TyperGroup
+
+from preprocessing.errors import FedaucError
+
+
+class _UserErrorsAsMessages(TyperGroup):
+    """A FedaucError (a problem the user fixes: a data file, a YAML, a missing shard) ends any command with
+    one message, its fix and exit code 1; ``fedauc --debug ...`` (or FEDAUC_DEBUG=1) shows the traceback.
+    Anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FedaucError as err:
+            if debug_requested():
+                raise
+            typer.echo(f"error: {err}", err=True)
+            typer.echo("(`fedauc --debug ...` shows the traceback)", err=True)
+            raise typer.Exit(code=1) from None
+
+
+_options_given = {"debug": False}  # set by the app callback on every invocation
+
+
+def debug_requested() -> bool:
+    return _options_given["debug"] or bool(os.environ.get("FEDAUC_DEBUG"))
+
+
+class _DropUserErrorTracebacks(logging.Filter):
+    """Prefect logs a failed task or flow with its full traceback; for a FedaucError the command line prints
+    the one message that matters instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], FedaucError))
+
+
+app = typer.Typer(
+    cls=_UserErrorsAsMessages,
+    help="Federated AUC maximization for hospitals: onboard sites, preprocess, train, compare.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
+    _options_given["debug"] = debug
+
+
+def quiet_prefect_user_errors() -> None:
+    if debug_requested():
+        return
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_DropUserErrorTracebacks())
+
+
+def flows():
+    """The Prefect flows, imported after the embedded-Prefect environment defaults are set."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import flows as prefect_flows
+
+    quiet_prefect_user_errors()
+    return prefect_flows
+
+
+def fail(err: Exception) -> None:
+    typer.echo(str(err), err=True)
+    raise typer.Exit(code=1) from None

@@ -1,0 +1,53 @@
+"""``fedauc consortium ...``: provision an NVIDIA FLARE consortium's startup kits and run a hospital's client."""
+
+from __future__ import annotations
+
+import typer
+
+from pipelines.cli.application import fail
+
+consortium_app = typer.Typer(help="An NVIDIA FLARE consortium: provision its kits, start a hospital's client.",
+                             no_args_is_help=True)
+
+
+@consortium_app.command("provision")
+def consortium_provision(
+    federation: str = typer.Argument(..., help="The federation YAML: one client kit per hospital it lists."),
+    out: str = typer.Option(..., "--out", help="Folder for project.yml, the root CA state and the kits."),
+    server_host: str = typer.Option("localhost", "--server-host", help="The name the hospitals dial (the server's FQDN)."),
+    port: int = typer.Option(8002, "--port", min=1, max=65535, help="The server's one port (mutual TLS)."),
+    admin: str = typer.Option("admin@fedauc.org", "--admin", help="The project admin who submits trainings."),
+) -> None:
+    """Write the consortium's project file and startup kits (server, one per hospital, one admin) and say
+    what to send to whom."""
+    from pathlib import Path
+
+    from federated.flare.provision import project, provision
+    from preprocessing.errors import FedaucError
+    from preprocessing.federation import load_federation
+
+    try:
+        kits = provision(project(load_federation(federation), server_host, port, admin), Path(out))
+    except FedaucError as err:
+        fail(err)
+    typer.echo(kits.summary(server_host, port))
+
+
+@consortium_app.command("start-site")
+def consortium_start_site(
+    kit: str = typer.Argument(..., help="This hospital's startup kit (from `fedauc consortium provision`)."),
+    site_yaml: str = typer.Option(..., "--site-yaml", help="This hospital's site YAML (its name must be the kit's)."),
+    shards: str = typer.Option(..., "--shards", help="Where `fedauc preprocess` wrote this site's shards (OUT of --out)."),
+) -> None:
+    """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
+    in the foreground until it stops."""
+    from federated.flare.consortium import check_certificate, prepare_site, run_site
+    from preprocessing.errors import FedaucError
+
+    try:
+        client = prepare_site(kit, site_yaml, shards)
+    except FedaucError as err:
+        fail(err)
+    typer.echo(f"site {client.name}: certificate valid until {check_certificate(client):%Y-%m-%d}; "
+               f"dialling {client.server_host}:{client.server_port}")
+    raise typer.Exit(code=run_site(client))

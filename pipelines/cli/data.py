@@ -1,0 +1,94 @@
+"""``fedauc inspect``, ``fedauc synth`` and ``fedauc preprocess``: a hospital's images, synthetic hospitals and
+the shards that training reads."""
+
+from __future__ import annotations
+
+import typer
+
+from pipelines.cli.application import quiet_prefect_user_errors
+
+
+def inspect(
+    file: str = typer.Argument(..., help="A DICOM, PNG or JPEG file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of lines."),
+) -> None:
+    """Decode FILE the way preprocessing does and print what it found (exit code 1 when it cannot)."""
+    import json
+
+    from preprocessing.decode import inspect_file
+
+    summary = inspect_file(file)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            typer.echo(f"{key:>16}: {value}")
+    if summary["error"] is not None:
+        raise typer.Exit(code=1)
+
+
+def synth(
+    out: str = typer.Option(None, "--out", help="Output folder (with --federation: OUT/<site>; default: the sites' roots)."),
+    fmt: str = typer.Option(None, "--format", help="chexpert, mimic-cxr-jpg, nih-cxr14, padchest, vindr-cxr or siim-isic-2020."),
+    n: int = typer.Option(200, "--n", min=1, help="Images to write (--format)."),
+    seed: int = typer.Option(0, "--seed"),
+    federation: str = typer.Option(None, "--federation", help="A federation YAML: generate every site's synth: entry."),
+    scale: float = typer.Option(1.0, "--scale", min=0.001, help="Multiply every site's size (--federation)."),
+    profile: str = typer.Option(None, "--profile", help="Acquisition profile (default: the format's own)."),
+    image_format: str = typer.Option(None, "--image-format", help="siim-isic-2020: dicom (default) or jpeg."),
+    corrupt: float = typer.Option(0.0, "--corrupt", min=0.0, max=0.99, help="Fraction of image files to damage."),
+    workers: int = typer.Option(None, "--workers", min=0, help="Rendering processes (default: CPU count, up to 4)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (--format)."),
+) -> None:
+    """Write synthetic hospitals in the real dataset layouts (phantom images, real public metadata)."""
+    from preprocessing.synth import generate_federation, generate_site
+
+    if (fmt is None) == (federation is None):
+        typer.echo("give exactly one of --format (with --out) or --federation", err=True)
+        raise typer.Exit(code=2)
+    if fmt is not None:
+        if out is None:
+            typer.echo("--format needs --out", err=True)
+            raise typer.Exit(code=2)
+        results = {fmt: generate_site(fmt, out, n, seed, profile=profile, corrupt=corrupt, workers=workers,
+                                      overwrite=overwrite, image_format=image_format)}
+    else:
+        results = generate_federation(federation, out, scale=scale, seed=seed, workers=workers)
+    for name, result in results.items():
+        source = "real public metadata" if result.real_metadata else "fallback label model"
+        typer.echo(f"{name}: {result.images} images ({result.format}, {source}) in {result.root} [{result.seconds:.1f} s]")
+        for row in result.corrupted.itertuples():
+            typer.echo(f"  damaged {row.image_path} ({row.damage}): expect {row.expected_reason}")
+
+
+def preprocess(
+    site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
+    out: str = typer.Option(None, "--out", help="Shards go to OUT/<site>/ (default: $FEDAUC_SHARDS, else shards/)."),
+    workers: int = typer.Option(2, "--workers", min=0, help="Decoding processes (0: in this process)."),
+) -> None:
+    """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
+    from pipelines.checks import check_site
+    from pipelines.onboarding import shards_root
+    from pipelines.prefect_env import configure_prefect_env
+    from preprocessing.locks import check_site_free
+    from preprocessing.sites import load_site
+
+    out = shards_root(out)
+    # Problems found before the flow starts are reported as such, not as a failed Prefect task run.
+    check_site(site_yaml)
+    check_site_free(out / load_site(site_yaml).name)
+    configure_prefect_env()
+    from pipelines.preprocess_flow import preprocess_site
+
+    quiet_prefect_user_errors()
+
+    summary = preprocess_site(site_yaml, str(out), workers)
+    state = "unchanged, nothing to do" if summary["reused"] else "written"
+    typer.echo(f"{summary['site']}: shards {state} in {summary['site_dir']}")
+    typer.echo(f"  counts per split: {summary['counts']}")
+    typer.echo(
+        f"  input rows {summary['input_rows']} = kept {summary['kept']} + quarantined {summary['quarantined']}"
+    )
+    typer.echo(f"  QC report: {summary['report_md']}")
+    for warning in summary["warnings"]:
+        typer.echo(f"  warning: {warning}", err=True)

@@ -1,0 +1,59 @@
+"""``fedauc demo``, ``fedauc ui`` and ``fedauc deploy``: the commands that run, show or register the whole
+stack (the demo job, the MLflow and Prefect UIs, the Prefect deployments)."""
+
+from __future__ import annotations
+
+import typer
+
+from pipelines.cli.application import flows, quiet_prefect_user_errors
+
+
+def demo(
+    scale: float = typer.Option(1.0, "--scale", min=0.01, help="Multiply every demo hospital's size."),
+    rounds: int = typer.Option(None, "--rounds", min=1, help="Override the demo's communication rounds."),
+) -> None:
+    """The main job on the embedded default: synthetic hospitals -> shards -> FedAvg and AUC methods on both
+    tasks -> MLflow -> comparison tables with 95 % intervals, and the seconds each stage took."""
+    from pipelines.prefect_env import boot_ephemeral_server, configure_prefect_env
+
+    configure_prefect_env()
+    booting = boot_ephemeral_server()  # while the flows, torch and MLflow are imported
+    flows()
+    from pipelines.demo import demo as demo_flow
+    from pipelines.schedule import profile_markdown
+    from pipelines.tracking import configure
+
+    if booting is not None:
+        booting.join()
+    result = demo_flow(scale=scale, rounds=rounds)
+    typer.echo(result["tables"])
+    typer.echo(f"Where the time went:\n\n{profile_markdown(result['profile'])}")
+    typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `fedauc ui`)")
+    typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
+
+
+def ui(
+    mlflow_port: int = typer.Option(5000, "--mlflow-port"),
+    prefect_port: int = typer.Option(4200, "--prefect-port"),
+) -> None:
+    """Start the MLflow UI and the Prefect UI on localhost, print their URLs, stop both on Ctrl-C."""
+    from pipelines.prefect_env import configure_prefect_env
+    from pipelines.servers import serve_uis
+
+    configure_prefect_env()
+    serve_uis(mlflow_port, prefect_port, echo=typer.echo)
+
+
+def deploy(
+    prefect_file: str = typer.Option("infra/prefect.yaml", "--prefect-file", help="The Prefect project file."),
+) -> None:
+    """Register every deployment of PREFECT_FILE with the Prefect server at PREFECT_API_URL, creating the work
+    pools they name first; all or nothing (what this command created is removed again on failure)."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines.deploy import deploy as deploy_all
+
+    quiet_prefect_user_errors()
+    result = deploy_all(prefect_file, echo=typer.echo)
+    typer.echo(f"registered {len(result.deployments)} deployments: {', '.join(result.deployments)}")

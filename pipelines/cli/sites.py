@@ -1,0 +1,90 @@
+"""``fedauc sites ...`` and ``fedauc federation ...``: declare, validate and report on hospital sites and the
+federations they form."""
+
+from __future__ import annotations
+
+import typer
+
+sites_app = typer.Typer(help="Declare, validate and report on hospital sites.", no_args_is_help=True)
+federation_app = typer.Typer(help="The hospitals that train together.", no_args_is_help=True)
+
+
+@sites_app.command("validate")
+def sites_validate(site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml.")) -> None:
+    """Check SITE_YAML and its data root; print every problem (exit code 1 when there is one)."""
+    from preprocessing.sites import validate_site
+
+    problems = validate_site(site_yaml)
+    for problem in problems:
+        typer.echo(str(problem), err=True)
+    if problems:
+        raise typer.Exit(code=1)
+    typer.echo(f"{site_yaml}: ok")
+
+
+@sites_app.command("report")
+def sites_report(
+    site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
+    labels_only: bool = typer.Option(False, "--labels-only", help="Read the metadata only, never the images."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+) -> None:
+    """Labels per split and disease (positives / negatives / missing, prevalence), patients, studies, views."""
+    import json
+
+    from rich.console import Console
+
+    from preprocessing.label_report import label_report, render_label_report, require_usable_rows
+    from preprocessing.scan import scan_site
+    from preprocessing.sites import load_site
+
+    if not labels_only:
+        typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
+                   "pass --labels-only for the metadata report", err=True)
+        raise typer.Exit(code=2)
+    config = load_site(site_yaml)
+    report = label_report(scan_site(config))
+    require_usable_rows(report, config.name)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        render_label_report(report, Console(), title=f"{config.name} ({config.format})")
+
+
+@sites_app.command("new")
+def sites_new(
+    name: str = typer.Argument(..., help="The hospital's short name (letters, digits, - _ .), e.g. oslo."),
+    fmt: str = typer.Option(..., "--format", help="chexpert, mimic-cxr-jpg, nih-cxr14, padchest, vindr-cxr, "
+                            "siim-isic-2020, generic-csv or generic-dicom."),
+    root: str = typer.Option(None, "--root", help="The data folder at this hospital (default: a placeholder)."),
+    task: str = typer.Option(None, "--task", help="chest-xray or melanoma (default: the format's first)."),
+    option: list[str] = typer.Option([], "--option", "-o", help="A format option NAME=VALUE (JSON value), "
+                                     "e.g. -o labels_csv=labels.csv."),
+    out: str = typer.Option(None, "--out", help="Where to write it (default: sites/<name>.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+) -> None:
+    """Write a commented site YAML for a new hospital; then edit what it marks EDIT-ME and validate it."""
+    from pipelines.onboarding import EDIT, parse_assignments, site_template, write_site_template
+    from preprocessing.sites import validate_site
+
+    text = site_template(name, fmt, root or EDIT, task, parse_assignments(option, "--option"))
+    path = write_site_template(out or f"sites/{name}.yaml", text, overwrite=force)
+    typer.echo(f"wrote {path}")
+    problems = validate_site(path)
+    if problems:
+        typer.echo(f"to do before `fedauc sites validate {path}` passes:", err=True)
+        for problem in problems:
+            typer.echo(f"  {problem}", err=True)
+
+
+@federation_app.command("add")
+def federation_add(
+    federation_yaml: str = typer.Argument(..., help="The federation's YAML (created when it does not exist)."),
+    site_yaml: str = typer.Argument(..., help="The site YAML to add."),
+    name: str = typer.Option(None, "--name", help="A new federation's name (default: the file's name)."),
+) -> None:
+    """Add a site to a federation; the file is changed only if the federation still loads."""
+    from pipelines.onboarding import add_site
+
+    federation = add_site(federation_yaml, site_yaml, name)
+    typer.echo(f"{federation_yaml}: federation {federation.name} ({federation.task}): "
+               f"{', '.join(site.name for site in federation.sites)}")

@@ -1,0 +1,137 @@
+"""``fedauc train``, ``fedauc evaluate`` and ``fedauc compare``: train one algorithm on a federation (in this
+process or as an NVIDIA FLARE job), score a registered model, and tabulate the trainings."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import typer
+
+from pipelines.cli.application import flows
+
+
+class TrainBackend(str, Enum):
+    inprocess = "inprocess"
+    flare = "flare"
+
+
+class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
+    sim = "sim"
+    poc = "poc"
+    prod = "prod"
+
+
+def train_command(
+    federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
+    algorithm: str = typer.Option(..., "--algorithm", help="A registered algorithm, e.g. codasca."),
+    shards: str = typer.Option(None, "--shards", help="Where `fedauc preprocess` wrote the shards "
+                               "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/); "
+                               "not read with --flare-env prod (the hospitals read their own)."),
+    rounds: int = typer.Option(20, "--rounds", min=1),
+    local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
+    lr: float = typer.Option(0.1, "--lr"),
+    network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121."),
+    param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
+    seed: int = typer.Option(0, "--seed"),
+    eval_every: int = typer.Option(5, "--eval-every", min=0),
+    run_name: str = typer.Option(None, "--run-name"),
+    checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
+                                       help="Checkpoint after every round here (default checkpoints/<run name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
+    backend: TrainBackend = typer.Option("inprocess", "--backend",
+                                help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
+    flare_env: FlareEnv = typer.Option("sim", "--flare-env",
+                                  help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
+                                       "poc = a provisioned consortium (mutual TLS) started here for this job; "
+                                       "prod = the running consortium the --kit admin kit reaches."),
+    flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
+                                        help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
+    kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
+                            "(the admin@... folder of `fedauc consortium provision`)."),
+    site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
+                                       help="With --backend flare: seconds the sites wait for a silent site at a "
+                                            "communication before the job fails naming it."),
+) -> None:
+    """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
+    import json
+
+    params = {}
+    for item in param:
+        name, sep, value = item.partition("=")
+        if not sep:
+            typer.echo(f"--param {item!r}: expected NAME=VALUE", err=True)
+            raise typer.Exit(code=2)
+        try:
+            params[name] = json.loads(value)
+        except json.JSONDecodeError:
+            params[name] = value
+    run_name = run_name or f"{algorithm}-I{local_steps}"
+    config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
+              "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
+              "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
+    if backend is TrainBackend.flare:
+        config["timeout_s"] = site_timeout
+    from pipelines.checks import check_training
+
+    flare = None
+    if backend is TrainBackend.flare:
+        from federated.flare.job import check_flare_env
+
+        check_flare_env(flare_env.value, kit)
+        flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
+    # A running consortium's sites read their own shards at the hospitals: none are needed here.
+    _, shards_root = check_training(federation, shards, config, local_sites=flare is None or flare["env"] != "prod")
+    summary = flows().train_federated(federation, str(shards_root), config, run_name, flare)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+def evaluate_command(
+    federation: str = typer.Option(..., "--federation", help="A federation YAML."),
+    shards: str = typer.Option(None, "--shards", help="Default: $FEDAUC_SHARDS, else the federation's shards:, "
+                               "else shards/."),
+    model_uri: str = typer.Option(None, "--model-uri", help="Default: models:/fedauc-<task>@champion."),
+) -> None:
+    """A registered model on every site's test split and pooled (the Prefect flow evaluate)."""
+    import pandas as pd
+
+    from pipelines.checks import check_evaluation
+    from pipelines.runs import metrics_rows
+    from pipelines.tables import markdown_table
+
+    _, shards_root = check_evaluation(federation, shards)
+    metrics = flows().evaluate(federation, str(shards_root), model_uri)
+    typer.echo(markdown_table(pd.DataFrame(metrics_rows(metrics))))
+
+
+def compare_command(
+    experiment: str = typer.Option("chest-xray", "--experiment", help="chest-xray or melanoma."),
+    sort_by: str = typer.Option("AUC macro", "--sort-by", help="A column of the table."),
+    show_all: bool = typer.Option(False, "--all", help="Also list failed, killed and running trainings."),
+    federation: str = typer.Option(None, "--federation", help="Only this federation's trainings (its name)."),
+    csv_path: str = typer.Option(None, "--csv", help="Also write the table to this CSV file."),
+    html_path: str = typer.Option(None, "--html", help="Also write the table to this HTML file."),
+) -> None:
+    """The experiment's trainings as a table: federation, sites, status, algorithm, I, per-disease pooled test
+    AUC [95 % interval] / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
+    from rich.console import Console
+
+    from pipelines.tables import fold_intervals, rich_table, write_table
+    from pipelines.tracking import compare_runs, configure
+
+    configure()
+    try:
+        frame = compare_runs(experiment, sort_by, include_unfinished=show_all)
+    except ValueError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(code=1) from None
+    hidden = frame.attrs["hidden"]
+    if federation is not None and not frame.empty:
+        frame = frame[frame["federation"] == federation].reset_index(drop=True)
+    title = f"{experiment}{f' / {federation}' if federation else ''}: pooled test metrics, best first"
+    Console(width=240).print(rich_table(fold_intervals(frame), title, keep_whole=("run", "federation", "sites")))
+    if hidden:
+        typer.echo(f"{hidden} unfinished training(s) hidden (failed, killed or running); --all lists them")
+    for path in filter(None, (csv_path, html_path)):
+        write_table(frame, path, title)
+        typer.echo(f"wrote {path}")
