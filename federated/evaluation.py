@@ -58,6 +58,7 @@ BETAS = (0.3, 0.5)
 TWO_WAY = ((0.5, 0.5),)
 METRICS = tuple(metric_names(BETAS, TWO_WAY))
 _N_POS, _N_NEG, _SUPPRESSED, _FIRST_METRIC = 0, 1, 2, 3
+SPLITS = ("valid", "test")  # the splits an evaluation scores, in this order
 
 
 def _batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
@@ -127,6 +128,18 @@ def site_summary(labels: np.ndarray, scores: np.ndarray, bins: int, min_count: i
 def absent_summary(num_classes: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
     """What a site without the split sends: NaN report rows (no counts) and empty histograms."""
     return np.full((num_classes, _FIRST_METRIC + len(METRICS)), np.nan), np.zeros((num_classes, 2, bins))
+
+
+def split_summary(model: nn.Module, part, num_classes: int, bins: int, min_count: int, device: torch.device,
+                  amp: bool = False, channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The one site-local evaluation step, whoever asks (training's evaluation rounds, an evaluation of
+    registered models in-process or at the hospitals): score this site's split ``part`` (a
+    ``federated.data.SplitData``, None when the site has no such split) with ``model`` in eval mode and
+    summarise it (``site_summary``)."""
+    if part is None or len(part) == 0:
+        return absent_summary(num_classes, bins)
+    scores = predict_scores(model, part.images, device, amp=amp, channels_last=channels_last)
+    return site_summary(part.labels, scores, bins, min_count)
 
 
 # --- 3. anywhere ----------------------------------------------------------------------------------
@@ -231,16 +244,11 @@ def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContex
     site takes part (with an empty summary when it has no such split)."""
     out = Evaluation({}, {}, [0] * len(sites), [0] * len(sites))
     C, K = fed.num_classes, backend.num_sites
-    for split in ("valid", "test"):
+    for split in SPLITS:
         reports, histograms = [], []
         for site in sites:
-            part = site.data.splits.get(split)
-            if part is None or len(part) == 0:
-                report, hist = absent_summary(C, bins)
-            else:
-                scores = predict_scores(site_model(model, site, bn_stats), part.images, fed.device, amp=fed.amp,
-                                        channels_last=fed.channels_last)
-                report, hist = site_summary(part.labels, scores, bins, min_count)
+            report, hist = split_summary(site_model(model, site, bn_stats), site.data.splits.get(split), C, bins,
+                                         min_count, fed.device, fed.amp, fed.channels_last)
             reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
             histograms.append(torch.from_numpy(hist).to(fed.device))
         gathered = backend.gather(reports)
@@ -248,13 +256,32 @@ def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContex
         for i in range(len(sites)):
             out.bytes_sent[i] += nbytes(reports[i]) + nbytes(histograms[i])
             out.bytes_received[i] += (K - 1) * nbytes(reports[i]) + nbytes(histograms[i])
-        gathered = gathered.cpu().numpy()
-        if np.isnan(gathered[:, :, _N_POS]).all():
-            continue  # no site holds this split
-        metrics, suppressed = combine(gathered, histograms[0].cpu().numpy(), list(range(K)), list(fed.diseases),
-                                      min_count)
-        out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
-        if split == "test":
-            out.test_histograms = histograms[0].cpu().numpy()
-        out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
+        _add_split(out, split, gathered.cpu().numpy(), histograms[0].cpu().numpy(), list(range(K)),
+                   list(fed.diseases), min_count)
+    return out
+
+
+def _add_split(out: Evaluation, split: str, reports: np.ndarray, histograms: np.ndarray, site_ids: list,
+               diseases: list[str], min_count: int) -> None:
+    """``combine`` one split's gathered reports (K, C, 3 + M) and summed histograms into ``out``, prefixed
+    ``<split>/``; nothing when no site holds the split."""
+    if np.isnan(reports[:, :, _N_POS]).all():
+        return
+    metrics, suppressed = combine(reports, histograms, site_ids, diseases, min_count)
+    out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
+    out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
+    if split == "test":
+        out.test_histograms = histograms
+
+
+def combine_sites(summaries: list[dict[str, tuple[np.ndarray, np.ndarray]]], site_ids: list, diseases: list[str],
+                  min_count: int) -> Evaluation:
+    """Step 3 where the sites' summaries arrive as they are (an evaluation job's results rather than a
+    training's collectives): ``summaries[k][split] = (report, histograms)`` of site ``site_ids[k]``, for
+    every split of ``SPLITS``. The same metrics, keys and suppression record as ``evaluate``; no bytes."""
+    out = Evaluation({}, {}, [], [])
+    for split in SPLITS:
+        reports = np.stack([np.asarray(s[split][0], dtype=np.float64) for s in summaries])
+        histograms = np.sum([np.asarray(s[split][1], dtype=np.float64) for s in summaries], axis=0)
+        _add_split(out, split, reports, histograms, site_ids, diseases, min_count)
     return out

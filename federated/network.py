@@ -21,18 +21,23 @@ from federated.data import SiteData
 
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The config's network for inputs of ``input_shape`` (without the batch dimension), unseeded."""
+    return build_named(config.network, config.network_kwargs, input_shape, num_classes)
+
+
+def build_named(network: str, network_kwargs: dict, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Network ``network`` (a ``TrainConfig.network`` name) with ``network_kwargs``: what a site rebuilds a
+    registered model from, with its own installed code, before loading the weights it was sent."""
     dim = int(np.prod(input_shape))
-    if config.network == "linear":
+    if network == "linear":
         return nn.Sequential(nn.Flatten(), nn.Linear(dim, num_classes))
-    if config.network == "mlp":
-        hidden = int(config.network_kwargs.get("hidden", 64))
+    if network == "mlp":
+        hidden = int(network_kwargs.get("hidden", 64))
         return nn.Sequential(nn.Flatten(), nn.Linear(dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
                              nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
                              nn.Linear(hidden, num_classes))
     from models.networks import build_network
 
-    return build_network(config.network, num_classes=num_classes, in_channels=input_shape[0],
-                         **config.network_kwargs)
+    return build_network(network, num_classes=num_classes, in_channels=input_shape[0], **network_kwargs)
 
 
 def initial_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int,

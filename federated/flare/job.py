@@ -11,9 +11,10 @@ import contextlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from federated.flare.spec import FlareJob
 from federated.sites import check_site_reports, site_names
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
+
+T = TypeVar("T")
 
 
 class FlareJobFailed(FedaucError, RuntimeError):
@@ -74,14 +77,19 @@ class FlareResult(TrainResult):
     site_reports: list[dict] = field(default_factory=list)
 
 
-def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
-    """The global model, history and summed test histograms site 0 returned and every site's report, from
-    the job's result folder."""
+def result_folder(result_root: str | Path) -> Path:
+    """The folder the server wrote the job's result to (``RESULT_DIR``), found in what the job returned."""
     found = sorted(Path(result_root).rglob(f"{RESULT_DIR}/result.json"))
     if not found:
         raise FlareJobFailed(f"the NVFlare job finished without a result under {result_root}",
                              fix="read the server log there (server/.../log.txt) for the failure")
-    folder = found[0].parent
+    return found[0].parent
+
+
+def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
+    """The global model, history and summed test histograms site 0 returned and every site's report, from
+    the job's result folder."""
+    folder = result_folder(result_root)
     meta = json.loads((folder / "result.json").read_text())
     state = torch.load(folder / "global_state.pt", map_location="cpu", weights_only=True)
     histograms = None if meta["test_histograms"] is None else np.asarray(meta["test_histograms"], dtype=np.float64)
@@ -98,10 +106,15 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
                   sharing: dict[str, dict] | None = None) -> FlareResult:
     """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``); ``sharing``:
     each site's sharing policy (``flare_job``)."""
-    from nvflare.recipe import SimEnv
-
     job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads(),
                     sharing=sharing)
+    return read_result(submit_simulated(job, workspace, name), config)
+
+
+def submit_simulated(job: FlareJob, workspace: Path, name: str) -> Path:
+    """Run ``job`` under NVFlare's simulator (every site a process here); what the job returned (a folder)."""
+    from nvflare.recipe import SimEnv
+
     r = recipe(job, name)
     workspace = Path(workspace)
     for attempt in range(2):
@@ -118,7 +131,7 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
             reason = failure_reason(workspace / r.job_name) or str(err)
             raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
                                  fix=f"the logs of every site are under {workspace / r.job_name}") from None
-    return read_result(run.get_result(), config)
+    return Path(run.get_result())
 
 
 def _lost_port_race(job_dir: Path) -> bool:
@@ -137,13 +150,20 @@ def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...],
     the result back. Each hospital's kit names its own shards (``fedauc consortium start-site``), so the job
     carries no paths. NVFlare's console chatter (job meta, progress dots) goes to ``log``."""
     job = flare_job(config, task, diseases, job_timeout_s, share_paths=False, threads=threads)
+    return read_result(submit_to_consortium(job, exec_env, log, name), config)
+
+
+def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str) -> Path:
+    """Submit ``job`` with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``) and wait for it; the folder of
+    what it returned. A job that fails or outlives its ``job_timeout_s`` is a ``FlareJobFailed``."""
+    job_timeout_s = job.job_timeout_s
     r = recipe(job, name)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as chatter, contextlib.redirect_stdout(chatter):
         try:
             run = r.run(exec_env)
         except (RuntimeError, ValueError, ConnectionError) as err:
-            raise FlareJobFailed(f"could not submit the training to the consortium: {err}",
+            raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
                                  fix="check the admin kit and that the consortium's server runs") from None
         folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
         status = run.get_status()
@@ -154,7 +174,7 @@ def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...],
         reason = failure_reason(Path(folder)) or f"status {status}"
         raise FlareJobFailed(f"the NVFlare job {run.get_job_id()} failed: {reason}",
                              fix=f"the server's log of the job is under {folder}")
-    return read_result(folder, config)
+    return Path(folder)
 
 
 # The NVFlare environments a training can run in (``fedauc train --flare-env``): the simulator, a provisioned
@@ -179,6 +199,30 @@ def check_flare_env(env: str, kit: str | Path | None) -> Path | None:
     return admin
 
 
+def submit_in_env(env: str, federation: Federation, shards_root: Path | None, workspace: Path, admin: Path | None,
+                  name: str, make_job: Callable[[bool, int | None, dict], FlareJob], read: Callable[[Path], T]) -> T:
+    """Run the job ``make_job(share_paths, threads, sharing)`` builds (``flare_job``'s arguments of those names)
+    in ``env`` and ``read`` what it returned. ``sim`` and ``poc`` run every site on this machine (their shards
+    under ``shards_root``) with this process's thread count; ``prod`` reaches the running consortium with the
+    admin kit ``admin`` and reads nothing under ``shards_root``."""
+    workspace = Path(workspace)
+    if env == "sim":
+        job = make_job(True, torch.get_num_threads(), {site.name: site.sharing.model_dump() for site in federation.sites})
+        return read(submit_simulated(job, workspace, name))
+    if env == "poc":
+        from federated.flare.poc import LocalConsortium
+
+        with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
+            return read(submit_to_consortium(make_job(False, torch.get_num_threads(), {}), consortium.exec_env(),
+                                             workspace / "submit.log", name))
+    from nvflare.recipe import ProdEnv
+
+    username = json.loads((admin / "startup" / "fed_admin.json").read_text())["admin"]["username"]
+    return read(submit_to_consortium(make_job(False, None, {}),
+                                     ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
+                                     workspace / "submit.log", name))
+
+
 def train_flare(config: TrainConfig, federation: Federation, shards_root: Path | None, env: str, workspace: Path,
                 kit: Path | None = None, callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> FlareResult:
     """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
@@ -188,23 +232,12 @@ def train_flare(config: TrainConfig, federation: Federation, shards_root: Path |
     are checked against the federation (one ``DataError`` naming the first site that does not fit)."""
     admin = check_flare_env(env, kit)
     task, diseases = federation.task, tuple(federation.sites[0].diseases)
-    workspace = Path(workspace)
-    if env == "sim":
-        result = run_simulated(config, task, diseases, workspace, name=name,
-                               sharing={site.name: site.sharing.model_dump() for site in federation.sites})
-    elif env == "poc":
-        from federated.flare.poc import LocalConsortium
 
-        with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
-            result = run_on_consortium(config, task, diseases, consortium.exec_env(), workspace / "submit.log",
-                                       name=name, threads=torch.get_num_threads())
-    else:
-        from nvflare.recipe import ProdEnv
+    def make_job(share_paths: bool, threads: int | None, sharing: dict) -> FlareJob:
+        return flare_job(config, task, diseases, 24 * 3600.0, share_paths, threads, sharing)
 
-        username = json.loads((admin / "startup" / "fed_admin.json").read_text())["admin"]["username"]
-        result = run_on_consortium(config, task, diseases,
-                                   ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
-                                   workspace / "submit.log", name=name)
+    result = submit_in_env(env, federation, shards_root, workspace, admin, name, make_job,
+                           lambda folder: read_result(folder, config))
     check_site_reports(result.site_reports, [site.name for site in federation.sites], task, diseases)
     for record in result.history:
         for callback in callbacks:
