@@ -50,7 +50,8 @@ import pandas as pd
 import psutil
 from PIL import Image
 
-from preprocessing.decode import ALLOWED_MODALITIES, decode_image, draft_at_least
+from preprocessing.decode import ALLOWED_MODALITIES, decode_image
+from preprocessing.decode_pillow import draft_at_least
 from preprocessing.records import CHEST_XRAY_DISEASES, RECORD_COLUMNS
 from preprocessing.resize import resize_to_square
 from preprocessing.shards import TransformSettings, write_site_shards

@@ -28,7 +28,8 @@ from hostile_files import (
 )
 from PIL import Image
 
-from preprocessing.decode import DecodeError, DecodeLimits, codestream_size, decode_image
+from preprocessing.decode import DecodeError, DecodeLimits, decode_image
+from preprocessing.decode_limits import codestream_size
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk, TransformSettings
