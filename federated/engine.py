@@ -28,7 +28,14 @@ from federated.backends import DistributedBackend, InProcessBackend
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader, label_counts
-from federated.network import build_model, initial_model, model_input_shape, training_device, training_forward
+from federated.network import (
+    build_model,
+    initial_model,
+    local_steps,
+    model_input_shape,
+    training_device,
+    training_forward,
+)
 from federated.registry import get_algorithm
 from federated.state import Comm, model_state_spec, model_tensors, nbytes
 
@@ -257,9 +264,10 @@ class Engine:
             t0 = time.perf_counter()
             losses = []
             for site in self.sites:
-                with site.rng():
+                with site.rng(), local_steps(cfg, site.model) as step_begins:
                     total = torch.zeros((), device=self.device)
                     for batch in site.loader.batches(cfg.local_steps):
+                        step_begins()
                         total += self.algorithm.local_step(site, batch)
                         site.iteration += 1
                     losses.append(total / cfg.local_steps)

@@ -4,12 +4,23 @@
 ``linear`` / ``mlp`` for feature-vector tasks (convex tests, synthetic benchmarks), every other name an
 image network of ``models.networks.build_network``. ``initial_model`` seeds it so that every site starts
 from the same weights, and ``training_device`` resolves the config's device (one GPU per local rank
-under torchrun).
+under torchrun). ``training_forward`` is what the local steps call when the config compiles the network, and
+``local_steps`` the scope they run in.
+
+CUDA graphs (``compile_mode="reduce-overhead"``): each site's forward and backward passes are recorded once per
+site (K sites in one process share one compiled graph; cudagraph trees keep one recording per site, told apart
+by the addresses of its parameters, which never move: communication and checkpoints copy into them) and
+replayed at every step. What a graph cannot hold stays outside, eager and without host syncs: the loss, the
+algorithm's update (multi-tensor ``torch._foreach_*`` calls, a handful of launches) and its per-step state.
+A step issues no host sync (tests/test_graph_step.py checks every algorithm but the FeDXL family), so the CPU
+queues step t + 1 while the GPU replays step t.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -17,6 +28,7 @@ from torch import nn
 
 from federated.config import TrainConfig
 from federated.data import SiteData
+from models import value_checks
 
 
 def build_model(config: TrainConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -56,6 +68,30 @@ def training_forward(model: nn.Module, config: TrainConfig) -> nn.Module | None:
     which shares the network's parameters and leaves its state_dict keys alone. Not ``nn.Module.compile()``:
     it compiles ``Module._call_impl``, which dynamo does not trace under torch 2.13, so it silently ran eager."""
     return torch.compile(model, mode=config.compile_mode) if config.compile_network else None
+
+
+@contextlib.contextmanager
+def local_steps(config: TrainConfig, model: nn.Module) -> Iterator[Callable[[], None]]:
+    """The scope of a site's local steps on ``model``; yields what to call before each step.
+
+    Inside it the losses skip their value checks (models/value_checks.py: the loader's labels and the engine's
+    prior hold them by construction; each check is a host sync on a GPU). Under CUDA graphs each step is a new
+    cudagraph-trees generation (``torch.compiler.cudagraph_mark_step_begin``): the memory of the previous
+    step's graph outputs may be reused, which is safe because algorithms keep only copies
+    (``Algorithm.logits``) and consume the gradients within the step. The last step's gradients are released
+    at the end: under CUDA graphs they live in the graphs' memory, which the next site's replays reuse, and a
+    recording that saw them alive would be re-recorded when they are not (and no hook reads them after the steps)."""
+    graphs = config.compile_network and config.compile_mode == "reduce-overhead"
+    try:
+        with value_checks.skipped():
+            yield torch.compiler.cudagraph_mark_step_begin if graphs else _no_step_mark
+    finally:
+        for p in model.parameters():
+            p.grad = None
+
+
+def _no_step_mark() -> None:
+    """Eager or compiled without CUDA graphs: a step needs no mark."""
 
 
 def model_input_shape(data: SiteData) -> tuple[int, ...]:

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models import value_checks
+
 Reduction = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -98,7 +100,7 @@ def _prepare(scores: Tensor, labels: Tensor, mask: Tensor | None, *, what: str =
         present = present & mask.to(torch.bool)
     y = torch.where(present, y, torch.zeros_like(y))
     bad = present & (y != 0) & (y != 1)
-    if bool(bad.any()):
+    if value_checks.enabled() and bool(bad.any()):
         row, col = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"labels must be 0, 1 or NaN (missing); got {labels[row, col].item()!r} at row {row}, "
                          f"disease column {col} ({int(bad.sum())} such entries)")
@@ -122,7 +124,7 @@ def _per_disease(value: float | Tensor, num_diseases: int, like: Tensor, name: s
 
 
 def _check_prior(prior: Tensor) -> None:
-    if bool(((prior <= 0) | (prior >= 1) | torch.isnan(prior)).any()):
+    if value_checks.enabled() and bool(((prior <= 0) | (prior >= 1) | torch.isnan(prior)).any()):
         raise ValueError(f"prior must lie strictly between 0 and 1 for every disease (the AUC losses weight "
                          f"each class by the other's prior), got {prior.detach().cpu().tolist()}")
 
@@ -359,7 +361,7 @@ def kl_opauc_surrogate(pos_scores: Tensor, neg_scores: Tensor, u_pos: Tensor, la
     if losses.numel() == 0:
         return losses.sum()
     u = u_pos.to(losses.dtype).unsqueeze(1)
-    if bool((u <= 0).any()):
+    if value_checks.enabled() and bool((u <= 0).any()):
         raise ValueError("u_pos must be positive (update it with kl_opauc_ema before use)")
     weights = torch.exp(losses.detach() / lam - torch.log(u))
     return (weights * losses).mean()

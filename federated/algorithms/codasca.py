@@ -83,7 +83,7 @@ class CODASCA(CODAPlus):
         return state
 
     def local_step(self, site: Site, batch) -> torch.Tensor:
-        st, lr = site.state, float(site.state["lr"])
+        st, lr = site.state, self.stage_lr(site)
         loss, g, g_alpha, defined = self.gradients(site, batch)
         c_site, c, grad_sum = (self.variates(site, kind) for kind in ("c_site", "c", "grad_sum"))
         n = len(g)

@@ -16,12 +16,17 @@ from federated.algorithms.base import Site
 from federated.algorithms.localsgdm import LocalSGDM
 from federated.data import Batch
 from federated.registry import register
-from models.objectives import ratio_loss
+from models.objectives import masked_bce_with_logits, ratio_positive_weight
 
 
 @register
 class LocalSGDMRatioLoss(LocalSGDM):
     name = "localsgdm_rl"
 
+    def __init__(self, params: dict, fed):
+        super().__init__(params, fed)
+        # Once, on the device: the counts live on the CPU, and copying them to a GPU every step waits for its queue.
+        self.pos_weight = ratio_positive_weight(fed.positives, fed.negatives).to(fed.device)
+
     def loss(self, site: Site, batch: Batch) -> torch.Tensor:
-        return ratio_loss(self.logits(site, batch), batch.y, self.fed.positives, self.fed.negatives, batch.mask)
+        return masked_bce_with_logits(self.logits(site, batch), batch.y, batch.mask, pos_weight=self.pos_weight)

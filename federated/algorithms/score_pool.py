@@ -127,7 +127,8 @@ class ScorePool:
         fields = self.fields[kind]
         valid = ~torch.isnan(site.state[f"passive.{fields[0]}"])  # (M, C)
         weights = valid.T.float()
-        weights[weights.sum(1) == 0] = 1.0  # an empty column draws anything; its validity stays False
+        # An empty column draws anything; its validity stays False. (torch.where: a boolean index is a host sync.)
+        weights = torch.where(weights.sum(1, keepdim=True) == 0, 1.0, weights)
         idx = torch.multinomial(weights, self.draws, replacement=True)  # (C, draws)
         drawn_valid = valid.T.gather(1, idx).T
         drawn = {f: torch.nan_to_num(site.state[f"passive.{f}"].T.gather(1, idx).T) for f in fields}
