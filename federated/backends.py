@@ -17,6 +17,7 @@ import datetime as dt
 import os
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -44,6 +45,16 @@ def weighted_sum(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
     for w, flat in zip(weights[1:], flats[1:]):
         total.add_(flat, alpha=w)
     return total
+
+
+def ring_sum(vectors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum modulo 2^64 of int64 vectors (secure aggregation's reduction, federated/secure_aggregation.py),
+    as int64 on the CPU: numpy's unsigned addition wraps by definition, torch's signed one is undefined on
+    overflow."""
+    total = np.zeros(vectors[0].numel(), dtype=np.uint64)
+    for v in vectors:
+        total += v.cpu().numpy().view(np.uint64)
+    return torch.from_numpy(total.view(np.int64))
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
@@ -75,6 +86,10 @@ class InProcessBackend:
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         """Rows of every site concatenated in site order."""
         return torch.cat(per_site, dim=0)
+
+    def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        """The sum modulo 2^64 of every site's int64 vector."""
+        return ring_sum(per_site)
 
     def barrier(self) -> None:
         """Nothing to wait for: every site runs in this process."""
@@ -155,6 +170,10 @@ class DistributedBackend:
         padded[: local.shape[0]] = local
         out = self._all_gather("all_gather", padded)
         return torch.cat([o[:n] for o, n in zip(out, sizes)], dim=0)
+
+    def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        (local,) = per_site
+        return ring_sum(self._all_gather("all_gather (secure sum)", local.to(self.device)))
 
     def barrier(self) -> None:
         self._run("barrier", dist.barrier)

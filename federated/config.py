@@ -145,6 +145,9 @@ class TrainConfig(BaseModel):
     resume: bool = False
     bn_stats: Literal["mean", "local"] = "mean"
     aggregation: Literal["uniform", "weighted"] = "uniform"  # weighted = by number of training samples
+    # Pairwise-masked secure aggregation of every mean and sum (federated/secure_aggregation.py): whoever
+    # combines (the FLARE server) receives ring elements uniform whatever a site's values, and decodes only sums.
+    secure_aggregation: bool = False
     prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
     # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:

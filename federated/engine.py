@@ -37,6 +37,7 @@ from federated.network import (
     training_forward,
 )
 from federated.registry import get_algorithm
+from federated.secure_aggregation import RING_BYTES, SecureBackend
 from federated.state import Comm, model_state_spec, model_tensors, nbytes
 
 RoundCallback = Callable[[dict], None]
@@ -91,6 +92,8 @@ class Engine:
         self.is_leader = 0 in backend.local_sites
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
         self.datas = load_sites(config.sites, backend.local_sites)
+        self.secure = SecureBackend(backend, [d.name for d in self.datas]) if config.secure_aggregation else None
+        self.backend = backend = self.secure or backend
         self.input_shape = model_input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
@@ -191,9 +194,9 @@ class Engine:
                     raise RuntimeError(f"algorithm {self.config.algorithm!r}: MEAN tensor {n!r} is now "
                                        f"{tuple(t[n].shape)} {t[n].dtype}, declared {self.mean_layout[n]}; "
                                        "a MEAN tensor must keep its shape and dtype")
-        self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights)
+        self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights, **self._named(mean_names))
         for i, t in enumerate(tensors):
-            b = sum(nbytes(t[n]) for n in mean_names)
+            b = sum(self._mean_bytes(t[n]) for n in mean_names)
             sent[i] += b
             received[i] += b
         for name in (n for n, c in self.spec.items() if c is Comm.GATHER and c in kinds):
@@ -218,11 +221,18 @@ class Engine:
                              f"statistic {sorted(stats[0])} the kind mean or sum")
         for kind, weights in ((Comm.MEAN, self.weights), (Comm.SUM, [1.0] * len(self.sites))):
             names = sorted(n for n, c in spec.items() if c is kind)
-            self.backend.mean_([[st[n] for n in names] for st in stats], weights)
+            self.backend.mean_([[st[n] for n in names] for st in stats], weights, **self._named(names))
         for site, st in zip(self.sites, stats):
             with site.rng():
                 self.algorithm.stage_start(site, st)
-        return sum(nbytes(t) for t in stats[0].values())
+        return sum(self._mean_bytes(t) for t in stats[0].values())
+
+    def _named(self, names: list[str]) -> dict:
+        """Secure aggregation's errors name the tensor; the plain backends do not check values."""
+        return {"names": names} if self.secure else {}
+
+    def _mean_bytes(self, t: torch.Tensor) -> int:
+        return t.numel() * RING_BYTES if self.secure else nbytes(t)
 
     # --- evaluation ---------------------------------------------------------------------------
     def global_model(self) -> nn.Module:
@@ -262,6 +272,8 @@ class Engine:
             self.each_site(self.algorithm.round_end)
         for r in range(start_round, cfg.rounds):
             t0 = time.perf_counter()
+            if self.secure:
+                self.secure.round = r
             losses = []
             for site in self.sites:
                 with site.rng(), local_steps(cfg, site.model) as step_begins:

@@ -101,3 +101,16 @@ def test_a_site_that_dies_fails_the_job_with_a_clear_message(tmp_path):
             if p.poll() is None:
                 p.kill()
             p.communicate()
+
+
+def test_secure_aggregation_under_torchrun_gives_the_in_process_model_bit_for_bit(tmp_path):
+    """Fixed-point ring sums have no order: both backends decode the same sums, whatever their keys."""
+    cfg = _config(secure_aggregation=True, rounds=3)
+    dist_result = _torchrun(tmp_path, cfg)
+    local = federated.train(cfg)
+    for key, value in local.global_state.items():
+        assert torch.equal(value, dist_result["global_state"][key]), key
+    for mine, theirs in zip(local.history, dist_result["history"], strict=True):
+        assert mine["train_loss"] == theirs["train_loss"] and mine["bytes_sent"] == theirs["bytes_sent"]
+    got, want = dist_result["history"][-1]["metrics"], local.history[-1]["metrics"]
+    assert got == pytest.approx(want, abs=0, nan_ok=True)

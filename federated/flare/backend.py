@@ -1,6 +1,8 @@
-"""The site's half of a collective: one call to the server's published ``collective`` per mean, gather or
-barrier, carrying exactly the tensors the engine hands over (flattened per dtype group, as every backend
-does) and returning the combined result. One serialisation each way per collective."""
+"""The site's half of a collective: one call to the server's published ``collective`` per mean, gather,
+barrier, ring sum or key exchange, carrying exactly the tensors the engine hands over (flattened per dtype
+group, as every backend does) and returning the combined result. One serialisation each way per collective.
+With secure aggregation the server receives only masked ring elements (``ring_sum``) and signed public keys
+(``exchange_public_keys``, federated/flare/keys.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +11,25 @@ from collections.abc import Callable, Sequence
 import torch
 
 from federated.backends import SiteFailure, dtype_groups, flatten, unflatten_into
+from federated.flare.keys import SiteKeys
 
 # (seq, what, site, payload) -> combined result; in a job: the server proxy's ``collective``.
 CollectiveCall = Callable[[int, str, int, object], object]
 
 
 class FlareBackend:
-    """Site ``site`` of ``num_sites``, its collectives made through ``call``."""
+    """Site ``site`` of ``num_sites``, its collectives made through ``call``; ``keys`` signs and checks
+    secure aggregation's public keys."""
 
     name = "flare"
 
-    def __init__(self, num_sites: int, site: int, call: CollectiveCall, device: torch.device):
+    def __init__(self, num_sites: int, site: int, call: CollectiveCall, device: torch.device,
+                 keys: SiteKeys | None = None):
         self.num_sites = num_sites
         self.site = site
         self.local_sites = [site]
         self.device = device
+        self.keys = keys
         self._call = call
         self._seq = 0
 
@@ -50,6 +56,15 @@ class FlareBackend:
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site
         return self._collective("gather", local.cpu()).to(local.device)
+
+    def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        (local,) = per_site
+        return self._collective("ring_sum", local.cpu())
+
+    def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
+        if self.keys is None:  # never fall back to unchecked keys at a site that may be in a consortium
+            raise RuntimeError("secure aggregation over FLARE needs the site's SiteKeys (federated/flare/site.py)")
+        return self.keys.verified(self._collective("keys", self.keys.signed(self.site, own[self.site])))
 
     def barrier(self) -> None:
         self._collective("barrier", None)

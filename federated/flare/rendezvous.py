@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from federated.backends import SiteFailure, weighted_sum
+from federated.backends import SiteFailure, ring_sum, weighted_sum
 
 
 @dataclass
@@ -95,10 +95,14 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
 
 # How the server combines each kind of collective (FlareBackend's payloads), in site order; "inputs": every
 # site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareBackend numbers from 1).
+# Secure aggregation: "keys" hands every site's signed public key to every site (each checks them all),
+# "ring_sum" adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "mean": _mean,
     "gather": lambda payloads: torch.cat(payloads, dim=0),
     "barrier": lambda payloads: None,
     "inputs": lambda payloads: payloads,
+    "keys": lambda payloads: payloads,
+    "ring_sum": ring_sum,
 }
 INPUTS_SEQ = 0

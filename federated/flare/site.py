@@ -17,6 +17,7 @@ from nvflare.collab import collab
 
 from federated.engine import Engine
 from federated.flare.backend import FlareBackend
+from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.rendezvous import INPUTS_SEQ
 from federated.flare.spec import FlareJob
 from federated.network import training_device
@@ -37,7 +38,9 @@ def train(job: dict) -> dict:
         shard_dir, sharing = spec.own_shards(name, Path(collab.workspace.get_site_config_dir()))
         config = spec.train_config(name, shard_dir)
         server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
-        engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config)))
+        keys = SiteKeys(load_identity(collab.workspace.get_startup_kit_dir()), collab.fl_ctx.get_job_id(), spec.sites)
+        engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config),
+                                                     keys))
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}
