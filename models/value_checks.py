@@ -1,5 +1,5 @@
 """Checks of tensor values (labels in {0, 1}, a prior inside (0, 1), positive u) that the losses of
-models/objectives.py make, and the scope in which a caller whose inputs hold them by construction skips them.
+models/objectives/ make, and the scope in which a caller whose inputs hold them by construction skips them.
 
 Why skip them: each check reads a reduction of a device tensor back to the host (``bool(tensor)``), and on a
 GPU such a read waits for every queued kernel. The engine's local steps run without them (federated/network.py,
