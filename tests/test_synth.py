@@ -19,7 +19,7 @@ from preprocessing.sites import SiteConfigError, load_site
 from preprocessing.synth import FORMATS, generate_federation, generate_site
 from preprocessing.synth.chest import ChestFindings, render_chest
 from preprocessing.synth.federation import site_data_dir
-from preprocessing.synth.sources import sample_siim
+from preprocessing.synth.skin_sources import sample_siim
 
 TASK = {fmt: "melanoma" if fmt == "siim-isic-2020" else "chest-xray" for fmt in FORMATS}
 

@@ -32,7 +32,8 @@ from preprocessing.synth.chest import ChestFindings, acquire, render_chest, upsa
 from preprocessing.synth.files import write_image
 from preprocessing.synth.profiles import DEFAULT_PROFILE, chest_profile, skin_profile
 from preprocessing.synth.skin import render_skin, sample_traits
-from preprocessing.synth.sources import SiteSample, sample_format, source_root
+from preprocessing.synth.source_tables import SiteSample
+from preprocessing.synth.sources import sample_format, source_root
 
 FORMATS = ("chexpert", "mimic-cxr-jpg", "nih-cxr14", "padchest", "vindr-cxr", "siim-isic-2020")
 SEVERITY_A, SEVERITY_B = 2.0, 1.6
