@@ -1,6 +1,6 @@
 """`fedauc train --backend flare --flare-env sim`: a real NVFlare simulator job from the CLI, recorded in a real
 MLflow store exactly as the in-process training of the same config is (same metrics, same values, a
-registered model)."""
+registered model); both with `--secure-aggregation` (the plain FLARE path: tests/test_flare.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _train(federation, run_name, *extra):
     result = runner.invoke(app, ["train", "--federation", str(federation), "--shards", "shards",
                                  "--algorithm", "codasca", "-p", "T0=4", "--rounds", "2", "--local-steps", "2",
                                  "--batch-size", "16", "--lr", "0.5", "--eval-every", "1", "--run-name", run_name,
-                                 "--checkpoint-dir", f"ckpt/{run_name}", *extra])
+                                 "--checkpoint-dir", f"ckpt/{run_name}", "--secure-aggregation", *extra])
     assert result.exit_code == 0, result.output
     summary_at = result.output.index('{\n  "run_id"')  # NVFlare's own log lines may surround the summary
     return json.JSONDecoder().raw_decode(result.output, summary_at)[0]
@@ -59,6 +59,7 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
         params = [{k: v for k, v in client.get_run(run["run_id"]).data.params.items()
                    if k not in ("flare_env", "checkpoint_dir")} for run in (local, flare)]
         assert params[0] == params[1] and "shard_hash.vienna" in params[0]
+        assert params[0]["secure_aggregation"] == "True"  # --secure-aggregation reached both trainings
         artifacts = [sorted(a.path for folder in ("", "qc", "qc/vienna") for a in client.list_artifacts(run["run_id"], folder))
                      for run in (local, flare)]
         assert artifacts[0] == artifacts[1] and "roc_test_pooled.png" in artifacts[0]

@@ -52,6 +52,10 @@ def train_command(
     site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
                                        help="With --backend flare: seconds the sites wait for a silent site at a "
                                             "communication before the job fails naming it."),
+    secure_aggregation: bool = typer.Option(
+        False, "--secure-aggregation",
+        help="Pairwise-masked secure aggregation: the server (or this process) receives every mean and sum as "
+             "masked ring elements and decodes only the sum over sites (docs/algorithms.md section 13)."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -69,7 +73,8 @@ def train_command(
     run_name = run_name or f"{algorithm}-I{local_steps}"
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
-              "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume}
+              "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume,
+              "secure_aggregation": secure_aggregation}
     if backend is TrainBackend.flare:
         config["timeout_s"] = site_timeout
     from pipelines.checks import check_training
