@@ -19,7 +19,9 @@ One writer per site: the run holds ``<site>/.lock`` (``preprocessing.locks``); a
 site is refused with the holder's pid, host and start time. Decoding runs in ``preprocessing.pool``
 workers with a per-file time limit. Byte-identical files kept under two patients or in two splits would
 leak a test image into training: all but the first (train before valid before test, then record order)
-are quarantined DUPLICATE_CONTENT (stage "dedup").
+are quarantined DUPLICATE_CONTENT (stage "dedup", ``preprocessing.duplicates``).
+
+The staging arrays, their resume logs and the finalization are ``preprocessing.shard_staging``.
 """
 
 from __future__ import annotations
@@ -28,24 +30,21 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from preprocessing.duplicates import quarantine_duplicate_content
 from preprocessing.locks import notice, site_lock
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
 from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
 from preprocessing.shard_format import (
     FORMAT_VERSION,
-    IMAGE_DTYPE,
     IMAGE_STATS_FILE,
-    IMAGES_FILE,
-    MANIFEST_FILE,
     QC_DIR,
     QUARANTINE_FILE,
     SHARD_FILE,
@@ -53,7 +52,8 @@ from preprocessing.shard_format import (
     ShardInfo,
     load_shard_info,
 )
-from preprocessing.tiles import STAT_COLUMNS, Chunk, ChunkResult, TransformSettings
+from preprocessing.shard_staging import SplitStaging, finalize_split, remove_other_staging, write_parquet
+from preprocessing.tiles import STAT_COLUMNS, Chunk, TransformSettings
 
 
 @dataclass(frozen=True)
@@ -150,21 +150,21 @@ def _write_locked(
     # From here the shards on disk are stale: without shard.json they cannot be mistaken for a finished run.
     (site_dir / SHARD_FILE).unlink(missing_ok=True)
     staging = site_dir / STAGING_DIR / content_hash[:16]
-    _remove_other_staging(site_dir / STAGING_DIR, keep=staging)
+    remove_other_staging(site_dir / STAGING_DIR, keep=staging)
     staging.mkdir(parents=True, exist_ok=True)
 
     splits = {name: part.reset_index(drop=True) for name in SPLITS if len(part := records[records["split"] == name])}
-    stages = {name: _SplitStaging(staging, name, len(part), transform.tile_shape) for name, part in splits.items()}
+    stages = {name: SplitStaging(staging, name, len(part), transform.tile_shape) for name, part in splits.items()}
     resumed = sum(stage.done_count for stage in stages.values())
     if resumed:
         notice(f"{site_dir}: resuming an interrupted run, {resumed} of {len(records)} images already done")
     _decode_pending(splits, stages, data_root, transform, workers, chunk_size, progress, site)
 
     outcomes = {name: stages[name].outcomes() for name in splits}
-    _quarantine_duplicate_content(splits, outcomes)
+    quarantine_duplicate_content(splits, outcomes)
     decode_failures, stats, counts = [], [], dict.fromkeys(SPLITS, 0)
     for name, part in splits.items():
-        kept, failures, split_stats = _finalize_split(part, outcomes[name], stages[name], site_dir / name, chunk_size)
+        kept, failures, split_stats = finalize_split(part, outcomes[name], stages[name], site_dir / name, chunk_size)
         counts[name] = kept
         decode_failures.append(failures)
         stats.append(split_stats)
@@ -173,10 +173,10 @@ def _write_locked(
             shutil.rmtree(site_dir / name, ignore_errors=True)
 
     quarantine = pd.concat([_as_quarantine(scan_quarantine), *decode_failures], ignore_index=True)
-    _write_parquet(quarantine, site_dir / QUARANTINE_FILE)
+    write_parquet(quarantine, site_dir / QUARANTINE_FILE)
     image_stats = pd.concat(stats, ignore_index=True) if stats else _empty_stats()
     (site_dir / QC_DIR).mkdir(exist_ok=True)
-    _write_parquet(image_stats, site_dir / IMAGE_STATS_FILE)
+    write_parquet(image_stats, site_dir / IMAGE_STATS_FILE)
 
     info: ShardInfo = {
         "format_version": FORMAT_VERSION,
@@ -202,7 +202,7 @@ def _write_locked(
 
 def _decode_pending(
     splits: dict[str, pd.DataFrame],
-    stages: dict[str, _SplitStaging],
+    stages: dict[str, SplitStaging],
     data_root: Path,
     transform: TransformSettings,
     workers: int,
@@ -221,191 +221,6 @@ def _decode_pending(
         for result in decode_chunks(chunks, transform, workers):
             stages[result.split].record(result)
             bar.update(len(result.outcomes))
-
-
-def _quarantine_duplicate_content(splits: dict[str, pd.DataFrame], outcomes: dict[str, pd.DataFrame]) -> None:
-    """Turn the outcomes of leaked duplicates into DUPLICATE_CONTENT failures (in place).
-
-    A group of byte-identical kept files is a leak when it spans patients or splits; its first file (in
-    SPLITS order, then record order) stays. Duplicates within one patient and split are not a leak and stay.
-    """
-    kept = []
-    for name, part in splits.items():
-        ok = outcomes[name]["ok"].to_numpy(dtype=bool)
-        kept.append(
-            pd.DataFrame(
-                {
-                    "split": name,
-                    "row": np.flatnonzero(ok),
-                    "sha256": outcomes[name].loc[ok, "sha256"].to_numpy(),
-                    "patient_id": part.loc[ok, "patient_id"].astype(str).to_numpy(),
-                    "image_path": part.loc[ok, "image_path"].astype(str).to_numpy(),
-                    "source_row": part.loc[ok, "source_row"].astype(str).to_numpy(),
-                }
-            )
-        )
-    if not kept:
-        return
-    files = pd.concat(kept, ignore_index=True)
-    groups = files.groupby("sha256")
-    leak = (groups["patient_id"].transform("nunique") > 1) | (groups["split"].transform("nunique") > 1)
-    duplicates = files[leak & files["sha256"].duplicated(keep="first")]
-    first = files.drop_duplicates("sha256").set_index("sha256")
-    for row in duplicates.itertuples(index=False):
-        original = first.loc[row.sha256]
-        outcomes[row.split].loc[row.row, ["ok", "reason", "detail"]] = [
-            False,
-            Reason.DUPLICATE_CONTENT.value,
-            f"{row.image_path} ({row.split}) is byte-identical to {original.image_path} "
-            f"({original.source_row}, {original.split}), kept under another patient or in another split",
-        ]
-
-
-# --------------------------------------------------------------------------- staging and finalization
-
-
-class _SplitStaging:
-    """One split's staging array (a slot per record) and its progress log (a JSON line per record done).
-
-    In memory only a bitmap of the records done: the outcomes stay in the log until finalization.
-    """
-
-    def __init__(self, staging: Path, split: str, size: int, tile_shape: tuple[int, ...]):
-        self.images = staging / f"{split}.npy"
-        self.log = staging / f"{split}.jsonl"
-        self.size = size
-        self.tile_shape = tile_shape
-        self.row_bytes = int(np.prod(tile_shape))
-        self.done = np.zeros(size, dtype=bool)
-        try:
-            self._open()
-        except (ValueError, KeyError, IndexError, TypeError, OSError) as err:
-            notice(f"{staging}: cannot resume split {split} of an interrupted run ({err}); decoding it again")
-            self.images.unlink(missing_ok=True)
-            self.log.unlink(missing_ok=True)
-            self.done[:] = False
-            self._open()
-
-    def _open(self) -> None:
-        self.finalized = not self.images.exists() and self.log.exists()
-        if not self.images.exists() and not self.finalized:
-            # open_memmap writes the .npy header and sizes the file (sparse); rows are then pwritten.
-            np.lib.format.open_memmap(self.images, mode="w+", dtype=IMAGE_DTYPE, shape=(self.size,) + self.tile_shape)
-            self.log.unlink(missing_ok=True)
-        self.header_bytes = _npy_header_bytes(self.images) if self.images.exists() else 0
-        for outcome in self._complete_lines():
-            self.done[json.loads(outcome)["i"]] = True
-
-    @property
-    def done_count(self) -> int:
-        return int(self.done.sum())
-
-    def pending_ranges(self, chunk_size: int) -> Iterator[tuple[int, int]]:
-        if self.finalized:
-            return
-        start = 0
-        while start < self.size:
-            while start < self.size and self.done[start]:
-                start += 1
-            stop = start
-            while stop < self.size and not self.done[stop] and stop - start < chunk_size:
-                stop += 1
-            if stop > start:
-                yield start, stop
-            start = stop
-
-    def record(self, result: ChunkResult) -> None:
-        # Images first, then the log: a record is "done" only once its pixels are on disk.
-        with self.images.open("r+b") as handle:
-            os.pwrite(handle.fileno(), result.tiles.tobytes(), self.header_bytes + result.start * self.row_bytes)
-        lines = "".join(json.dumps(outcome) + "\n" for outcome in result.outcomes)
-        with self.log.open("a") as handle:
-            handle.write(lines)
-        for outcome in result.outcomes:
-            self.done[outcome["i"]] = True
-
-    def outcomes(self) -> pd.DataFrame:
-        """One row per record of the split, in record order; raises if any record is missing."""
-        frame = pd.read_json(self.log, lines=True, dtype=False, convert_dates=False)
-        # A chunk redone after an interruption may log a record twice; the later line is the one whose image
-        # is on disk.
-        frame = frame.drop_duplicates("i", keep="last")
-        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", *STAT_COLUMNS]).sort_values("i")
-        # Text columns stay object even when every record decoded (all NaN): a duplicate found later writes
-        # its reason into them.
-        frame[["reason", "detail"]] = frame[["reason", "detail"]].astype(object)
-        if not np.array_equal(frame["i"].to_numpy(), np.arange(self.size)):
-            undone = np.setdiff1d(np.arange(self.size), frame["i"].to_numpy())
-            raise RuntimeError(
-                f"{self.log}: the log does not hold each of the {self.size} records exactly once "
-                f"({len(frame)} lines, {len(undone)} records missing)"
-            )
-        return frame.reset_index(drop=True)
-
-    def _complete_lines(self) -> list[str]:
-        """The log's lines, after cutting a last line that a killed run left half-written (its chunk is redone)."""
-        if not self.log.exists():
-            return []
-        data = self.log.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) != len(data):
-            with self.log.open("r+b") as handle:
-                handle.truncate(len(complete))
-        return complete.decode().splitlines()
-
-
-def _finalize_split(
-    part: pd.DataFrame, outcomes: pd.DataFrame, stage: _SplitStaging, split_dir: Path, chunk_size: int
-) -> tuple[int, pd.DataFrame, pd.DataFrame]:
-    ok = outcomes["ok"].to_numpy(dtype=bool)
-
-    failed = part.loc[~ok]
-    failures = pd.DataFrame(
-        {
-            "record_id": failed["record_id"].astype("object").to_numpy(),
-            "source_row": failed["source_row"].astype("object").to_numpy(),
-            "image_path": failed["image_path"].astype("object").to_numpy(),
-            "stage": np.where(outcomes.loc[~ok, "reason"] == Reason.DUPLICATE_CONTENT.value, "dedup", "decode"),
-            "reason": outcomes.loc[~ok, "reason"].to_numpy(),
-            "detail": outcomes.loc[~ok, "detail"].to_numpy(),
-        },
-        columns=list(QUARANTINE_COLUMNS),
-    )
-    stats = outcomes.loc[ok, list(STAT_COLUMNS)].reset_index(drop=True)
-    stats.insert(0, "view", part.loc[ok, "view"].to_numpy())
-    stats.insert(0, "split", split_dir.name)
-    stats.insert(0, "record_id", part.loc[ok, "record_id"].to_numpy())
-
-    split_dir.mkdir(parents=True, exist_ok=True)
-    _write_parquet(part.loc[ok].reset_index(drop=True), split_dir / MANIFEST_FILE)
-    final = split_dir / IMAGES_FILE
-    if not stage.finalized:
-        if ok.all():
-            os.replace(stage.images, final)
-        else:
-            _compact(stage, np.flatnonzero(ok), final, chunk_size)
-    return int(ok.sum()), failures, stats
-
-
-def _compact(stage: _SplitStaging, kept: np.ndarray, final: Path, chunk_size: int) -> None:
-    """Copy the kept staging rows, in order, into ``final``; reads and writes ``chunk_size`` rows at a time."""
-    temporary = final.with_suffix(".npy.partial")
-    np.lib.format.open_memmap(temporary, mode="w+", dtype=IMAGE_DTYPE, shape=(len(kept),) + stage.tile_shape)
-    target_header = _npy_header_bytes(temporary)
-    with stage.images.open("rb") as source, temporary.open("r+b") as target:
-        for block_start in range(0, len(kept), chunk_size):
-            rows = kept[block_start : block_start + chunk_size]
-            data = b"".join(
-                os.pread(source.fileno(), stage.row_bytes, stage.header_bytes + int(row) * stage.row_bytes)
-                for row in rows
-            )
-            os.pwrite(target.fileno(), data, target_header + block_start * stage.row_bytes)
-    os.replace(temporary, final)
-    stage.images.unlink()
-
-
-def _npy_header_bytes(path: Path) -> int:
-    return int(np.load(path, mmap_mode="r").offset)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -451,24 +266,10 @@ def _empty_stats() -> pd.DataFrame:
     return pd.DataFrame(columns=["record_id", "split", "view", *STAT_COLUMNS])
 
 
-def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    temporary = path.with_suffix(".parquet.partial")
-    frame.to_parquet(temporary, index=False)
-    os.replace(temporary, path)
-
-
 def _write_atomic(path: Path, text: str) -> None:
     temporary = path.with_suffix(path.suffix + ".partial")
     temporary.write_text(text)
     os.replace(temporary, path)
-
-
-def _remove_other_staging(root: Path, keep: Path) -> None:
-    if root.exists():
-        for stale in root.iterdir():
-            if stale != keep:
-                notice(f"{stale}: removing the staging of an interrupted run over other inputs")
-                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _summary_from_info(site: str, site_dir: Path, info: dict, reused: bool) -> ShardSummary:
