@@ -12,7 +12,7 @@ site (K sites in one process share one compiled graph; cudagraph trees keep one 
 by the addresses of its parameters, which never move: communication and checkpoints copy into them) and
 replayed at every step. What a graph cannot hold stays outside, eager and without host syncs: the loss, the
 algorithm's update (multi-tensor ``torch._foreach_*`` calls, a handful of launches) and its per-step state.
-A step issues no host sync (tests/test_graph_step.py checks every algorithm but the FeDXL family), so the CPU
+A step issues no host sync (tests/test_graph_step.py checks every algorithm), so the CPU
 queues step t + 1 while the GPU replays step t.
 """
 

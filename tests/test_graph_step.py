@@ -8,7 +8,10 @@ themselves are recorded only on a GPU (benchmarks/gpu.py, docs/performance.md)."
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,8 @@ from federated import SyntheticSite, TrainConfig
 from federated.algorithms.centralized import centralize
 from federated.engine import Engine
 from models import objectives
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ATen operations whose result the host needs before it can go on: on CUDA each one synchronises.
 HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
@@ -40,8 +45,8 @@ class HostSyncs(TorchDispatchMode):
             isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] or ()))
         if name in HOST_READS or boolean_index:
             ours = [f for f in traceback.extract_stack() if "/federated/" in f.filename or "/models/" in f.filename]
-            where = f"{ours[-1].filename.rsplit('/', 2)[-2]}/{ours[-1].filename.rsplit('/', 1)[-1]}:{ours[-1].lineno}"
-            self.found[f"{name} at {where}" if ours else name] += 1
+            where = f" at {'/'.join(ours[-1].filename.split('/')[-2:])}:{ours[-1].lineno}" if ours else ""
+            self.found[name + where] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -56,11 +61,7 @@ def _config(algorithm: str, **kw) -> TrainConfig:
     return centralize(cfg) if algorithm == "centralized" else cfg
 
 
-# KL-OPAUC's steps (FeDXL2, Local Pair, Centralized) still select their positives by boolean indexing.
-KL_OPAUC = {"fedxl2", "localpair", "centralized"}
-
-
-@pytest.mark.parametrize("algorithm", sorted(set(federated.algorithm_names()) - KL_OPAUC))
+@pytest.mark.parametrize("algorithm", federated.algorithm_names())
 def test_local_steps_read_nothing_back_to_the_host(algorithm):
     """Over two rounds (a stage boundary between them where the algorithm has stages), the engine's local steps
     issue no host sync; the same loss called outside them still checks its labels."""
@@ -105,3 +106,12 @@ def test_cuda_graph_mode_compiles_one_graph_for_every_site_and_step_and_equals_e
             torch.testing.assert_close(graphs.site_states[0][name], value, rtol=1e-5, atol=1e-6)
     assert counters["stats"]["unique_graphs"] == 1
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_the_gpu_benchmark_refuses_a_machine_without_cuda():
+    """benchmarks/gpu.py measures a GPU: without one it says so and how to check the harness, and fails."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 2
+    assert "measures a GPU and this machine has none" in done.stderr and "--smoke" in done.stderr

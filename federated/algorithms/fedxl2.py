@@ -22,10 +22,10 @@ import torch
 
 from federated.algorithms.base import Site
 from federated.algorithms.fedxl1 import FeDXL1, FeDXL1Params
-from federated.algorithms.pairwise import KLOPAUC, KLOPAUCParams
+from federated.algorithms.pairwise import KLOPAUC, KLOPAUCParams, masked_kl_opauc_surrogate
 from federated.data import Batch
 from federated.registry import register
-from models.objectives import kl_opauc_inner_mean, kl_opauc_surrogate
+from models.objectives import kl_opauc_inner_mean
 
 
 class FeDXL2Params(FeDXL1Params, KLOPAUCParams):
@@ -57,12 +57,9 @@ class FeDXL2(KLOPAUC, FeDXL1):
         pos_drawn, vp = self.pool.draw(site, "pos")
         terms = []
         for c in range(self.fed.num_classes):
-            active = self.positive_term(site, batch, s, c, neg_drawn["neg_score"][vn[:, c], c])
-            is_neg = ((1 - batch.y[:, c]) * batch.mask[:, c]) > 0
-            pool_pos = pos_drawn["pos_score"][vp[:, c], c]
-            passive = s[:, c].sum() * 0
-            if len(pool_pos) and bool(is_neg.any()):
-                passive = kl_opauc_surrogate(pool_pos, s[is_neg, c], pos_drawn["pos_u"][vp[:, c], c],
-                                             self.p.lam, self.loss_fn)
+            active = self.positive_term(site, batch, s, c, neg_drawn["neg_score"][:, c], vn[:, c])
+            passive = masked_kl_opauc_surrogate(pos_drawn["pos_score"][:, c], s[:, c], pos_drawn["pos_u"][:, c],
+                                                vp[:, c].to(s.dtype), (1 - batch.y[:, c]) * batch.mask[:, c],
+                                                self.p.lam, self.loss_fn)
             terms.append(active + passive)
         return torch.stack(terms).sum() / self.fed.num_classes

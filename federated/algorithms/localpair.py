@@ -31,6 +31,5 @@ class LocalPair(KLOPAUC, PairwiseAlgorithm):
     def objective(self, site: Site, batch: Batch, s: torch.Tensor) -> torch.Tensor:
         terms = []
         for c in range(self.fed.num_classes):
-            is_neg = ((1 - batch.y[:, c]) * batch.mask[:, c]) > 0
-            terms.append(self.positive_term(site, batch, s, c, s[is_neg, c]))
+            terms.append(self.positive_term(site, batch, s, c, s[:, c], (1 - batch.y[:, c]) * batch.mask[:, c]))
         return torch.stack(terms).sum() / self.fed.num_classes

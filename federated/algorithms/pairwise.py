@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from federated.algorithms.base import Algorithm, Site
 from federated.data import Batch
 from federated.state import Comm
-from models.objectives import get_surrogate, kl_opauc_ema, kl_opauc_inner_mean, kl_opauc_surrogate
+from models.objectives import Surrogate, get_surrogate, kl_opauc_ema
 
 
 class PairwiseParams(BaseModel):
@@ -35,6 +35,19 @@ class KLOPAUCParams(BaseModel):
     lam: float = Field(default=1.0, gt=0)  # KL temperature; smaller focuses on the hardest negatives (low FPR)
     gamma: float = Field(default=0.1, gt=0, le=1)  # u EMA weight on the new g (authors 0.1-0.2); 1 = no memory
     beta: float = Field(default=0.1, gt=0, le=1)  # gradient EMA weight on the new gradient; 1 = plain SGD
+
+
+def masked_kl_opauc_surrogate(pos_scores: torch.Tensor, neg_scores: torch.Tensor, u_pos: torch.Tensor,
+                              is_pos: torch.Tensor, is_neg: torch.Tensor, lam: float, loss_fn: Surrogate) -> torch.Tensor:
+    """``models.objectives.kl_opauc_surrogate`` of the scores where the float masks ``is_pos`` and ``is_neg`` are 1,
+    computed on all pairs and masked, so that no step selects rows (a host sync on a GPU): the same mean over
+    the selected pairs, 0 (connected to the graph) when there is none. ``u_pos`` may hold anything outside
+    the pairs."""
+    losses = loss_fn(pos_scores[:, None] - neg_scores[None, :])
+    pairs = is_pos[:, None] * is_neg[None, :]
+    # where, not a product: outside the pairs u may be 0 and the weight infinite
+    weights = torch.where(pairs > 0, torch.exp(losses.detach() / lam - torch.log(u_pos[:, None])), 0.0)
+    return (weights * losses).sum() / pairs.sum().clamp_min(1)
 
 
 class PairwiseAlgorithm(Algorithm):
@@ -82,16 +95,22 @@ class KLOPAUC:
         state.update({f"momentum.{n}": torch.zeros_like(p) for n, p in self.named_params(site)})
         return state
 
-    def positive_term(self, site: Site, batch: Batch, s: torch.Tensor, c: int, negatives: torch.Tensor) -> torch.Tensor:
-        """Update u of the batch's positives of disease c against ``negatives`` and return their surrogate."""
-        is_pos = (batch.y[:, c] * batch.mask[:, c]) > 0
-        pos_s, rows = s[is_pos, c], batch.index[is_pos]
-        if len(pos_s) == 0 or len(negatives) == 0:
-            return s[:, c].sum() * 0
-        u = kl_opauc_ema(site.state["u"][rows, c], kl_opauc_inner_mean(pos_s, negatives, self.p.lam, self.loss_fn),
-                         self.p.gamma)
-        site.state["u"][rows, c] = u
-        return kl_opauc_surrogate(pos_s, negatives, u, self.p.lam, self.loss_fn)
+    def positive_term(self, site: Site, batch: Batch, s: torch.Tensor, c: int, negatives: torch.Tensor,
+                      is_neg: torch.Tensor) -> torch.Tensor:
+        """Update u of the batch's positives of disease c against the ``negatives`` where ``is_neg`` is 1 and return
+        their surrogate (0, connected to the scores' graph, without a positive or a negative). Masks, not selected
+        rows: a boolean selection is a host sync on a GPU."""
+        is_pos, is_neg = batch.y[:, c] * batch.mask[:, c], is_neg.to(s.dtype)
+        with torch.no_grad():
+            # g_i = mean over the negatives of exp(l_ij / lam) (kl_opauc_inner_mean), as a masked logsumexp
+            losses = self.loss_fn(s[:, c, None] - negatives[None, :]) / self.p.lam
+            n_neg = is_neg.sum()
+            g = torch.exp(torch.logsumexp(losses + torch.log(is_neg), dim=1) - torch.log(n_neg.clamp_min(1)))
+            active = (is_pos > 0) & (n_neg > 0)
+            u = site.state["u"][batch.index, c]
+            u = torch.where(active, kl_opauc_ema(u, g, self.p.gamma), u)
+            site.state["u"][batch.index, c] = u
+        return masked_kl_opauc_surrogate(s[:, c], negatives, u, is_pos, is_neg, self.p.lam, self.loss_fn)
 
     def direction(self, site: Site, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         v = [site.state[f"momentum.{n}"] for n in site.parameter_names()]
