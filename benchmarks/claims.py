@@ -1,6 +1,7 @@
 """The papers' central claims, checked on image federations of melanoma phantoms (docs/claims.md).
 
     .venv/bin/python benchmarks/claims.py [--quick] [--seeds 5] [--work DIR] [--doc docs/claims.md]
+    .venv/bin/python benchmarks/claims.py --long [...]     # claim (b) at a long budget: benchmarks/claims_long.py
 
 Data: three dermatology clinics (the vienna / barcelona / new-york dermoscope profiles of
 preprocessing.synth, DICOM and JPEG files) are generated once at a high melanoma rate and preprocessed
@@ -22,245 +23,23 @@ full or quick) from whatever results exist.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import math
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
-from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from federated import TensorSite, TrainConfig, train
-from preprocessing.records import MELANOMA_DISEASES
-from preprocessing.scan import scan_site
-from preprocessing.shard_format import read_split
-from preprocessing.shards import shard_site
-from preprocessing.sites import SiteConfig
-from preprocessing.synth import generate_site
+import claims_long
+from claims_plots import plot_curves, plot_period, plot_rate
+from claims_runs import CLINICS, FULL, QUICK, Runner, Setting, build_pool, write_doc
+from claims_stats import cell, curve_area, diff_cell, paired, verdict
 
-CLINICS = (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg"))
-POOL_PREVALENCE = 0.3  # generated rate: enough positives to draw any federation rate from one pool
-VALIDATION_SEED = 100
 HETEROGENEOUS_RATES = (0.05, 0.15, 0.3)
 NONINFERIORITY = 0.01  # AUC: "at equal AUC" means no worse than this
 FIGURES = ("period", "rate", "rounds")
-
-
-def markers(name: str) -> tuple[str, str]:
-    """Where run ``name``'s results go in the doc (one doc can hold several runs: full, long, ...)."""
-    return f"<!-- claims:begin {name} -->", f"<!-- claims:end {name} -->"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One mode's sizes. ``iterations`` is T, the same for every method and every I of a claim."""
-
-    pool: int = 1500  # images generated per clinic
-    size: int = 32
-    n_train: int = 400  # training rows per site
-    iterations: int = 256
-    local_steps: int = 8
-    periods: tuple[int, ...] = (1, 4, 16)
-    rates: tuple[float, ...] = (0.01, 0.05, 0.2)
-    lr_grid: tuple[float, ...] = (0.1, 0.3, 1.0)
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    flip: float = 0.2
-    widths: tuple[int, ...] = (8, 16)  # small_resnet: stem 8, one stage of 16
-    eval_points: int = 8  # evaluations along the run (AUC-vs-rounds curves)
-    # "pooled": one ranking over every clinic's test rows; "macro_over_sites": the mean of the clinics' own
-    # AUCs, what each hospital sees. Devices shift a model's scores per clinic, which the pooled AUC counts
-    # as ranking errors.
-    score: str = "pooled"
-
-    @property
-    def scored(self) -> str:
-        return "pooled" if self.score == "pooled" else "clinics' mean"
-
-
-FULL = Setting()
-QUICK = Setting(pool=600, n_train=200, iterations=96, periods=(1, 4), rates=(0.01, 0.2), lr_grid=(0.3, 1.0),
-                seeds=(0, 1, 2), eval_points=4)
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass
-class Pool:
-    """Per clinic and split: uint8 images (N, H, W, 3) and labels (N,)."""
-
-    splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
-
-
-def build_pool(work: Path, setting: Setting, workers: int = 2) -> Pool:
-    """Generate and preprocess the clinics once; later calls read the cached arrays."""
-    cache = work / f"pool-n{setting.pool}-px{setting.size}-p{POOL_PREVALENCE}.npz"
-    if not cache.exists():
-        arrays = {}
-        for k, (profile, image_format) in enumerate(CLINICS):
-            result = generate_site("siim-isic-2020", work / "raw" / profile, n=setting.pool, seed=k, profile=profile,
-                                   image_format=image_format, prevalence=POOL_PREVALENCE, workers=workers,
-                                   overwrite=True, progress=False)
-            config = SiteConfig(name=profile, format="siim-isic-2020", root=result.root, task="melanoma",
-                                image_size=setting.size, split={"seed": 0, "valid": 0.2, "test": 0.25},
-                                options={"image_format": image_format})
-            summary = shard_site(config, scan_site(config), work / "shards", workers=workers, progress=False)
-            for split in ("train", "valid", "test"):
-                images, labels = read_split(summary.site_dir, split, MELANOMA_DISEASES)
-                arrays[f"{profile}/{split}/x"] = np.array(images)
-                arrays[f"{profile}/{split}/y"] = np.asarray(labels[:, 0])
-        tmp = cache.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.rename(cache)
-    with np.load(cache) as data:
-        return Pool({p: {s: (data[f"{p}/{s}/x"], data[f"{p}/{s}/y"]) for s in ("train", "valid", "test")}
-                     for p, _ in CLINICS})
-
-
-def federation(pool: Pool, rates: tuple[float, ...], n_train: int, seed: int, flip: float = 0.0) -> list[TensorSite]:
-    """Site k: clinic k's training rows drawn at positive rate ``rates[k]`` (at least one positive),
-    ``flip`` of them with the label flipped (the evaluation split stays clean). The validation seed scores
-    on the valid splits, every other seed on the test splits."""
-    rng = np.random.default_rng([seed, 7])
-    evaluation = "valid" if seed == VALIDATION_SEED else "test"
-    sites = []
-    for (profile, _), rate in zip(CLINICS, rates):
-        x, y = pool.splits[profile]["train"]
-        n_pos = max(1, int(round(rate * n_train)))
-        positives, negatives = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
-        if n_pos > len(positives) or n_train - n_pos > len(negatives):
-            raise ValueError(f"clinic {profile}: {n_train} rows at {rate:.0%} need {n_pos} positives and "
-                             f"{n_train - n_pos} negatives, the pool has {len(positives)} and {len(negatives)}")
-        rows = np.sort(np.concatenate([rng.choice(positives, n_pos, replace=False),
-                                       rng.choice(negatives, n_train - n_pos, replace=False)]))
-        labels = y[rows].astype(np.float32)
-        if flip:
-            labels = np.where(rng.random(len(rows)) < flip, 1 - labels, labels).astype(np.float32)
-        xe, ye = pool.splits[profile][evaluation]
-        sites.append(TensorSite(name=profile, diseases=MELANOMA_DISEASES, train=(x[rows], labels[:, None]),
-                                test=(xe, ye[:, None].astype(np.float32))))
-    return sites
-
-
-# --------------------------------------------------------------------------- runs
-
-
-@dataclass
-class Runner:
-    """Runs one configuration on one federation, or returns its stored result (``runs.jsonl``)."""
-
-    pool: Pool
-    setting: Setting
-    path: Path
-    figures: Path  # where the plots go (beside the doc that embeds them)
-    name: str  # the run's name: its plots are claims_<name>_<figure>.png
-    done: dict[str, dict] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    self.done[record["key"]] = record
-
-    def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, local_steps: int | None = None,
-            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict:
-        s = self.setting
-        I = local_steps or s.local_steps
-        rounds = s.iterations // I
-        spec = {"algorithm": algorithm, "params": params, "lr": lr, "rates": list(rates), "seed": seed, "I": I,
-                "flip": flip, "warmup_rounds": warmup_rounds, "guarantee_positives": guarantee_positives,
-                "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
-        if prior != "global":  # only when set: the stored runs' keys stay valid
-            spec["prior"] = prior
-        if s.score != "pooled":
-            spec["score"] = s.score
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-        if key in self.done:
-            return self.done[key]
-        sites = federation(self.pool, rates, s.n_train, seed, flip)
-        config = TrainConfig(algorithm=algorithm, params=params, sites=sites, network="small_resnet",
-                             network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=I, lr=lr, seed=seed,
-                             eval_every=max(1, rounds // s.eval_points), guarantee_positives=guarantee_positives,
-                             warmup_rounds=warmup_rounds, prior=prior, loader_workers=0, progress=False)
-        started = time.perf_counter()
-        history = train(config).history
-        curve = [(h["iteration"], h["metrics"][f"test/{s.score}/auc_macro"]) for h in history if "metrics" in h]
-        last = history[-1]["metrics"]
-        record = {"key": key, **spec, "auc": last[f"test/{s.score}/auc_macro"],
-                  "pauc": last[f"test/{s.score}/pauc_fpr0.3_mcclish_macro"], "curve": curve,
-                  "auc_pooled": last["test/pooled/auc_macro"], "auc_sites": last["test/macro_over_sites/auc_macro"],
-                  "seconds": time.perf_counter() - started}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        self.done[key] = record
-        return record
-
-    def figure(self, kind: str) -> Path:
-        return self.figures / f"claims_{self.name}_{kind}.png"
-
-    def pick_lr(self, algorithm: str, params: dict, rates: tuple[float, ...], metric: str = "auc", **kw) -> float:
-        """The lr of the grid with the best score on the validation federation."""
-        scores = {lr: self.run(algorithm, params, lr, rates, VALIDATION_SEED, **kw)[metric] for lr in self.setting.lr_grid}
-        return max(scores, key=lambda lr: -1.0 if math.isnan(scores[lr]) else scores[lr])
-
-    def seeds(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], **kw) -> list[dict]:
-        return [self.run(algorithm, params, lr, rates, seed, **kw) for seed in self.setting.seeds]
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def interval(values) -> tuple[float, float, float]:
-    """Mean and 95 % t-interval over seeds (NaN bounds with fewer than two values)."""
-    v = np.asarray(values, dtype=float)
-    mean = float(v.mean())
-    if len(v) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return mean, mean - half, mean + half
-
-
-def verdict(differences, margin: float = 0.0) -> str:
-    """The verdict on a claimed effect from paired differences oriented so that the claim says "> -margin"
-    (margin 0: a superiority claim; margin > 0: non-inferiority, "no worse than margin").
-
-    reproduced: the 95 % interval lies above -margin; not reproduced: it lies below -margin (the opposite
-    of the claim is shown); inconclusive: it contains -margin (or fewer than two seeds).
-    """
-    _, low, high = interval(differences)
-    if math.isnan(low):
-        return "inconclusive"
-    if low > -margin:
-        return "reproduced"
-    if high < -margin:
-        return "not reproduced"
-    return "inconclusive"
-
-
-def cell(values) -> str:
-    mean, low, high = interval(values)
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if not math.isnan(low) else f"{mean:.3f}"
-
-
-def diff_cell(values) -> str:
-    mean, low, high = interval(values)
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]" if not math.isnan(low) else f"{mean:+.3f}"
-
-
-def paired(a: list[dict], b: list[dict], metric: str = "auc") -> list[float]:
-    return [x[metric] - y[metric] for x, y in zip(a, b)]
-
-
-def curve_area(record: dict) -> float:
-    """Mean AUC over the evaluation points: higher when a method gets there sooner."""
-    return float(np.mean([auc for _, auc in record["curve"]]))
 
 
 # --------------------------------------------------------------------------- claims
@@ -346,7 +125,7 @@ def claim_convergence(r: Runner) -> tuple[str, dict]:
         d = [curve_area(a) - curve_area(b) for a, b in zip(runs["LocalSCGDAM"], values)]
         verdicts[f"localscgdam vs {name}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
-    plot_rounds(runs, s, r.figure("rounds"))
+    plot_curves(runs, s, r.figure("rounds"), "AUC vs iterations, heterogeneous sites")
     return "\n".join(lines), verdicts
 
 
@@ -436,73 +215,6 @@ CLAIMS = {"a": ("(a) CODASCA tolerates a 4x longer communication window than COD
           "recipe": ("Recipe options: BCE warm-up, positive-guaranteed batches, AUC-M's imratio", recipe)}
 
 
-# --------------------------------------------------------------------------- plots
-
-
-def _plot(path: Path, draw) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=110)
-    draw(ax)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _band(ax, x, per_x, label, **kw):
-    cells = [interval(v) for v in per_x]
-    ax.plot(x, [c[0] for c in cells], marker="o", label=label, **kw)
-    if all(not math.isnan(c[1]) for c in cells):
-        ax.fill_between(x, [c[1] for c in cells], [c[2] for c in cells], alpha=0.2)
-
-
-def plot_period(runs, s: Setting, path: Path) -> None:
-    def draw(ax):
-        for alg in ("codaplus", "codasca"):
-            _band(ax, list(s.periods), [[v["auc"] for v in runs[(alg, I)]] for I in s.periods], alg)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="communication window I (local steps)", ylabel=f"{s.scored} test AUC",
-               title=f"AUC vs I at T = {s.iterations} iterations")
-    _plot(path, draw)
-
-
-def plot_rate(runs, methods, s: Setting, path: Path) -> None:
-    def draw(ax):
-        for name in methods:
-            _band(ax, [100 * p for p in s.rates], [[v["auc"] for v in runs[(name, p)]] for p in s.rates], name)
-        ax.set_xscale("log")
-        ax.set(xlabel="positive rate at every site (%)", ylabel=f"{s.scored} test AUC", title="AUC vs positive rate")
-    _plot(path, draw)
-
-
-def plot_rounds(runs, s: Setting, path: Path) -> None:
-    def draw(ax):
-        for name, values in runs.items():
-            iterations = [it for it, _ in values[0]["curve"]]
-            _band(ax, iterations, [[v["curve"][i][1] for v in values] for i in range(len(iterations))], name)
-        ax.set(xlabel="iteration (local steps)", ylabel=f"{s.scored} test AUC", title="AUC vs iterations, heterogeneous sites")
-    _plot(path, draw)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def write_doc(doc: Path, body: str, name: str) -> None:
-    """Replace the text between run ``name``'s markers (the hand-written text around them stays)."""
-    begin, end = markers(name)
-    text = doc.read_text() if doc.exists() else f"# Claims\n\n{begin}\n{end}\n"
-    if begin not in text or end not in text:
-        raise ValueError(f"{doc}: the markers {begin} and {end} are missing; add them where the results go")
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    doc.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
-
-
 def run_claims(setting: Setting, work: Path, doc: Path, claims: list[str], name: str) -> dict[str, dict[str, str]]:
     """Run ``claims`` (keys of CLAIMS) as run ``name`` and write ``doc`` after each; returns their verdicts."""
     work.mkdir(parents=True, exist_ok=True)
@@ -528,8 +240,13 @@ def run_claims(setting: Setting, work: Path, doc: Path, claims: list[str], name:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    torch.set_num_threads(1)  # a two-stage 8/16-channel network is latency-bound: more threads only contend
+    if "--long" in argv:
+        return claims_long.main([a for a in argv if a != "--long"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller pool, fewer iterations and lrs (< 15 min)")
+    parser.add_argument("--long", action="store_true", help="claim (b) at a long budget (its own options: --long --help)")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5)")
     parser.add_argument("--iterations", type=int, default=None, help="T, iterations per run (default: the mode's)")
     parser.add_argument("--rates", type=float, nargs="+", default=None, help="claim (b)'s positive rates")
@@ -570,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr_grid is not None:
         setting = replace(setting, lr_grid=tuple(args.lr_grid))
     doc = args.doc or (args.work / "quick.md" if args.quick else Path(__file__).resolve().parents[1] / "docs/claims.md")
-    torch.set_num_threads(1)  # a two-stage 8/16-channel network is latency-bound: more threads only contend
     run_claims(setting, args.work, doc, args.claims, args.name or ("quick" if args.quick else "full"))
     return 0
 

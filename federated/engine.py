@@ -152,7 +152,8 @@ class Engine:
         fed = FederationContext(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
                                 pos.float(), (known - pos).float(), self.device,
                                 self.config.amp and self.device.type == "cuda",
-                                self.config.channels_last and self.device.type == "cuda")
+                                self.config.channels_last and self.device.type == "cuda",
+                                iterations=self.config.rounds * self.config.local_steps)
         return fed, weights, priors
 
     def _make_site(self, k: int, data: SiteData, weight: float, prior: torch.Tensor) -> Site:

@@ -1,14 +1,17 @@
-"""The claims benchmark (benchmarks/claims.py): its verdict rule on constructed numbers, and its whole path
-(phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny setting."""
+"""The claims benchmark (benchmarks/claims.py and its modules): its verdict rule on constructed numbers, and its
+whole path (phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny
+setting, the long-budget mode of claim (b) and the stagewise-defaults measurement included."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,16 +25,26 @@ def _load():
     return module
 
 
-claims = _load()
+claims = _load()  # puts benchmarks/ on the path: its modules import by name
+runs = importlib.import_module("claims_runs")
+stats = importlib.import_module("claims_stats")
+long_budget = importlib.import_module("claims_long")
+stagewise_defaults = importlib.import_module("stagewise_defaults")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """One cache for the module's runs: the tiny pool of phantoms is generated and preprocessed once."""
+    return tmp_path_factory.mktemp("claims-work")
 
 
 def test_interval_is_the_t_interval_over_seeds():
-    mean, low, high = claims.interval([1.0, 2.0, 3.0])
+    mean, low, high = stats.interval([1.0, 2.0, 3.0])
     assert mean == 2.0
     # t(0.975, 2) = 4.3027, sd 1, n 3
     assert high - mean == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)
     assert mean - low == pytest.approx(high - mean)
-    assert math.isnan(claims.interval([0.5])[1])
+    assert math.isnan(stats.interval([0.5])[1])
 
 
 @pytest.mark.parametrize(("differences", "margin", "expected"), [
@@ -44,28 +57,28 @@ def test_interval_is_the_t_interval_over_seeds():
     ([0.5], 0.0, "inconclusive"),                                       # one seed: no interval
 ])
 def test_verdict_follows_the_interval_of_the_paired_difference(differences, margin, expected):
-    assert claims.verdict(differences, margin) == expected
+    assert stats.verdict(differences, margin) == expected
 
 
 def test_write_doc_replaces_only_the_text_between_the_markers(tmp_path):
     doc = tmp_path / "result.md"
-    begin, end = claims.markers("full")
-    other = "\n".join(claims.markers("long"))
+    begin, end = runs.markers("full")
+    other = "\n".join(runs.markers("long"))
     doc.write_text(f"# Title\n\nwritten by hand\n\n{begin}\nold numbers\n{end}\n\nafter\n{other}\n")
-    claims.write_doc(doc, "new numbers", "full")
+    runs.write_doc(doc, "new numbers", "full")
     text = doc.read_text()
     assert "written by hand" in text and "after" in text and "new numbers" in text and "old numbers" not in text
     assert text.endswith(f"{other}\n")  # another run's block is left alone
     doc.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
-        claims.write_doc(doc, "x", "full")
+        runs.write_doc(doc, "x", "full")
 
 
-def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_the_runs(tmp_path):
-    tiny = claims.Setting(pool=150, n_train=40, iterations=8, local_steps=4, periods=(1, 4), rates=(0.01, 0.2),
+def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_the_runs(tmp_path, work):
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, periods=(1, 4), rates=(0.01, 0.2),
                           lr_grid=(0.3,), seeds=(0, 1), eval_points=2)
     doc = tmp_path / "docs" / "result.md"
-    verdicts = claims.run_claims(tiny, tmp_path / "work", doc, list(claims.CLAIMS), "tiny")
+    verdicts = claims.run_claims(tiny, work, doc, list(claims.CLAIMS), "tiny")
     assert set(verdicts) == set(claims.CLAIMS)
     allowed = {"reproduced", "not reproduced", "inconclusive"}
     assert all(v in allowed for checks in verdicts.values() for v in checks.values())
@@ -77,27 +90,78 @@ def test_the_quick_path_runs_every_claim_on_a_tiny_setting_and_a_rerun_reuses_th
     for png in ("claims_tiny_period.png", "claims_tiny_rate.png", "claims_tiny_rounds.png"):
         assert (doc.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{png}]({png})" in text
-    runs = tmp_path / "work" / "runs-tiny.jsonl"
-    records = [json.loads(line) for line in runs.read_text().splitlines()]
+    stored = work / "runs-tiny.jsonl"
+    records = [json.loads(line) for line in stored.read_text().splitlines()]
     assert all(0.0 <= r["auc"] <= 1.0 for r in records)
     # Claim (c)'s curves: evaluations along the run, at increasing iterations.
     curves = [r["curve"] for r in records if r["algorithm"] == "localscgdam"]
     assert curves and all(len(c) == 2 and c[0][0] < c[1][0] == tiny.iterations for c in curves)
     # Warm-up runs number their iterations across both phases.
     assert any(r["warmup_rounds"] and r["curve"][-1][0] == tiny.iterations for r in records)
-    assert claims.run_claims(tiny, tmp_path / "work", doc, list(claims.CLAIMS), "tiny") == verdicts
-    assert len(runs.read_text().splitlines()) == len(records)  # nothing retrained
+    assert claims.run_claims(tiny, work, doc, list(claims.CLAIMS), "tiny") == verdicts
+    assert len(stored.read_text().splitlines()) == len(records)  # nothing retrained
 
 
-def test_the_command_line_sets_the_regime_and_the_clinics_mean_score(tmp_path):
+def test_the_command_line_sets_the_regime_and_the_clinics_mean_score(tmp_path, work):
     doc = tmp_path / "result.md"
     assert claims.main(["--quick", "--pool", "150", "--rows-per-site", "40", "--iterations", "8", "--lr-grid", "0.3",
                         "--seeds", "2", "--rates", "0.2", "--claims", "b", "--score", "macro_over_sites",
-                        "--name", "cli", "--work", str(tmp_path / "work"), "--doc", str(doc)]) == 0
-    records = [json.loads(line) for line in (tmp_path / "work" / "runs-cli.jsonl").read_text().splitlines()]
+                        "--name", "cli", "--work", str(work), "--doc", str(doc)]) == 0
+    records = [json.loads(line) for line in (work / "runs-cli.jsonl").read_text().splitlines()]
     assert {r["lr"] for r in records} == {0.3} and {tuple(r["rates"]) for r in records} == {(0.2, 0.2, 0.2)}
     assert all(r["setting"][:4] == [150, 32, 40, 8] and r["score"] == "macro_over_sites" for r in records)
     assert all(r["auc"] == r["auc_sites"] for r in records)
     assert any(r["auc_sites"] != r["auc_pooled"] for r in records)  # the two scores are different numbers
     text = doc.read_text()
     assert "3 sites x 40 training rows" in text and "clinics' mean test AUC" in text
+
+
+def test_validation_seeds_score_on_the_valid_splits_and_reported_seeds_on_the_test_splits():
+    rng = np.random.default_rng(0)
+
+    def split(n, value):
+        return np.full((n, 4, 4, 3), value, np.uint8), (rng.random(n) < 0.5).astype(np.float32)
+
+    pool = runs.Pool({p: {"train": split(30, 0), "valid": split(5, 1), "test": split(7, 2)} for p, _ in runs.CLINICS})
+    for seed, n, value in ((0, 7, 2), (4, 7, 2), (runs.VALIDATION_SEED, 5, 1), (runs.VALIDATION_SEED + 2, 5, 1)):
+        site = runs.federation(pool, (0.2,) * 3, 10, seed)[0]
+        assert len(site.test[0]) == n and int(site.test[0].max()) == value
+
+
+def test_the_long_budget_mode_chooses_lrs_on_validation_seeds_and_writes_curves_and_verdicts(tmp_path, work):
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, rates=(0.02,), seeds=(0, 1), eval_points=2,
+                        score="macro_over_sites")
+    doc = tmp_path / "docs" / "result.md"
+    verdicts = long_budget.run_long(tiny, 4, (100, 101), work, doc)
+    assert set(verdicts.values()) <= {"reproduced", "not reproduced", "inconclusive"} and len(verdicts) == 2
+    records = [json.loads(line) for line in (work / "runs-long-b.jsonl").read_text().splitlines()]
+    validation = [r for r in records if r["seed"] >= 100]
+    reported = [r for r in records if r["seed"] < 100]
+    # Every candidate lr of every method on every validation seed, at the shorter validation budget.
+    assert len(validation) == sum(map(len, long_budget.CANDIDATES.values())) * 2
+    assert {r["setting"][3] for r in validation} == {4} and {r["setting"][3] for r in reported} == {8}
+    assert len(reported) == 3 * 2 and all(len(r["curve"]) == 2 for r in reported)
+    # CODASCA's stagewise recipe is derived from each run's own length: two stages of T/2.
+    assert {r["params"]["T0"] for r in records if r["algorithm"] == "codasca"} == {4}
+    for name, (alg, _) in long_budget.methods(8, 4).items():
+        chosen = {r["lr"] for r in reported if r["algorithm"] == alg}
+        assert len(chosen) == 1 and chosen <= set(long_budget.CANDIDATES[name])
+    text = doc.read_text()
+    assert "2 of 2 seeds finished" in text and "**" in text and "t = 8" in text
+    png = "claims_long-b_curves.png"
+    assert (doc.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"![{png}]({png})" in text
+    assert long_budget.run_long(tiny, 4, (100, 101), work, doc) == verdicts  # all reused
+    assert len((work / "runs-long-b.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr(tmp_path, work):
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0, 1), eval_points=1,
+                        score="macro_over_sites")
+    runner = runs.Runner(runs.build_pool(work, tiny), tiny, tmp_path / "runs.jsonl", tmp_path, "tiny")
+    body, verdicts = stagewise_defaults.measure(runner)
+    assert len(verdicts) == sum(len(case[3]) for case in stagewise_defaults.CASES)
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 2 * len(verdicts)  # both schedules, both seeds
+    assert {json.dumps(r["params"], sort_keys=True) for r in records} == {
+        json.dumps(p, sort_keys=True) for p in (stagewise_defaults.OLD, stagewise_defaults.NEW)}
+    assert body.count("\n| CODASCA") == len(stagewise_defaults.CASES[0][3]) and body.count("\n| CODA+") == 1

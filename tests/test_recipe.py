@@ -63,3 +63,21 @@ def test_warmup_is_refused_where_it_cannot_run(kw):
 def test_an_engine_started_directly_refuses_a_warmup_it_would_skip():
     with pytest.raises(ValueError, match=r"run by federated\.train"):
         Engine(_config(warmup_rounds=1))
+
+
+@pytest.mark.parametrize(("rounds", "I", "params", "want"), [
+    (5, 2, {"stages": 2}, 6),           # T = 10: T0 rounded up to a multiple of I, one boundary
+    (8, 2, {"stages": 2}, 8),           # T = 16: the halves
+    (8, 2, {"stages": 4}, 4),
+    (3, 4, {"stages": 5}, 4),           # fewer rounds than stages: a stage per round
+    (8, 2, {"stages": 1}, None),        # one stage, constant lr
+    (8, 2, {"stages": 2, "T0": 2}, 2),  # an explicit T0 wins
+])
+def test_the_stage_length_derives_from_the_runs_length(rounds, I, params, want):
+    engine = Engine(_config(params=params, rounds=rounds, local_steps=I))
+    assert engine.algorithm.stage_length == want
+
+
+def test_a_derived_stage_divides_the_lr_once_within_the_run():
+    result = train(_config(params={"stages": 2, "lr_decay": 10.0}, rounds=5, local_steps=2, eval_every=0))
+    assert float(result.site_states[0]["lr"]) == pytest.approx(0.1 / 10)

@@ -47,6 +47,7 @@ class FederationContext:
     device: torch.device
     amp: bool  # bfloat16 autocast (CUDA only)
     channels_last: bool
+    iterations: int  # T: the local steps each site takes in this run (rounds x I), for schedules derived from it
 
     @property
     def num_classes(self) -> int:

@@ -23,6 +23,7 @@ positive in every batch.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -39,7 +40,10 @@ class CODAPlusParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     margin: float = Field(default=1.0, gt=0)  # m of AUC-M
     gamma: float | None = Field(default=500.0, gt=0)  # prox = 1/gamma; None drops the proximal term
-    T0: int | None = Field(default=None, gt=0)  # stage length in iterations; None: one stage, constant lr
+    # Stage length in iterations; None derives it from the run's length T: ``stages`` stages of T / stages
+    # iterations each, rounded up to a multiple of I (docs/algorithms.md section 12).
+    T0: int | None = Field(default=None, gt=0)
+    stages: int = Field(default=1, ge=1)  # with T0 None; 1: one stage, constant lr
     lr_decay: float = Field(default=3.0, ge=1)  # lr divisor at each stage boundary
     clip: float | None = Field(default=1.0, gt=0)  # element-wise clip of g_w; None: no clipping
     weight_decay: float = Field(default=1e-5, ge=0)
@@ -53,6 +57,14 @@ class CODAPlusParams(BaseModel):
     score: Literal["sigmoid", "identity"] = "sigmoid"
 
 
+def derived_stage_length(iterations: int, local_steps: int, stages: int) -> int | None:
+    """T0 for ``stages`` stages over a run of ``iterations``: stage boundaries fall on communication rounds,
+    so T0 is a multiple of I, rounded up so that the run never starts a stage beyond the ``stages``-th."""
+    if stages == 1:
+        return None
+    return max(1, math.ceil(iterations / (stages * local_steps))) * local_steps
+
+
 @register
 class CODAPlus(Algorithm):
     name = "codaplus"
@@ -60,7 +72,7 @@ class CODAPlus(Algorithm):
 
     def __init__(self, params, fed):
         super().__init__(params, fed)
-        self.stage_length = self.p.T0
+        self.stage_length = self.p.T0 or derived_stage_length(fed.iterations, fed.local_steps, self.p.stages)
 
     # --- state --------------------------------------------------------------------------------
     def primal_names(self, site: Site) -> list[str]:
@@ -82,7 +94,7 @@ class CODAPlus(Algorithm):
     def state_spec(self, site: Site):
         spec = {"a": Comm.MEAN, "b": Comm.MEAN, "alpha": Comm.MEAN}
         spec |= {f"ref.{n}": Comm.LOCAL for n in self.primal_names(site)}
-        if self.p.T0:
+        if self.stage_length:
             spec |= {f"stage_sum.{n}": Comm.LOCAL for n in self.averaged_names(site)}
             spec["stage_count"] = Comm.LOCAL
         return spec
@@ -94,7 +106,7 @@ class CODAPlus(Algorithm):
         site.state = state  # primal() reads a and b from here
         for n, v in zip(self.primal_names(site), self.primal(site)):
             state[f"ref.{n}"] = v.detach().clone()  # v_ref starts at v0 (section 5)
-        if self.p.T0:
+        if self.stage_length:
             state.update({f"stage_sum.{n}": torch.zeros_like(v)
                           for n, v in zip(self.averaged_names(site), self.averaged(site))})
             state["stage_count"] = torch.zeros((), dtype=torch.float64)
@@ -136,7 +148,7 @@ class CODAPlus(Algorithm):
 
     def end_of_step(self, site: Site) -> None:
         """Add the updated iterate to the stage's running sums (v_ref and the restart point of the next stage)."""
-        if self.p.T0:
+        if self.stage_length:
             torch._foreach_add_([site.state[f"stage_sum.{n}"] for n in self.averaged_names(site)],
                                 self.averaged(site))
             site.state["stage_count"] += 1

@@ -1,0 +1,149 @@
+"""Claim (b) at a long budget (docs/claims.md, "Claim (b) at a long budget"): FedAvg (BCE), CODASCA and
+FeDXL2 with every site at 2 % positives, trained long enough for BCE to overfit its few positives.
+
+    .venv/bin/python benchmarks/claims.py --long [--iterations 2048] [--validation-iterations 512]
+        [--validation-seeds 100 101 102] [--seeds 5] [--work DIR] [--doc docs/claims.md]
+
+Each method's lr is the one of its candidates with the best mean validation AUC over several validation
+seeds (100 and up: their own federation draws, scored on the clinics' valid splits, never reported),
+trained at ``--validation-iterations`` (shorter than the reported runs, to fit the machine). The reported
+seeds then train at ``--iterations`` with evaluations along the run (the learning curves); verdicts are
+the paired-difference verdicts of benchmarks/claims.py. Runs are cached in ``--work`` as everywhere else,
+and the doc is rewritten after every seed, so a stopped run leaves the tables of the seeds it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from claims_plots import plot_curves
+from claims_runs import CLINICS, VALIDATION_SEED, Runner, Setting, build_pool, write_doc
+from claims_stats import cell, diff_cell, interval, paired, verdict
+
+NAME = "long-b"
+RATE = 0.02
+LONG = Setting(pool=3000, n_train=1000, iterations=2048, rates=(RATE,), seeds=(0, 1, 2, 3, 4), eval_points=16,
+               score="macro_over_sites")
+VALIDATION_SEEDS = (VALIDATION_SEED, VALIDATION_SEED + 1, VALIDATION_SEED + 2)
+VALIDATION_ITERATIONS = 512
+# Two candidates per method: the lr the short-budget run chose on validation ("learnable") and its
+# neighbour on the claims grid towards the other side a longer run may favour.
+CANDIDATES = {"FedAvg (BCE)": (0.3, 1.0), "CODASCA (AUC-M)": (0.3, 1.0), "FeDXL2 (KL-OPAUC)": (0.1, 0.3)}
+
+
+def stagewise(iterations: int, local_steps: int) -> dict:
+    """CODASCA's stagewise recipe for a run of ``iterations``: two stages (T0 = T/2, a multiple of I),
+    lr / 10 at the boundary and weight decay 1e-4 (LibAUC's recipe; docs/algorithms.md section 12)."""
+    return {"T0": max(local_steps, iterations // 2 // local_steps * local_steps), "lr_decay": 10.0,
+            "weight_decay": 1e-4}
+
+
+def methods(iterations: int, local_steps: int) -> dict[str, tuple[str, dict]]:
+    return {"FedAvg (BCE)": ("fedavg", {}), "CODASCA (AUC-M)": ("codasca", stagewise(iterations, local_steps)),
+            "FeDXL2 (KL-OPAUC)": ("fedxl2", {})}
+
+
+def choose_lrs(validation: Runner, seeds: tuple[int, ...]) -> tuple[dict[str, float], list[str]]:
+    """Each method's candidate with the best mean validation AUC over ``seeds``, and the table of them."""
+    s = validation.setting
+    rates = (RATE,) * len(CLINICS)
+    lines = [f"| method | lr | validation AUC per seed ({', '.join(map(str, seeds))}) | mean |", "|---|---:|---|---|"]
+    chosen = {}
+    for name, (alg, params) in methods(s.iterations, s.local_steps).items():
+        means = {}
+        for lr in CANDIDATES[name]:
+            scores = [validation.run(alg, params, lr, rates, seed)["auc"] for seed in seeds]
+            means[lr] = float(np.nanmean(scores))
+            lines.append(f"| {name} | {lr} | {', '.join(f'{x:.3f}' for x in scores)} | {means[lr]:.3f} |")
+        chosen[name] = max(means, key=lambda lr: -1.0 if np.isnan(means[lr]) else means[lr])
+    return chosen, lines
+
+
+def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], validation_lines: list[str],
+           validation: Setting, validation_seeds: tuple[int, ...]) -> tuple[str, dict[str, str]]:
+    """The tables of the seeds finished so far (paired over them) and the verdicts."""
+    s = runner.setting
+    n = len(runs["FedAvg (BCE)"])
+    lines = [f"_Written by `benchmarks/claims.py --long` (run {NAME!r}: {n} of {len(s.seeds)} seeds finished, "
+             f"T = {s.iterations} iterations per site, I = {s.local_steps}, {len(CLINICS)} sites x {s.n_train} "
+             f"training rows at {RATE:.0%} positives drawn from {s.pool} images per clinic, score: the {s.scored} "
+             f"test AUC, small_resnet widths {s.widths}; lrs chosen on validation seeds "
+             f"{', '.join(map(str, validation_seeds))} at T = {validation.iterations})._", "",
+             "Learning-rate choice (mean validation AUC over the validation seeds; the reported seeds are never used):",
+             "", *validation_lines, ""]
+    verdicts = {}
+    lines += [f"| method | lr | {s.scored} test AUC at T = {s.iterations} | best along the run (mean over seeds) | "
+              "AUC minus FedAvg (paired) | verdict |", "|---|---:|---|---|---|---|"]
+    for name, values in runs.items():
+        if not values:
+            continue
+        curve = np.array([[auc for _, auc in v["curve"]] for v in values])
+        peak = int(np.argmax(curve.mean(0)))
+        best = f"{curve.mean(0)[peak]:.3f} at {values[0]['curve'][peak][0]}"
+        row = f"| {name} | {lrs[name]} | {cell([v['auc'] for v in values])} | {best} |"
+        if name == "FedAvg (BCE)":
+            lines.append(row + " | |")
+            continue
+        d = paired(values, runs["FedAvg (BCE)"][:len(values)])
+        verdicts[f"{name} vs FedAvg at {RATE:.0%}, T = {s.iterations}"] = v = verdict(d)
+        lines.append(row + f" {diff_cell(d)} | **{v}** |")
+    lines += ["", f"{s.scored.capitalize()} test AUC along the run (mean over the finished seeds):", ""]
+    iterations = [it for it, _ in runs["FedAvg (BCE)"][0]["curve"]] if n else []
+    marks = sorted({iterations[min(len(iterations) - 1, round(q * len(iterations)) - 1)] for q in (0.125, 0.25, 0.5, 0.75, 1.0)})
+    lines += ["| method | " + " | ".join(f"t = {t}" for t in marks) + " |", "|---|" + "---:|" * len(marks)]
+    for name, values in runs.items():
+        if values:
+            at = {it: float(np.mean([v["curve"][i][1] for v in values])) for i, (it, _) in enumerate(values[0]["curve"])}
+            lines.append(f"| {name} | " + " | ".join(f"{at[t]:.3f}" for t in marks) + " |")
+    if n:
+        plot_curves(runs, s, runner.figure("curves"), f"AUC vs iterations at {RATE:.0%} positives")
+        lines += ["", f"![{runner.figure('curves').name}]({runner.figure('curves').name})"]
+    return "\n".join(lines), verdicts
+
+
+def run_long(setting: Setting, validation_iterations: int, validation_seeds: tuple[int, ...], work: Path,
+             doc: Path) -> dict[str, str]:
+    """Choose the lrs, then train the reported seeds one at a time, rewriting ``doc`` after each seed."""
+    work.mkdir(parents=True, exist_ok=True)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    pool = build_pool(work, setting)
+    path = work / f"runs-{NAME}.jsonl"
+    validation = replace(setting, iterations=validation_iterations, eval_points=1)
+    lrs, validation_lines = choose_lrs(Runner(pool, validation, path, doc.parent, NAME), validation_seeds)
+    print(f"lrs {lrs} after {time.perf_counter() - started:.0f} s", flush=True)
+    runner = Runner(pool, setting, path, doc.parent, NAME)
+    runs = {name: [] for name in lrs}
+    rates = (RATE,) * len(CLINICS)
+    verdicts = {}
+    for seed in setting.seeds:
+        for name, (alg, params) in methods(setting.iterations, setting.local_steps).items():
+            runs[name].append(runner.run(alg, params, lrs[name], rates, seed))
+        body, verdicts = report(runner, lrs, runs, validation_lines, validation, validation_seeds)
+        write_doc(doc, body, NAME)
+        d = interval(paired(runs["CODASCA (AUC-M)"], runs["FedAvg (BCE)"]))
+        print(f"seed {seed} done after {time.perf_counter() - started:.0f} s; CODASCA - FedAvg {d}", flush=True)
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=LONG.iterations, help="T of the reported runs, per site")
+    parser.add_argument("--validation-iterations", type=int, default=VALIDATION_ITERATIONS,
+                        help="T of the validation runs that choose the lrs")
+    parser.add_argument("--validation-seeds", type=int, nargs="+", default=list(VALIDATION_SEEDS),
+                        help=f"seeds >= {VALIDATION_SEED}: scored on the valid splits, never reported")
+    parser.add_argument("--seeds", type=int, default=len(LONG.seeds), help="reported seeds (0, 1, ...)")
+    parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: the pool and runs-long-b.jsonl")
+    parser.add_argument("--doc", type=Path, default=Path(__file__).resolve().parents[1] / "docs/claims.md",
+                        help="markdown file with the run's markers; the figure goes beside it")
+    args = parser.parse_args(argv)
+    if min(args.validation_seeds) < VALIDATION_SEED:
+        parser.error(f"--validation-seeds must be >= {VALIDATION_SEED}: lower seeds are the reported ones")
+    setting = replace(LONG, iterations=args.iterations, seeds=tuple(range(args.seeds)))
+    run_long(setting, args.validation_iterations, tuple(args.validation_seeds), args.work, args.doc)
+    return 0

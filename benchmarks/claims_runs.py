@@ -1,0 +1,202 @@
+"""The claims benchmark's data and runs (benchmarks/claims.py, docs/claims.md): the phantom clinics' pool,
+the federations drawn from it, and the cached runner that trains one configuration on one federation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from federated import TensorSite, TrainConfig, train
+from preprocessing.records import MELANOMA_DISEASES
+from preprocessing.scan import scan_site
+from preprocessing.shard_format import read_split
+from preprocessing.shards import shard_site
+from preprocessing.sites import SiteConfig
+from preprocessing.synth import generate_site
+
+CLINICS = (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg"))
+POOL_PREVALENCE = 0.3  # generated rate: enough positives to draw any federation rate from one pool
+VALIDATION_SEED = 100  # this seed and the ones above it are validation federations, never reported
+
+
+def markers(name: str) -> tuple[str, str]:
+    """Where run ``name``'s results go in the doc (one doc can hold several runs: full, long, ...)."""
+    return f"<!-- claims:begin {name} -->", f"<!-- claims:end {name} -->"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One mode's sizes. ``iterations`` is T, the same for every method and every I of a claim."""
+
+    pool: int = 1500  # images generated per clinic
+    size: int = 32
+    n_train: int = 400  # training rows per site
+    iterations: int = 256
+    local_steps: int = 8
+    periods: tuple[int, ...] = (1, 4, 16)
+    rates: tuple[float, ...] = (0.01, 0.05, 0.2)
+    lr_grid: tuple[float, ...] = (0.1, 0.3, 1.0)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    flip: float = 0.2
+    widths: tuple[int, ...] = (8, 16)  # small_resnet: stem 8, one stage of 16
+    eval_points: int = 8  # evaluations along the run (AUC-vs-rounds curves)
+    # "pooled": one ranking over every clinic's test rows; "macro_over_sites": the mean of the clinics' own
+    # AUCs, what each hospital sees. Devices shift a model's scores per clinic, which the pooled AUC counts
+    # as ranking errors.
+    score: str = "pooled"
+
+    @property
+    def scored(self) -> str:
+        return "pooled" if self.score == "pooled" else "clinics' mean"
+
+
+FULL = Setting()
+QUICK = Setting(pool=600, n_train=200, iterations=96, periods=(1, 4), rates=(0.01, 0.2), lr_grid=(0.3, 1.0),
+                seeds=(0, 1, 2), eval_points=4)
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Pool:
+    """Per clinic and split: uint8 images (N, H, W, 3) and labels (N,)."""
+
+    splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+
+
+def build_pool(work: Path, setting: Setting, workers: int = 2) -> Pool:
+    """Generate and preprocess the clinics once; later calls read the cached arrays."""
+    cache = work / f"pool-n{setting.pool}-px{setting.size}-p{POOL_PREVALENCE}.npz"
+    if not cache.exists():
+        arrays = {}
+        for k, (profile, image_format) in enumerate(CLINICS):
+            result = generate_site("siim-isic-2020", work / "raw" / profile, n=setting.pool, seed=k, profile=profile,
+                                   image_format=image_format, prevalence=POOL_PREVALENCE, workers=workers,
+                                   overwrite=True, progress=False)
+            config = SiteConfig(name=profile, format="siim-isic-2020", root=result.root, task="melanoma",
+                                image_size=setting.size, split={"seed": 0, "valid": 0.2, "test": 0.25},
+                                options={"image_format": image_format})
+            summary = shard_site(config, scan_site(config), work / "shards", workers=workers, progress=False)
+            for split in ("train", "valid", "test"):
+                images, labels = read_split(summary.site_dir, split, MELANOMA_DISEASES)
+                arrays[f"{profile}/{split}/x"] = np.array(images)
+                arrays[f"{profile}/{split}/y"] = np.asarray(labels[:, 0])
+        tmp = cache.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.rename(cache)
+    with np.load(cache) as data:
+        return Pool({p: {s: (data[f"{p}/{s}/x"], data[f"{p}/{s}/y"]) for s in ("train", "valid", "test")}
+                     for p, _ in CLINICS})
+
+
+def federation(pool: Pool, rates: tuple[float, ...], n_train: int, seed: int, flip: float = 0.0) -> list[TensorSite]:
+    """Site k: clinic k's training rows drawn at positive rate ``rates[k]`` (at least one positive),
+    ``flip`` of them with the label flipped (the evaluation split stays clean). Validation seeds (from
+    ``VALIDATION_SEED`` up) score on the valid splits, every other seed on the test splits."""
+    rng = np.random.default_rng([seed, 7])
+    evaluation = "valid" if seed >= VALIDATION_SEED else "test"
+    sites = []
+    for (profile, _), rate in zip(CLINICS, rates):
+        x, y = pool.splits[profile]["train"]
+        n_pos = max(1, int(round(rate * n_train)))
+        positives, negatives = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+        if n_pos > len(positives) or n_train - n_pos > len(negatives):
+            raise ValueError(f"clinic {profile}: {n_train} rows at {rate:.0%} need {n_pos} positives and "
+                             f"{n_train - n_pos} negatives, the pool has {len(positives)} and {len(negatives)}")
+        rows = np.sort(np.concatenate([rng.choice(positives, n_pos, replace=False),
+                                       rng.choice(negatives, n_train - n_pos, replace=False)]))
+        labels = y[rows].astype(np.float32)
+        if flip:
+            labels = np.where(rng.random(len(rows)) < flip, 1 - labels, labels).astype(np.float32)
+        xe, ye = pool.splits[profile][evaluation]
+        sites.append(TensorSite(name=profile, diseases=MELANOMA_DISEASES, train=(x[rows], labels[:, None]),
+                                test=(xe, ye[:, None].astype(np.float32))))
+    return sites
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Runner:
+    """Runs one configuration on one federation, or returns its stored result (``runs.jsonl``)."""
+
+    pool: Pool
+    setting: Setting
+    path: Path
+    figures: Path  # where the plots go (beside the doc that embeds them)
+    name: str  # the run's name: its plots are claims_<name>_<figure>.png
+    done: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    self.done[record["key"]] = record
+
+    def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, local_steps: int | None = None,
+            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict:
+        s = self.setting
+        I = local_steps or s.local_steps
+        rounds = s.iterations // I
+        spec = {"algorithm": algorithm, "params": params, "lr": lr, "rates": list(rates), "seed": seed, "I": I,
+                "flip": flip, "warmup_rounds": warmup_rounds, "guarantee_positives": guarantee_positives,
+                "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
+        if prior != "global":  # only when set: the stored runs' keys stay valid
+            spec["prior"] = prior
+        if s.score != "pooled":
+            spec["score"] = s.score
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        if key in self.done:
+            return self.done[key]
+        sites = federation(self.pool, rates, s.n_train, seed, flip)
+        config = TrainConfig(algorithm=algorithm, params=params, sites=sites, network="small_resnet",
+                             network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=I, lr=lr, seed=seed,
+                             eval_every=max(1, rounds // s.eval_points), guarantee_positives=guarantee_positives,
+                             warmup_rounds=warmup_rounds, prior=prior, loader_workers=0, progress=False)
+        started = time.perf_counter()
+        history = train(config).history
+        curve = [(h["iteration"], h["metrics"][f"test/{s.score}/auc_macro"]) for h in history if "metrics" in h]
+        last = history[-1]["metrics"]
+        record = {"key": key, **spec, "auc": last[f"test/{s.score}/auc_macro"],
+                  "pauc": last[f"test/{s.score}/pauc_fpr0.3_mcclish_macro"], "curve": curve,
+                  "auc_pooled": last["test/pooled/auc_macro"], "auc_sites": last["test/macro_over_sites/auc_macro"],
+                  "seconds": time.perf_counter() - started}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.done[key] = record
+        return record
+
+    def figure(self, kind: str) -> Path:
+        return self.figures / f"claims_{self.name}_{kind}.png"
+
+    def pick_lr(self, algorithm: str, params: dict, rates: tuple[float, ...], metric: str = "auc", **kw) -> float:
+        """The lr of the grid with the best score on the validation federation."""
+        scores = {lr: self.run(algorithm, params, lr, rates, VALIDATION_SEED, **kw)[metric] for lr in self.setting.lr_grid}
+        return max(scores, key=lambda lr: -1.0 if math.isnan(scores[lr]) else scores[lr])
+
+    def seeds(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], **kw) -> list[dict]:
+        return [self.run(algorithm, params, lr, rates, seed, **kw) for seed in self.setting.seeds]
+
+
+def write_doc(doc: Path, body: str, name: str) -> None:
+    """Replace the text between run ``name``'s markers (the hand-written text around them stays)."""
+    begin, end = markers(name)
+    text = doc.read_text() if doc.exists() else f"# Claims\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc}: the markers {begin} and {end} are missing; add them where the results go")
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    doc.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
