@@ -28,8 +28,8 @@ import torch
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
-# _histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
-from models.metrics import _histogram_roc, histogram_auc
+# histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
+from models.metrics import histogram_auc, histogram_roc
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
@@ -120,7 +120,7 @@ def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
         if np.isnan(area.value):
             ax.plot([], [], " ", label=f"{disease}: undefined ({area.value.reason})")
             continue
-        fpr, tpr = _histogram_roc(np.asarray(positives, float), np.asarray(negatives, float))
+        fpr, tpr = histogram_roc(np.asarray(positives, float), np.asarray(negatives, float))
         ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {float(area.value):.3f} (±{area.bound:.1e})")
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
     ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")

@@ -1,5 +1,5 @@
 """Site-local evaluation (federated/evaluation.py) and the histogram metrics it pools with
-(models/metrics.py): each histogram metric within its stated bound of the exact value computed from the
+(models/metrics/): each histogram metric within its stated bound of the exact value computed from the
 scores in one process, the engine's per-site / pooled / macro keys, small-count suppression, and the
 evaluation's bytes in the round's accounting."""
 
