@@ -93,6 +93,8 @@ class SiteConfig(BaseModel):
     decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
     sharing: SharingPolicy = Field(default_factory=SharingPolicy)
+    # fedauc code versions (federated/flare/version.py) besides its own whose FLARE jobs this site runs.
+    allowed_code_versions: list[str] = Field(default_factory=list)
 
     _adapter_options: AdapterOptions = PrivateAttr()
     _path: Path | None = PrivateAttr(default=None)  # the YAML it came from, for messages

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from federated.flare.installed import allow_components
 from federated.flare.spec import SITE_FILE
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
@@ -84,8 +85,9 @@ def check_server_reachable(host: str, port: int, timeout_s: float = 5.0) -> None
 
 
 def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path, check_server: bool = True) -> ClientKit:
-    """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here) and
-    what of their QC summary may leave (the site YAML's ``sharing``)."""
+    """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here),
+    what of their QC summary may leave (the site YAML's ``sharing``) and which fedauc versions' jobs besides
+    its own it runs (``allowed_code_versions``), and its component allow-list admits fedauc's job only."""
     client = read_kit(kit)
     site = load_site(site_yaml)
     if site.name != client.name:
@@ -96,8 +98,10 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     check_shard(site.name, shard_dir, site.task, site.diseases)
     if check_server:
         check_server_reachable(client.server_host, client.server_port)
-    (client.root / "local" / SITE_FILE).write_text(json.dumps({"site": site.name, "shards": str(shard_dir),
-                                                               "sharing": site.sharing.model_dump()}))
+    (client.root / "local" / SITE_FILE).write_text(json.dumps({
+        "site": site.name, "shards": str(shard_dir), "sharing": site.sharing.model_dump(),
+        "allowed_code_versions": site.allowed_code_versions}))
+    allow_components(client.root / "local")
     return client
 
 

@@ -21,8 +21,10 @@ import torch
 
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
+from federated.flare.installed import InstalledRecipe, allow_components
 from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
+from federated.flare.version import code_version
 from federated.sites import check_site_reports, site_names
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
@@ -47,17 +49,14 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
     settings = json.loads(config.model_dump_json(exclude={"sites"}))
     if share_paths and config.checkpoint_dir is not None:
         settings["checkpoint_dir"] = str(Path(config.checkpoint_dir).resolve())
-    return FlareJob(settings=settings, sites=names, task=task, diseases=diseases, shard_dirs=dirs,
-                    sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s, threads=threads)
+    return FlareJob(code_version=code_version(), settings=settings, sites=names, task=task, diseases=diseases,
+                    shard_dirs=dirs, sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s, threads=threads)
 
 
-def recipe(job: FlareJob, name: str):
-    from nvflare.collab import CollabRecipe
-
-    from federated.flare import server, site
-
-    r = CollabRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
-                     server=server, client=site, min_clients=len(job.sites))
+def recipe(job: FlareJob, name: str) -> InstalledRecipe:
+    """The NVFlare job: configuration only (``federated.flare.installed``), ``job`` its server's app prop."""
+    r = InstalledRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
+                        server="federated.flare.server", client="federated.flare.site", min_clients=len(job.sites))
     r.set_server_prop(JOB_PROP, job.model_dump())
     return r
 
@@ -119,6 +118,8 @@ def submit_simulated(job: FlareJob, workspace: Path, name: str) -> Path:
     workspace = Path(workspace)
     for attempt in range(2):
         shutil.rmtree(workspace / r.job_name, ignore_errors=True)
+        # The simulator's participants build only fedauc's components, as a hospital's do.
+        allow_components(workspace / r.job_name / "local")
         env = SimEnv(clients=job.sites, workspace_root=str(workspace))
         try:
             run = r.run(env)

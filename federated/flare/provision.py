@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from federated.flare.installed import allow_components
 from preprocessing.federation import Federation
 
 DEFAULT_PORT = 8002
@@ -91,6 +92,8 @@ def provision(project_dict: dict, out: Path) -> Kits:
     if prod is None:
         prod = sorted((out / project_dict["name"]).glob("prod_*"))[-1]
     by_type = {p["type"]: p["name"] for p in project_dict["participants"] if p["type"] != "client"}
+    # The server runs fedauc's job modules from its own install, like the hospitals (no code in jobs).
+    allow_components(prod / by_type["server"] / "local")
     return Kits(project_file, prod / by_type["server"],
                 {p["name"]: prod / p["name"] for p in project_dict["participants"] if p["type"] == "client"},
                 prod / by_type["admin"])

@@ -10,6 +10,7 @@ reports) and the test histograms summed over sites (the pooled ROC) are returned
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,23 +20,46 @@ from federated.engine import Engine
 from federated.flare.backend import FlareBackend
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.rendezvous import INPUTS_SEQ
-from federated.flare.spec import FlareJob
+from federated.flare.spec import FlareJob, local_site
+from federated.flare.version import check_code_version
 from federated.network import training_device
 from federated.sites import check_model_inputs, site_report
+from preprocessing.sites import SharingPolicy
 
 # Seconds a site's collective call may take beyond the server's own timeout (it answers within that).
 _CALL_MARGIN_S = 30.0
 
 
-@collab.publish
-def train(job: dict) -> dict:
-    spec = FlareJob.model_validate(job)
+@dataclass
+class SiteJob:
+    spec: FlareJob
+    name: str  # this site's
+    index: int  # its place in the federation
+    shard_dir: Path
+    sharing: SharingPolicy  # what of its QC may leave it
+
+
+def prelude(job: dict) -> SiteJob:
+    """What every site-published function does first: refuse a job from another fedauc code version (before
+    reading the job: another version's job may not even parse here), then find this site in the federation,
+    its own shards and sharing policy, and set torch's threads."""
     name = collab.site_name
+    config_dir = Path(collab.workspace.get_site_config_dir())
+    check_code_version(name, str(job.get("code_version")), local_site(config_dir).get("allowed_code_versions", []))
+    spec = FlareJob.model_validate(job)
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
+    index = spec.site_index(name)
+    shard_dir, sharing = spec.own_shards(name, config_dir)
+    return SiteJob(spec, name, index, shard_dir, sharing)
+
+
+@collab.publish
+def train(job: dict) -> dict:
+    name = collab.site_name
     try:
-        site = spec.site_index(name)
-        shard_dir, sharing = spec.own_shards(name, Path(collab.workspace.get_site_config_dir()))
+        run = prelude(job)
+        spec, site, shard_dir, sharing = run.spec, run.index, run.shard_dir, run.sharing
         config = spec.train_config(name, shard_dir)
         server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
         keys = SiteKeys(load_identity(collab.workspace.get_startup_kit_dir()), collab.fl_ctx.get_job_id(), spec.sites)

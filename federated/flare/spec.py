@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from federated.config import ShardSite, TrainConfig
+from federated.flare.version import code_version
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.sites import SharingPolicy
@@ -18,8 +19,16 @@ from preprocessing.sites import SharingPolicy
 SITE_FILE = "fedauc_site.json"
 
 
+def local_site(site_config_dir: Path | None) -> dict:
+    """What ``fedauc consortium start-site`` wrote into the site's kit (SITE_FILE); empty without one."""
+    local = None if site_config_dir is None else Path(site_config_dir) / SITE_FILE
+    return json.loads(local.read_text()) if local is not None and local.is_file() else {}
+
+
 class FlareJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # The centre's fedauc (federated/flare/version.py): a site runs the job only with this code.
+    code_version: str = Field(default_factory=code_version)
     settings: dict[str, Any]  # a TrainConfig without sites
     sites: list[str] = Field(min_length=1)  # the federation's site names, in its order = site index
     task: str
@@ -47,9 +56,9 @@ class FlareJob(BaseModel):
         """Site ``name``'s shard folder, checked against the federation, and its sharing policy: from its
         kit (SITE_FILE, written by ``fedauc consortium start-site`` from its own site YAML), else from the
         job (SimEnv); a kit without a policy shares as the defaults allow."""
+        own = local_site(site_config_dir)
         local = None if site_config_dir is None else Path(site_config_dir) / SITE_FILE
-        if local is not None and local.is_file():
-            own = json.loads(local.read_text())
+        if own:
             if own.get("site") != name:
                 raise ConfigError(f"{local} describes site {own.get('site')!r}, this client is {name!r}",
                                   fix="start each site from its own kit")

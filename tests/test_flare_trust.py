@@ -1,0 +1,109 @@
+"""No code travels to a hospital (federated/flare/installed.py, version.py): a fedauc NVFlare job is
+configuration only and names fedauc's installed job modules; a site refuses a job built by another fedauc
+code version than its own or one its site YAML allows, in one line naming both."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from federated.flare.installed import COMPONENTS, JOB_MODULES, InstalledModule, allow_components
+from federated.flare.job import recipe
+from federated.flare.server import JOB_PROP
+from federated.flare.spec import FlareJob
+from federated.flare.version import ForeignCodeVersion, check_code_version, code_version
+
+FOREIGN = "0.0.9+gdeadbeef0000"
+
+
+def _job() -> FlareJob:
+    return FlareJob(settings={"algorithm": "fedavg"}, sites=["vienna", "barcelona"], task="melanoma",
+                    diseases=("Melanoma",), job_timeout_s=60.0)
+
+
+def _components(node) -> set[str]:
+    """Every class path anywhere in a job config (components, workflows, executors, filters)."""
+    if isinstance(node, list):
+        return set().union(*map(_components, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    found = {node[k] for k in ("path", "class_path", "name") if isinstance(node.get(k), str) and "." in node[k]}
+    return found.union(*map(_components, node.values()))
+
+
+def test_a_fedauc_job_folder_holds_configuration_only(tmp_path):
+    recipe(_job(), "Trust test").export(str(tmp_path))
+    files = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if p.suffix in (".py", ".pyc", ".pyi", ".so")], files
+    assert not [p for p in tmp_path.rglob("custom")]
+    configs = {p.name: json.loads(p.read_text()) for p in tmp_path.rglob("config_fed_*.json")}
+    assert set(configs) == {"config_fed_server.json", "config_fed_client.json"}
+    # Every component a participant builds is on fedauc's allow-list, the job modules named by their import path.
+    for config in configs.values():
+        assert _components(config) <= set(COMPONENTS)
+    modules = {c["args"]["module"] for config in configs.values() for c in config["components"]
+               if c["path"] == COMPONENTS[-1]}
+    assert modules == set(JOB_MODULES)
+    server = configs["config_fed_server.json"]["workflows"][0]["args"]["props"][JOB_PROP]
+    assert server["code_version"] == code_version()
+    meta = json.loads(next(tmp_path.rglob("meta.json")).read_text())
+    assert not meta.get("byoc")
+
+
+def test_the_job_modules_are_the_only_modules_a_job_can_name():
+    assert InstalledModule("federated.flare.site").module_name == "federated.flare.site"
+    with pytest.raises(ValueError, match="not 'os'"):
+        InstalledModule("os")
+
+
+def test_a_site_allow_list_admits_fedaucs_components_only_and_streams_no_log(tmp_path):
+    (tmp_path / "resources.json.default").write_text(json.dumps(
+        {"format_version": 2, "class_allow_list": ["nvflare.app_common."], "components": [{"id": "x"}]}))
+    written = json.loads(allow_components(tmp_path).read_text())
+    assert written["class_allow_list"] == list(COMPONENTS)
+    assert written["class_list_enforcement_mode"] == "enforce" and written["allow_log_streaming"] is False
+    assert written["components"] == [{"id": "x"}]  # the kit's own settings stay
+
+
+def test_the_code_version_is_the_package_version_and_the_checkout_commit():
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert code_version() == f"{importlib.metadata.version('fedauc')}+g{head[:12]}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\+g[0-9a-f]{12}", code_version())
+
+
+def test_a_site_refuses_a_foreign_code_version_in_one_line_unless_its_yaml_allows_it():
+    check_code_version("vienna", code_version())
+    check_code_version("vienna", FOREIGN, allowed=[FOREIGN])
+    with pytest.raises(ForeignCodeVersion) as refused:
+        check_code_version("vienna", FOREIGN, allowed=["0.0.8+g000000000000"])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"site 'vienna' refuses the job: it was built by fedauc {FOREIGN}, " \
+           f"this site runs fedauc {code_version()}" in message
+    assert "allowed_code_versions" in message
+
+
+@pytest.mark.slow
+def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, melanoma_shards, monkeypatch):
+    from federated.flare.job import FlareJobFailed, run_simulated
+    from federated.sites import federation_config
+    from preprocessing.federation import load_federation
+
+    root, federation = melanoma_shards
+    settings = dict(algorithm="fedavg", network="small_resnet", network_kwargs={"widths": [8]}, rounds=1,
+                    local_steps=1, batch_size=8, progress=False, loader_workers=0, timeout_s=60, device="cpu")
+    cfg = federation_config(load_federation(federation), root / "shards", settings)
+    # The centre (this process) runs another fedauc than the site processes, which compute their own.
+    monkeypatch.setattr("federated.flare.job.code_version", lambda: FOREIGN)
+    with pytest.raises(FlareJobFailed) as failed:
+        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-version")
+    first = str(failed.value).splitlines()[0]
+    assert re.search(rf"site '[a-z-]+' refuses the job: it was built by fedauc {re.escape(FOREIGN)}, this site "
+                     rf"runs fedauc {re.escape(code_version())}", first), first
