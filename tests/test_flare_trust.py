@@ -40,7 +40,7 @@ def test_a_fedauc_job_folder_holds_configuration_only(tmp_path):
     recipe(_job(), "Trust test").export(str(tmp_path))
     files = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
     assert files and not [p for p in files if p.suffix in (".py", ".pyc", ".pyi", ".so")], files
-    assert not [p for p in tmp_path.rglob("custom")]
+    assert not list(tmp_path.rglob("custom"))
     configs = {p.name: json.loads(p.read_text()) for p in tmp_path.rglob("config_fed_*.json")}
     assert set(configs) == {"config_fed_server.json", "config_fed_client.json"}
     # Every component a participant builds is on fedauc's allow-list, the job modules named by their import path.
