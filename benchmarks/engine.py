@@ -9,6 +9,11 @@ share the cores, so its figure measures overhead, not speed-up. On a shared mach
 swing with other processes' load; the CPU-time rates (samples per CPU second of this process) do not,
 and the best of interleaved repeats is reported next to the median.
 
+Secure aggregation's cost (``--secure-sites 3``, 0 skips it): the in-process engine on the first 3 sites
+with and without ``secure_aggregation`` (interleaved repeats), bytes each site sends per round (the
+engine's records) and the round's seconds; and the aggregation alone, one masked ring sum of the model
+against the plain mean of the same tensors. Targets: at most 2x float32's bytes, under 0.5 s added per round.
+
     python benchmarks/engine.py [--sites 4] [--batch 32] [--image 48] [--steps 32] [--local-steps 8] [--threads 1]
 """
 
@@ -29,7 +34,9 @@ import torch
 
 import federated
 from federated import ShardSite, TrainConfig
+from federated.backends import InProcessBackend
 from federated.data import to_model_input
+from federated.secure_aggregation import SecureBackend
 from models.networks import build_network
 from models.objectives import masked_bce_with_logits
 from preprocessing.shard_format import (
@@ -105,6 +112,39 @@ def engine_rates(config: TrainConfig, samples_per_round: int) -> tuple[float, fl
             rounds * samples_per_round / (marks[-1][1] - marks[0][1]))
 
 
+def aggregation_seconds(backend, K: int, repeats: int = 5) -> float:
+    """Median seconds of one mean of small_resnet's floating tensors over K sites through ``backend``."""
+    states = [[t.clone() for t in build_network("small_resnet", num_classes=1, in_channels=1).state_dict().values()
+               if t.is_floating_point()] for _ in range(K)]
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        backend.mean_(states, [1.0 / K] * K)
+        seconds.append(time.perf_counter() - started)
+    return float(np.median(seconds))
+
+
+def secure_cost(dirs: list[Path], args) -> None:
+    """Bytes and seconds per round with and without secure aggregation, in-process, K = args.secure_sites."""
+    K = args.secure_sites
+    rows: dict[bool, list[dict]] = {False: [], True: []}
+    for _ in range(args.repeats):
+        for secure in (False, True):
+            config = engine_config(dirs[:K], args, "inprocess").model_copy(update={"secure_aggregation": secure})
+            rows[secure].append(federated.train(config).history[1:])  # round 0 is the warm-up
+    sent = {s: rows[s][0][0]["bytes_sent"][0] for s in rows}
+    seconds = {s: float(np.median([h["seconds"] for run in rows[s] for h in run])) for s in rows}
+    plain_mean = aggregation_seconds(InProcessBackend(K), K)
+    secure_mean = aggregation_seconds(SecureBackend(InProcessBackend(K), [f"site{k}" for k in range(K)]), K)
+    print(f"\nsecure aggregation, in-process, K={K}, small_resnet, I={args.local_steps}, {args.repeats} interleaved repeats")
+    print(f"bytes sent per site and round: plain {sent[False]:,}, secure {sent[True]:,} "
+          f"(ratio {sent[True] / sent[False]:.2f}, target <= 2)")
+    print(f"median round: plain {seconds[False]:.3f} s, secure {seconds[True]:.3f} s "
+          f"(added {seconds[True] - seconds[False]:+.3f} s, target < 0.5 s)")
+    print(f"one aggregation of the model over {K} sites: plain mean {plain_mean * 1e3:.1f} ms, masked ring sum "
+          f"{secure_mean * 1e3:.1f} ms (added {(secure_mean - plain_mean) * 1e3:+.1f} ms)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=4)
@@ -114,6 +154,8 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=8, help="I")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-distributed", action="store_true")
+    parser.add_argument("--secure-sites", type=int, default=3, help="K of the secure aggregation rows; 0 skips them")
+    parser.add_argument("--secure-only", action="store_true", help="only the secure aggregation rows")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads; 1 keeps OpenMP spin-waits out of the CPU-time figures on a shared CPU")
     args = parser.parse_args()
@@ -121,7 +163,13 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     per_round = args.sites * args.batch * args.local_steps
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = write_shards(Path(tmp), args.sites, 4 * args.batch * args.steps // args.sites + args.batch, args.image)
+        dirs = write_shards(Path(tmp), max(args.sites, args.secure_sites),
+                            4 * args.batch * args.steps // args.sites + args.batch, args.image)
+        if args.secure_sites:
+            secure_cost(dirs, args)
+        if args.secure_only:
+            return
+        dirs = dirs[:args.sites]
         plain, engine = [], []
         for _ in range(args.repeats):  # interleaved, so load from other processes hits both alike
             plain.append(plain_loop(dirs, args.batch, args.steps, device, seed=0))

@@ -12,6 +12,10 @@ admitted) is printed apart: a real consortium runs for many jobs. Target: at mos
 site processes share the cores while in-process trains the sites one after the other, so the difference
 also holds that scheduling; ``--local-steps 1`` makes communication dominate.
 
+With ``secure_aggregation`` (docs/algorithms.md section 13) the simulator and the POC consortium run the job
+again (on the POC the sites sign their keys with their kits): the rows ``-secure`` give its bytes and round
+seconds, against the plain rows. Targets: at most 2x the plain bytes, under 0.5 s added per round.
+
 Also printed: the serialised size of one mean collective (what a site's call carries, one pickle each way)
 against the model's parameter bytes, to show there is no copy of the model per site beyond that.
 
@@ -105,6 +109,12 @@ def main() -> None:
         flare = run_simulated(config, federation.task, tuple(federation.sites[0].diseases), root / "flare",
                               name="bench")
         rows.append(summarise("flare-sim", time.perf_counter() - started, flare.history))
+        secure = config.model_copy(update={"secure_aggregation": True})
+        print("NVFlare SimEnv, secure aggregation ...", flush=True)
+        started = time.perf_counter()
+        flare_secure = run_simulated(secure, federation.task, tuple(federation.sites[0].diseases), root / "flare-secure",
+                                     name="bench-secure")
+        rows.append(summarise("flare-sim-secure", time.perf_counter() - started, flare_secure.history))
         print("NVFlare POC consortium ...", flush=True)
         started = time.perf_counter()
         with LocalConsortium(federation, root / "shards", root / "poc") as consortium:
@@ -114,16 +124,31 @@ def main() -> None:
                                     consortium.exec_env(), root / "poc" / "submit.log", name="bench",
                                     threads=torch.get_num_threads())
             rows.append(summarise("flare-poc", time.perf_counter() - started, poc.history))
+            started = time.perf_counter()
+            poc_secure = run_on_consortium(secure, federation.task, tuple(federation.sites[0].diseases),
+                                           consortium.exec_env(), root / "poc" / "submit-secure.log",
+                                           name="bench-secure", threads=torch.get_num_threads())
+            rows.append(summarise("flare-poc-secure", time.perf_counter() - started, poc_secure.history))
     print(f"\n3 sites, small_resnet, CODASCA, {args.rounds} rounds x I={args.local_steps}, evaluation off")
-    print(f"{'mode':<11} {'wall s':>8} {'start-up s':>11} {'median round s':>15} {'sent B/site/round':>18} "
+    print(f"{'mode':<16} {'wall s':>8} {'start-up s':>11} {'median round s':>15} {'sent B/site/round':>18} "
           f"{'received B/site/round':>22}")
     for r in rows:
-        print(f"{r['mode']:<11} {r['wall_s']:>8.2f} {r['startup_s']:>11.2f} {r['median_round_s']:>15.3f} "
+        print(f"{r['mode']:<16} {r['wall_s']:>8.2f} {r['startup_s']:>11.2f} {r['median_round_s']:>15.3f} "
               f"{r['sent_per_site_round']:>18,.0f} {r['received_per_site_round']:>22,.0f}")
+    by_mode = {row["mode"]: row for row in rows}
     for row in rows[1:]:
+        if row["mode"].endswith("-secure"):
+            continue
         overhead = row["median_round_s"] - rows[0]["median_round_s"]
         verdict = "meets" if overhead <= TARGET_S else "MISSES"
         print(f"{row['mode']} transport per round: {overhead:+.3f} s ({verdict} the target <= {TARGET_S} s)")
+    for mode in ("flare-sim", "flare-poc"):
+        plain, masked = by_mode[mode], by_mode[f"{mode}-secure"]
+        added, ratio = masked["median_round_s"] - plain["median_round_s"], masked["sent_per_site_round"] / plain["sent_per_site_round"]
+        print(f"{mode} secure aggregation: {ratio:.2f}x the bytes (target <= 2), {added:+.3f} s per round "
+              f"({'meets' if added < TARGET_S else 'MISSES'} the target < {TARGET_S} s)")
+    same = all(torch.equal(poc_secure.global_state[k], v) for k, v in flare_secure.global_state.items())
+    print(f"secure aggregation: POC model {'equals' if same else 'DIFFERS FROM'} the simulator's bit for bit")
     print(f"POC consortium start (provisioning, server and 3 clients admitted), once: {consortium_start:.1f} s")
     worst = max((poc.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
     print(f"POC model vs in-process: max abs parameter difference {worst:.2e}")

@@ -118,6 +118,8 @@ class SecureBackend:
         self.masks = {k: PairMasks(k, private, public_keys) for k, (private, _) in keys.items()}
 
     def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (a copy being built): no recursion through __getattr__
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def _gather_keys(self, own: dict[int, bytes]) -> list[bytes]:

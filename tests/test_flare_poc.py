@@ -10,7 +10,8 @@ within the configured collective timeout: ``fedauc train --flare-env prod --kit 
 one-line message naming the site, and nothing is registered in MLflow; (d) the same command with no shards
 at the submitting machine records in MLflow what an in-process training with every shard at hand records
 (the sites report their shard hashes, QC summaries and model input; the pooled ROC comes from their summed
-histograms).
+histograms); (e) with secure aggregation the sites sign their keys with their kits and check the others'
+against the root CA, and the model is the in-process one bit for bit.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
+import federated
 from federated.checkpoint import latest_round_dir
 from federated.flare.consortium import client_command, read_kit
 from federated.flare.job import run_on_consortium, run_simulated
@@ -217,3 +219,20 @@ def test_a_site_killed_mid_job_fails_it_naming_the_site_and_registers_nothing(co
         assert runs and {r.info.status for r in runs} == {"FAILED"}
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_secure_aggregation_on_the_consortium_signs_keys_with_the_kits_and_trains_the_in_process_model(
+        consortium, melanoma_shards, tmp_path):
+    """(e) With secure aggregation each hospital signs its X25519 key with its kit and checks the others'
+    against its own root CA (its log says so), and the model is the in-process one bit for bit."""
+    root, federation = melanoma_shards
+    config = federation_config(load_federation(federation), root / "shards",
+                               {**SETTINGS, "rounds": 1, "secure_aggregation": True})
+    result = run_on_consortium(config, "melanoma", ("Melanoma",), consortium.exec_env(), tmp_path / "submit.log",
+                               name="poc-secure", job_timeout_s=900, threads=torch.get_num_threads())
+    local = federated.train(config)
+    for key, value in local.global_state.items():
+        assert torch.equal(result.global_state[key], value), key
+    for site in SITES:
+        logs = "".join(p.read_text(errors="replace") for p in consortium.kits.sites[site].rglob("log.txt"))
+        assert "the public keys of 3 sites verified against the consortium's root CA" in logs, site

@@ -14,6 +14,7 @@ that index, and the signature verifies.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from federated.secure_aggregation import PUBLIC_KEY_BYTES, SecureAggregationErro
 from preprocessing.errors import ConfigError
 
 KIT_FILES = ("client.key", "client.crt", "rootCA.pem")
+# In the site's own log (its kit's workspace): what a hospital's reviewer reads to see that keys were checked.
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,7 +97,12 @@ class SiteKeys:
         if len(entries) != len(self.site_names):
             raise SecureAggregationError(f"the server returned {len(entries)} secure aggregation keys for "
                                          f"{len(self.site_names)} sites; the job stops")
-        return [self._check(index, entry, now or dt.datetime.now(dt.timezone.utc)) for index, entry in enumerate(entries)]
+        keys = [self._check(index, entry, now or dt.datetime.now(dt.timezone.utc)) for index, entry in enumerate(entries)]
+        log.info("secure aggregation, job %s: %s", self.job_id,
+                 "the simulator's per-run public keys (no consortium kit here)" if self.identity is None else
+                 f"the public keys of {len(keys)} sites verified against the consortium's root CA "
+                 f"({self.identity.root.subject.rfc4514_string()})")
+        return keys
 
     def _check(self, index: int, entry: dict, now: dt.datetime) -> bytes:
         name = self.site_names[index]
