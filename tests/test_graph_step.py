@@ -50,10 +50,10 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _config(algorithm: str, **kw) -> TrainConfig:
+def _config(algorithm: str, shape: tuple[int, ...] = (6,), **kw) -> TrainConfig:
     params = {"fedxl1": {"pool_size": 4, "passive_batch": 5}, "fedxl2": {"pool_size": 4, "passive_batch": 5},
               "codaplus": {"T0": 3}, "codasca": {"T0": 3, "eta_g": 1.5}, "coda": {"T0": 3}}.get(algorithm, {})
-    sites = [SyntheticSite(n_train=40, shape=(6,), num_classes=2, pos_rate=0.4, task_seed=3, shift=0.3 * k)
+    sites = [SyntheticSite(n_train=40, shape=shape, num_classes=2, pos_rate=0.4, task_seed=3, shift=0.3 * k)
              for k in range(2)]
     base = dict(algorithm=algorithm, params=params, sites=sites, network="mlp", network_kwargs={"hidden": 8},
                 rounds=2, local_steps=3, batch_size=10, lr=0.1, loader_workers=0, progress=False)
@@ -115,3 +115,32 @@ def test_the_gpu_benchmark_refuses_a_machine_without_cuda():
                           timeout=120, cwd=ROOT)
     assert done.returncode == 2
     assert "measures a GPU and this machine has none" in done.stderr and "--smoke" in done.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and CUDA host syncs need a GPU")
+@pytest.mark.parametrize("algorithm", ["fedavg", "codasca", "fedxl2"])
+def test_on_a_gpu_the_steps_replay_as_cuda_graphs_without_a_sync_and_equal_eager(algorithm):
+    """On a GPU, float32 (no autocast): no cudagraph skip, no implicit host sync in the local steps once the graphs
+    are recorded (round 0 records them; torch.cuda's sync debug mode raises on a sync in the later rounds), and
+    the model after three rounds equals eager's up to kernel rounding."""
+    torch._dynamo.reset()
+    counters.clear()
+    kw = dict(shape=(1, 16, 16), network="small_resnet", device="cuda", amp=False)
+    eager = federated.train(_config(algorithm, **kw, rounds=3))
+    engine = Engine(_config(algorithm, **kw, rounds=3, compile_network=True, compile_mode="reduce-overhead"))
+    step = engine.algorithm.local_step
+
+    def strict(site, batch):
+        if site.iteration < engine.config.local_steps:  # round 0: warm-up and recording synchronise
+            return step(site, batch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(site, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    engine.algorithm.local_step = strict
+    graphs = engine.run()
+    assert not counters["inductor"]["cudagraph_skips"], "CUDA graphs were skipped (TORCH_LOGS=perf_hints says why)"
+    for name, value in eager.global_state.items():
+        torch.testing.assert_close(graphs.global_state[name], value, rtol=1e-2, atol=1e-3, msg=name)
