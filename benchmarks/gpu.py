@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch._dynamo.utils import counters
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -68,6 +69,9 @@ class Row:
     busy: float | None  # GPU busy fraction of a round (None on the CPU)
     launches: float | None  # kernel and graph launches per step
     syncs: int | None  # implicit host syncs in the profiled round
+    # Compiled graphs that inductor runs without CUDA graphs, since the compiler's last reset: rows after the first
+    # of a mode and batch reuse its graphs, so they count its skips too.
+    graph_skips: int = 0
 
 
 def write_shards(root: Path, sites: int, n: int, image: int) -> list[Path]:
@@ -116,17 +120,19 @@ class ProfiledRound:
         if self.cuda:
             torch.cuda.set_sync_debug_mode("default")
         self.warnings.__exit__(None, None, None)
-        if not self.cuda:
-            return None, None, None
-        events = self.profiler.events()
-        spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
-        busy, end = 0.0, float("-inf")
+        # Kineto's raw events: building the profiler's Python events for ~100,000 kernels would take longer than the round.
+        events = self.profiler.profiler.kineto_results.events()
+        spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+                       if e.device_type() == DeviceType.CUDA)
+        busy, end = 0, 0
         for start, stop in spans:  # the union of the intervals: kernels of two streams may overlap
-            busy += max(0.0, stop - max(start, end))
+            busy += max(0, stop - max(start, end))
             end = max(end, stop)
-        launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCHES)
+        launches = sum(1 for e in events if e.device_type() == DeviceType.CPU and e.name() in LAUNCHES)
         syncs = sum(1 for w in self.caught if "synchronizing" in str(w.message))
-        return busy * 1e-6 / round_seconds, launches / steps, syncs
+        if not self.cuda:  # parsed all the same: --smoke runs this code
+            return None, None, None
+        return busy * 1e-9 / round_seconds, launches / steps, syncs
 
 
 def peak_memory(device: torch.device) -> float:
@@ -252,7 +258,9 @@ def print_row(row: Row, cuda: bool) -> None:
     label = f"{'plain loop' if row.loop == 'plain' else 'engine ' + row.loop} B={row.batch}"
     gpu = (f"{row.memory:6.2f} GiB  busy {row.busy:5.1%}  {row.launches:7.1f} launches/step  {row.syncs:4d} syncs/round"
            if cuda else "(no GPU figures on the CPU)")
-    print(f"  {label:<22} {row.mode:<12} {row.rate:9.1f} images/s  {gpu}", flush=True)
+    skipped = (f"  CUDA graphs skipped for {row.graph_skips} compiled graph(s) (TORCH_LOGS=perf_hints says why)"
+               if row.graph_skips else "")
+    print(f"  {label:<22} {row.mode:<12} {row.rate:9.1f} images/s  {gpu}{skipped}", flush=True)
 
 
 def verdicts(rows: list[Row], args, loader: float) -> bool:
@@ -318,18 +326,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fedauc-gpu-") as tmp:
         per_site = max(2 * (args.rounds + 2) * args.local_steps * args.batch, 2 * args.ceiling_batch)
         dirs = write_shards(Path(tmp), args.sites, per_site, args.image)
+        def add(row: Row) -> None:
+            row.graph_skips = counters["inductor"]["cudagraph_skips"] - skips_before
+            rows.append(row)
+            print_row(row, cuda)
+
         for _ in range(args.repeats):
             for mode in args.modes:
                 # A fresh compiler per mode and batch: graphs and CUDA-graph pools of other rows do not linger.
                 torch._dynamo.reset()
-                rows.append(plain_row(dirs, args, args.batch, mode, device))
-                print_row(rows[-1], cuda)
+                skips_before = counters["inductor"]["cudagraph_skips"]
+                add(plain_row(dirs, args, args.batch, mode, device))
                 for algorithm in args.algorithms:
-                    rows.append(engine_row(dirs, args, algorithm, mode, device))
-                    print_row(rows[-1], cuda)
+                    add(engine_row(dirs, args, algorithm, mode, device))
                 torch._dynamo.reset()
-                rows.append(plain_row(dirs, args, args.ceiling_batch, mode, device))
-                print_row(rows[-1], cuda)
+                skips_before = counters["inductor"]["cudagraph_skips"]
+                add(plain_row(dirs, args, args.ceiling_batch, mode, device))
             loader.append(loader_rate(dirs, args, device))
             print(f"  loader alone B={args.batch}{'':<25} {loader[-1]:9.1f} images/s", flush=True)
     best = {}
