@@ -55,6 +55,16 @@ def configure(project_dir: Path = PROJECT_DIR) -> str:
     return uri
 
 
+def run_outputs_dir(project_dir: Path = PROJECT_DIR) -> Path:
+    """Where a training's files other than MLflow's go (``checkpoints/<run>/``): beside the embedded SQLite
+    store, so that one folder holds the runs and what resumes them; with an MLflow server, the project folder.
+    Never the folder a command runs in (a checkout would show them in ``git status``)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).parent
+    return Path(project_dir)
+
+
 def experiment_id(name: str) -> str:
     """The experiment's id, created on first use. With a SQLite store the artifacts go beside the database
     (``mlartifacts/<experiment>``), so an embedded store is one self-contained folder."""

@@ -1,5 +1,6 @@
 """`fedauc train --resume` on a tiny preprocessed federation, with real Prefect and MLflow: a training
-stopped after round 2 and resumed to round 4 reaches the model of an uninterrupted 4-round training."""
+stopped after round 2 and resumed to round 4 reaches the model of an uninterrupted 4-round training; the
+checkpoints go beside the MLflow store, never into the folder the command runs in."""
 
 import re
 
@@ -33,24 +34,28 @@ def test_train_resume_reaches_the_uninterrupted_model(tmp_path, monkeypatch):
     federation.write_text(yaml.safe_dump({"name": "tiny", "task": "chest-xray", "sites": entries}))
     shards = tmp_path / "shards"
     flows.preprocess_federation(str(federation), str(shards), workers=0)
+    work = tmp_path / "work"  # where the user runs fedauc
+    work.mkdir()
+    monkeypatch.chdir(work)
+    checkpoints = tmp_path / "checkpoints"  # beside tmp_path / mlruns.db
 
     def train(run_name, rounds, *extra):
         result = CliRunner().invoke(app, ["train", "--federation", str(federation), "--shards", str(shards),
                                           "--algorithm", "fedxl2", "--rounds", str(rounds), "-I", "2",
-                                          "--batch-size", "8", "--eval-every", "0", "--run-name", run_name,
-                                          "--checkpoint-dir", str(tmp_path / run_name), *extra])
+                                          "--batch-size", "8", "--eval-every", "0", "--run-name", run_name, *extra])
         assert result.exit_code == 0, result.output
         assert '"run_name": "' + run_name + '"' in result.output
         return re.search(r'"run_id": "(\w+)"', result.output).group(1)
 
     train("stopped", 2)
-    assert (tmp_path / "stopped" / "LATEST").read_text() == "round_000001"
+    assert (checkpoints / "stopped" / "LATEST").read_text() == "round_000001"
     resumed = train("stopped", 4, "--resume")
     # the resumed training ran rounds 3 and 4 only (MLflow steps are 1-based rounds)
     assert [m.step for m in MlflowClient().get_metric_history(resumed, "train_loss")] == [3, 4]
     train("uninterrupted", 4)
     for site in (0, 1):
-        got, want = (torch.load(tmp_path / run / "round_000003" / f"site_{site}.pt", weights_only=True)
+        got, want = (torch.load(checkpoints / run / "round_000003" / f"site_{site}.pt", weights_only=True)
                      for run in ("stopped", "uninterrupted"))
         for key, value in want["model"].items():
             assert torch.equal(value, got["model"][key]), key
+    assert not list(work.iterdir())

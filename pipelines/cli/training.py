@@ -37,7 +37,8 @@ def train_command(
     eval_every: int = typer.Option(5, "--eval-every", min=0),
     run_name: str = typer.Option(None, "--run-name"),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
-                                       help="Checkpoint after every round here (default checkpoints/<run name>)."),
+                                       help="Checkpoint after every round here (default checkpoints/<run name> "
+                                            "beside the MLflow store)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
     backend: TrainBackend = typer.Option("inprocess", "--backend",
                                 help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
@@ -60,6 +61,8 @@ def train_command(
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
 
+    from pipelines.tracking import run_outputs_dir
+
     params = {}
     for item in param:
         name, sep, value = item.partition("=")
@@ -73,7 +76,7 @@ def train_command(
     run_name = run_name or f"{algorithm}-I{local_steps}"
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
-              "checkpoint_dir": checkpoint_dir or f"checkpoints/{run_name}", "resume": resume,
+              "checkpoint_dir": checkpoint_dir or str(run_outputs_dir() / "checkpoints" / run_name), "resume": resume,
               "secure_aggregation": secure_aggregation}
     if backend is TrainBackend.flare:
         config["timeout_s"] = site_timeout
