@@ -57,6 +57,12 @@ def ring_sum(vectors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.from_numpy(total.view(np.int64))
 
 
+def combine(flats: Sequence[torch.Tensor], weights: Sequence[float], robust=None) -> torch.Tensor:
+    """One dtype group's reduction: the weighted sum in site order, or a robust rule over every site's values
+    (``federated.aggregation.Robust``: a round's MEAN tensors under ``--aggregation median|trimmed-mean``)."""
+    return weighted_sum(flats, weights) if robust is None else robust(flats, weights)
+
+
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     # One multi-tensor copy, not a copy_ per tensor: on a GPU each copy_ is a kernel launch (about 600 per
     # site for DenseNet121), and launches, not the GPU, set the pace of a round (docs/performance.md, gpu.py).
@@ -74,12 +80,13 @@ class InProcessBackend:
         self.num_sites = num_sites
         self.local_sites = list(range(num_sites))
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float]) -> None:
-        """Replace every site's tensors by the weighted mean over sites (weights sum to 1)."""
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
+        """Replace every site's tensors by the weighted mean over sites (weights sum to 1), or by ``robust``
+        (``combine``)."""
         if not per_site or not per_site[0]:
             return
         for _, idx in dtype_groups(per_site[0]).items():
-            mean = weighted_sum([flatten([tensors[i] for i in idx]) for tensors in per_site], weights)
+            mean = combine([flatten([tensors[i] for i in idx]) for tensors in per_site], weights, robust)
             for tensors in per_site:
                 unflatten_into(mean, [tensors[i] for i in idx])
 
@@ -149,7 +156,7 @@ class DistributedBackend:
         self._run(what, lambda: dist.all_gather(out, local))
         return [out[r] for r in self.rank_of_site]
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float]) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
         (tensors,) = per_site
         if not tensors:
             return
@@ -159,7 +166,7 @@ class DistributedBackend:
         for _, idx in dtype_groups(tensors).items():
             group = [tensors[i] for i in idx]
             flats = self._all_gather("all_gather (mean)", flatten(group))
-            unflatten_into(weighted_sum(flats, all_weights), group)
+            unflatten_into(combine(flats, all_weights, robust), group)
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site

@@ -32,8 +32,11 @@ from federated.config import TrainConfig
 from preprocessing.errors import ConfigError, DataError
 
 # TrainConfig fields a resumed run may change: they do not change the model a round computes.
+# ``lr`` among them: a diverged training continues from its last good round at a lower learning rate (every
+# round's record says the rate it ran with).
 RESUMABLE_FIELDS = frozenset({"rounds", "eval_every", "eval_bins", "eval_min_count", "device", "backend",
-                              "timeout_s", "checkpoint_dir", "resume", "loader_workers", "progress"})
+                              "timeout_s", "checkpoint_dir", "resume", "loader_workers", "progress", "lr",
+                              "divergence_factor", "outlier_factor"})
 
 
 def config_fingerprint(config: TrainConfig) -> dict:
@@ -146,3 +149,4 @@ def load_round(round_dir: Path, sites: list[Site], config: TrainConfig, site_fin
         site.rng_state = saved["rng_state"]
         site.cuda_rng_state = saved["cuda_rng_state"]
     return meta
+

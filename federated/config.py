@@ -154,6 +154,15 @@ class TrainConfig(BaseModel):
     # LibAUC's recipe (cross-entropy first, then the AUC loss; docs/algorithms.md section 12). federated.train
     # runs it, in-process only; 0: off (docs/claims.md measures it).
     warmup_rounds: int = Field(default=0, ge=0)
+    # Training health (federated/health.py): a site's round loss past this multiple of its first round's stops
+    # the training as diverged; a site's update norm past this multiple of the other sites' median is named
+    # in a warning.
+    divergence_factor: float = Field(default=1000.0, gt=1)
+    outlier_factor: float = Field(default=10.0, gt=1)
+    # How a round's MEAN tensors combine: the weighted mean, or a coordinate-wise robust rule over sites that
+    # outvotes a broken site (federated/aggregation.py: when it helps, what it costs).
+    robust_aggregation: Literal["mean", "trimmed-mean", "median"] = "mean"
+    trim_fraction: float = Field(default=0.2, gt=0, lt=0.5)  # trimmed-mean: the share of sites dropped at each end
     augment_flip: bool = False  # random horizontal flips of training images, on the training device
     augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels
     loader_workers: int = Field(default=2, ge=0)
@@ -174,6 +183,9 @@ class TrainConfig(BaseModel):
                                    or self.checkpoint_dir is not None):
             raise ValueError(f"warmup_rounds={self.warmup_rounds} needs rounds > warmup_rounds (got {self.rounds}), "
                              "the in-process backend and no checkpoint_dir")
+        if self.secure_aggregation and self.robust_aggregation != "mean":
+            raise ValueError(f"--aggregation {self.robust_aggregation} needs every site's values at the combiner, "
+                             "and secure aggregation shows it their sum only: use one or the other")
         if self.compile_mode != "default" and not self.compile_network:
             raise ValueError(f"compile_mode={self.compile_mode!r} needs compile_network=True")
         if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):

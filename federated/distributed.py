@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(2)  # as below: the process group may be up, and its teardown can abort the interpreter
     try:
         result = engine.run()
-    except SiteFailure as err:
+    except (SiteFailure, FedaucError) as err:  # a FedaucError: every process stops with it (a diverged round)
         print(f"fedauc distributed: {err}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Immediate exit: tearing down a process group whose peer died can abort the interpreter

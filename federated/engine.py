@@ -23,11 +23,13 @@ import torch
 from torch import nn
 
 from federated import evaluation
+from federated.aggregation import robust_rule
 from federated.algorithms.base import Algorithm, FederationContext, Site
 from federated.backends import DistributedBackend, InProcessBackend
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader, label_counts
+from federated.health import HealthMonitor, SiteUpdate, site_row, update_groups, warn_outliers
 from federated.network import (
     build_model,
     initial_model,
@@ -38,7 +40,8 @@ from federated.network import (
 )
 from federated.registry import get_algorithm
 from federated.secure_aggregation import RING_BYTES, SecureBackend
-from federated.state import Comm, model_state_spec, model_tensors, nbytes
+from federated.sites import site_names
+from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
 
 RoundCallback = Callable[[dict], None]
 
@@ -118,6 +121,10 @@ class Engine:
         # every site, and the byte accounting is checked against these declared sizes every round.
         self.mean_layout = {n: (tuple(tensors[n].shape), tensors[n].dtype) for n, c in self.spec.items()
                             if c is Comm.MEAN}
+        self.robust = robust_rule(config.robust_aggregation, config.trim_fraction, backend.num_sites)
+        groups = update_groups(self.spec, tensors)
+        self.updates = [SiteUpdate(self._tensors(site), groups) for site in self.sites]
+        self.health = HealthMonitor(site_names(config), list(groups), config)
         if self.algorithm.stage_length and self.algorithm.stage_length % config.local_steps:
             raise ValueError(f"stage length {self.algorithm.stage_length} must be a multiple of local_steps "
                              f"I = {config.local_steps}: stages change at communication rounds")
@@ -189,13 +196,9 @@ class Engine:
         received = [0] * len(self.sites)
         tensors = [self._tensors(s) for s in self.sites]
         mean_names = [n for n, c in self.spec.items() if c is Comm.MEAN and c in kinds]
-        for t in tensors:
-            for n in mean_names:
-                if (tuple(t[n].shape), t[n].dtype) != self.mean_layout[n]:
-                    raise RuntimeError(f"algorithm {self.config.algorithm!r}: MEAN tensor {n!r} is now "
-                                       f"{tuple(t[n].shape)} {t[n].dtype}, declared {self.mean_layout[n]}; "
-                                       "a MEAN tensor must keep its shape and dtype")
-        self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights, **self._named(mean_names))
+        check_layout(self.config.algorithm, tensors, mean_names, self.mean_layout)
+        self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights,
+                           **self._named(mean_names, robust=True))
         for i, t in enumerate(tensors):
             b = sum(self._mean_bytes(t[n]) for n in mean_names)
             sent[i] += b
@@ -228,9 +231,12 @@ class Engine:
                 self.algorithm.stage_start(site, st)
         return sum(self._mean_bytes(t) for t in stats[0].values())
 
-    def _named(self, names: list[str]) -> dict:
-        """Secure aggregation's errors name the tensor; the plain backends do not check values."""
-        return {"names": names} if self.secure else {}
+    def _named(self, names: list[str], robust: bool = False) -> dict:
+        """Secure aggregation's errors name the tensor; the plain backends do not check values. A robust rule
+        (federated/aggregation.py) combines the round's MEAN tensors only."""
+        if self.secure:
+            return {"names": names}
+        return {"robust": self.robust} if robust and self.robust else {}
 
     def _mean_bytes(self, t: torch.Tensor) -> int:
         return t.numel() * RING_BYTES if self.secure else nbytes(t)
@@ -261,6 +267,7 @@ class Engine:
             if round_dir is not None:
                 meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
                 start_round, history = meta["round"] + 1, meta["history"]
+                self.health.resume(history)
         bar = None
         if cfg.progress and self.is_leader:
             from tqdm.auto import tqdm
@@ -276,15 +283,21 @@ class Engine:
             if self.secure:
                 self.secure.round = r
             losses = []
-            for site in self.sites:
+            for site, update in zip(self.sites, self.updates):
+                update.restart(self._tensors(site))
                 with site.rng(), local_steps(cfg, site.model) as step_begins:
-                    total = torch.zeros((), device=self.device)
+                    total, first = torch.zeros((), device=self.device), None
                     for batch in site.loader.batches(cfg.local_steps):
                         step_begins()
-                        total += self.algorithm.local_step(site, batch)
+                        loss = self.algorithm.local_step(site, batch)
+                        first = loss.detach().clone() if first is None else first  # a copy: the loss may be a reused buffer
+                        total += loss
                         site.iteration += 1
-                    losses.append(total / cfg.local_steps)
+                    losses.append(torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())]))
             self.each_site(self.algorithm.before_communication)
+            tensors = [self._tensors(site) for site in self.sites]
+            check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
+            norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
             sent, received = self.communicate()
             self.each_site(self.algorithm.round_end)
             stage = self.algorithm.stage_length
@@ -295,24 +308,23 @@ class Engine:
             if r == 0:
                 sent = [b + extra for b, extra in zip(sent, initial[0])]
                 received = [b + extra for b, extra in zip(received, initial[1])]
+            # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
+            # checked before a diverged model is evaluated or checkpointed.
+            rows = [site_row(site.index, b_s, b_r, loss, n) for site, b_s, b_r, loss, n
+                    in zip(self.sites, sent, received, losses, norms)]
+            per_site = self.backend.gather([row if self.device.type == "cuda" and self.backend.name == "distributed"
+                                            else row.cpu() for row in rows]).cpu()
+            health = self.health.check(r, per_site)
+            sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
             last = r == cfg.rounds - 1
             evaluated = None
             if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
-                evaluated = self.evaluate()
-                sent = [b + extra for b, extra in zip(sent, evaluated.bytes_sent)]
-                received = [b + extra for b, extra in zip(received, evaluated.bytes_received)]
-            per_site = torch.tensor([[float(site.index), b_s, b_r, float(loss)] for site, b_s, b_r, loss
-                                     in zip(self.sites, sent, received, losses)], dtype=torch.float64)
-            per_site = self.backend.gather([per_site.to(self.device) if self.device.type == "cuda" and
-                                            self.backend.name == "distributed" else per_site]).cpu()
-            record = {
-                "round": r,
-                "iteration": self.sites[0].iteration,
-                "bytes_sent": [int(v) for v in per_site[:, 1]],
-                "bytes_received": [int(v) for v in per_site[:, 2]],
-                "train_loss": float(per_site[:, 3].mean()),
-                "seconds": time.perf_counter() - t0,
-            }
+                evaluated = self.evaluate()  # every site's payload has one size (fixed-size summaries)
+                sent = [b + evaluated.bytes_sent[0] for b in sent]
+                received = [b + evaluated.bytes_received[0] for b in received]
+            record = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
+                      "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
+                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health}
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
                 test_histograms = evaluated.test_histograms
@@ -321,6 +333,7 @@ class Engine:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
                            self.backend.barrier, cfg, self._site_fingerprints())
             if self.is_leader:
+                warn_outliers(record)
                 for cb in callbacks:
                     cb(record)
             if bar is not None:

@@ -53,3 +53,13 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def check_layout(algorithm: str, tensors: list[dict[str, torch.Tensor]], names: list[str], layout: dict) -> None:
+    """MEAN tensors keep their declared shape and dtype (``layout``: name -> (shape, dtype)) for the whole run: an
+    all-reduce needs identical buffers at every site, and the byte accounting relies on the declared sizes."""
+    for t in tensors:
+        for n in names:
+            if (tuple(t[n].shape), t[n].dtype) != layout[n]:
+                raise RuntimeError(f"algorithm {algorithm!r}: MEAN tensor {n!r} is now {tuple(t[n].shape)} "
+                                   f"{t[n].dtype}, declared {layout[n]}; a MEAN tensor must keep its shape and dtype")

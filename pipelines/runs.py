@@ -13,6 +13,7 @@ when it wins on pooled validation macro-AUC. Importable and testable without Pre
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import tempfile
 import time
@@ -31,6 +32,7 @@ from mlflow.entities import Metric
 from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.data import load_shard, to_model_input
 from federated.evaluation import absent_summary, combine, site_summary
+from federated.health import TrainingDiverged
 from federated.predict import predict_scores
 from federated.sites import site_report
 from pipelines import tracking
@@ -47,6 +49,7 @@ UNDEFINED = {
     "macro_over_sites": "undefined: no site reports it (undefined or suppressed at every site)",
 }
 HEADLINE_METRIC = "test/pooled/auc_macro"
+FAILURE_TAG = "failure_reason"
 
 
 @dataclass
@@ -121,11 +124,17 @@ class RoundLogger:
             "bytes_received_total": float(sum(record["bytes_received"])),
             "train_loss": record["train_loss"],
             "round_seconds": record["seconds"],
+            "lr": record["lr"],
         }
         children: list[dict[str, float]] = [
-            {"bytes_sent": float(sent), "bytes_received": float(received)}
-            for sent, received in zip(record["bytes_sent"], record["bytes_received"])
+            {"bytes_sent": float(sent), "bytes_received": float(received), "train_loss": loss}
+            for sent, received, loss in zip(record["bytes_sent"], record["bytes_received"], record["site_losses"])
         ]
+        for key in ("update_norm", "update_norm_rel"):  # federated/health.py: per group, per site
+            for group, values in record[key].items():
+                for metrics, value in zip(children, values):
+                    if math.isfinite(value):
+                        metrics[f"{key}/{group}"] = value
         for key, value in record.get("metrics", {}).items():
             split, scope, *rest = key.split("/")
             if scope == "site":
@@ -161,6 +170,10 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
         try:
             yield parent, child_ids
             status = "FINISHED"
+        except TrainingDiverged as err:  # the reason stays with the FAILED runs (site, round, what, fix)
+            for run_id in (parent.info.run_id, *child_ids):
+                client.set_tag(run_id, FAILURE_TAG, str(err)[:5000])
+            raise
         finally:
             for run_id in child_ids:
                 client.set_terminated(run_id, status=status)
@@ -212,8 +225,11 @@ def train_tracked(
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
         mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
+        collapsed = tracking.collapsed_splits(final)
+        if collapsed:
+            mlflow.set_tag(tracking.COLLAPSED_TAG, ",".join(collapsed))
         version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(result.input_shape),
-                                                    final.get(SELECTION_METRIC, float("nan")))
+                                                    final.get(SELECTION_METRIC, float("nan")), collapsed)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 

@@ -35,6 +35,9 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
 # The model-version tag the champion comparison reads; written when a version is registered.
 SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
+# A registered version whose scores were constant on a split (federated/health.py's neighbour here: a training
+# that ran to the end but learnt nothing): recorded, never champion.
+COLLAPSED_TAG = "collapsed"
 # The process that owns a run: host name, pid and the process's start time (a pid alone can be reused).
 OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.owner.pid", "fedauc.owner.started"
 END_REASON_TAG = "fedauc.end_reason"
@@ -145,9 +148,12 @@ def register_model(
     task: str,
     input_example: np.ndarray,
     selection_metric: float,
+    collapsed: list[str] = (),
 ) -> tuple[str, bool]:
     """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
     version with the best pooled validation macro-AUC (``promote_best``). Returns (version, promoted).
+    ``collapsed``: the splits on which the model's scores were constant (:func:`collapsed_splits`); such a
+    version is tagged with them and never becomes champion.
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
     centre: a synthetic batch of the right shape and dtype, never a patient's images.
@@ -169,18 +175,33 @@ def register_model(
     version = str(info.registered_model_version)
     client = MlflowClient()
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
+    if collapsed:
+        client.set_model_version_tag(name, version, COLLAPSED_TAG, ",".join(collapsed))
     return version, promote_best(client, name, version)
 
 
-def _best_version(client: MlflowClient, name: str) -> str:
+def collapsed_splits(metrics: dict[str, float]) -> list[str]:
+    """The splits on which every defined pooled AUC is exactly 0.5: nothing separates positives from negatives,
+    as when a diverged model scores every image the same (a saturated sigmoid)."""
+    out = []
+    for split in ("valid", "test"):
+        aucs = [v for k, v in metrics.items() if k.startswith(f"{split}/pooled/auc/") and not math.isnan(v)]
+        if aucs and all(v == 0.5 for v in aucs):
+            out.append(split)
+    return out
+
+
+def _best_version(client: MlflowClient, name: str) -> str | None:
     """The registered version with the highest selection metric; an undefined one (NaN, untagged) never beats a
     defined one, and ties go to the earlier version, so the first model is champion whatever its metric (there
-    is nothing to beat, and evaluation needs a champion) and a later one must score higher."""
+    is nothing to beat, and evaluation needs a champion) and a later one must score higher. A collapsed version
+    is never a candidate, even the first (None when there is no other)."""
     def rank(version) -> tuple[bool, float, int]:
         metric = float(version.tags.get(SELECTION_METRIC_TAG, "nan"))
         return (not math.isnan(metric), -math.inf if math.isnan(metric) else metric, -int(version.version))
 
-    return str(max(client.search_model_versions(f"name = '{name}'"), key=rank).version)
+    candidates = [v for v in client.search_model_versions(f"name = '{name}'") if COLLAPSED_TAG not in v.tags]
+    return str(max(candidates, key=rank).version) if candidates else None
 
 
 def promote_best(client: MlflowClient, name: str, version: str) -> bool:
@@ -198,7 +219,7 @@ def promote_best(client: MlflowClient, name: str, version: str) -> bool:
             current = str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
         except mlflow.exceptions.MlflowException:
             current = None
-        if current == best:
+        if current == best or best is None:
             return best == version
         client.set_registered_model_alias(name, CHAMPION_ALIAS, best)
 

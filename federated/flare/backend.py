@@ -42,14 +42,17 @@ class FlareBackend:
         except Exception as err:  # the transport's own error types (CollabCallError, timeouts)
             raise SiteFailure(f"site {self.site}: {what} failed: {err}") from err
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float]) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
         (tensors,) = per_site
         if not tensors:
             return
         (w,) = weights
         groups = list(dtype_groups(tensors).values())
         flats = [flatten([tensors[i] for i in idx]).cpu() for idx in groups]
-        means = self._collective("mean", {"weight": float(w), "flats": flats})
+        if robust is None:
+            means = self._collective("mean", {"weight": float(w), "flats": flats})
+        else:  # federated/aggregation.py at the server (rendezvous.COMBINE["robust_mean"])
+            means = self._collective("robust_mean", {"robust": robust.payload(), "flats": flats})
         for idx, mean in zip(groups, means):
             unflatten_into(mean.to(self.device), [tensors[i] for i in idx])
 

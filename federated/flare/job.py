@@ -25,6 +25,7 @@ from federated.flare.installed import InstalledRecipe, allow_components
 from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
 from federated.flare.version import code_version
+from federated.health import as_diverged, warn_outliers
 from federated.sites import check_site_reports, site_names
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
@@ -237,10 +238,14 @@ def train_flare(config: TrainConfig, federation: Federation, shards_root: Path |
     def make_job(share_paths: bool, threads: int | None, sharing: dict) -> FlareJob:
         return flare_job(config, task, diseases, 24 * 3600.0, share_paths, threads, sharing)
 
-    result = submit_in_env(env, federation, shards_root, workspace, admin, name, make_job,
-                           lambda folder: read_result(folder, config))
+    try:
+        result = submit_in_env(env, federation, shards_root, workspace, admin, name, make_job,
+                               lambda folder: read_result(folder, config))
+    except FlareJobFailed as err:
+        raise as_diverged(err, config.lr) from None
     check_site_reports(result.site_reports, [site.name for site in federation.sites], task, diseases)
     for record in result.history:
+        warn_outliers(record)  # the centre names an outlying site as an in-process training does
         for callback in callbacks:
             callback(record)
     return result

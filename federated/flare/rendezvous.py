@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from federated.aggregation import combine_payloads
 from federated.backends import SiteFailure, ring_sum, weighted_sum
 
 
@@ -99,6 +100,7 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
 # "ring_sum" adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "mean": _mean,
+    "robust_mean": combine_payloads,  # --aggregation median | trimmed-mean (federated/aggregation.py)
     "gather": lambda payloads: torch.cat(payloads, dim=0),
     "barrier": lambda payloads: None,
     "inputs": lambda payloads: payloads,

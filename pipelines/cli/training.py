@@ -15,6 +15,12 @@ class TrainBackend(str, Enum):
     flare = "flare"
 
 
+class Aggregation(str, Enum):  # federated/aggregation.py RULES
+    mean = "mean"
+    trimmed_mean = "trimmed-mean"
+    median = "median"
+
+
 class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
     sim = "sim"
     poc = "poc"
@@ -57,6 +63,11 @@ def train_command(
         False, "--secure-aggregation",
         help="Pairwise-masked secure aggregation: the server (or this process) receives every mean and sum as "
              "masked ring elements and decodes only the sum over sites (docs/algorithms.md section 13)."),
+    aggregation: Aggregation = typer.Option(
+        "mean", "--aggregation",
+        help="How a round's model updates combine: mean (weighted), or the coordinate-wise median or trimmed mean "
+             "over sites, which outvotes one broken site (federated/aggregation.py: when it helps, its cost); "
+             "not with --secure-aggregation."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -77,7 +88,7 @@ def train_command(
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir or str(run_outputs_dir() / "checkpoints" / run_name), "resume": resume,
-              "secure_aggregation": secure_aggregation}
+              "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value}
     if backend is TrainBackend.flare:
         config["timeout_s"] = site_timeout
     from pipelines.checks import check_training
