@@ -70,6 +70,10 @@ def training_forward(model: nn.Module, config: TrainConfig) -> nn.Module | None:
     return torch.compile(model, mode=config.compile_mode) if config.compile_network else None
 
 
+# torch.compile's modes that replay the compiled graphs as CUDA graphs
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 @contextlib.contextmanager
 def local_steps(config: TrainConfig, model: nn.Module) -> Iterator[Callable[[], None]]:
     """The scope of a site's local steps on ``model``; yields what to call before each step.
@@ -81,7 +85,7 @@ def local_steps(config: TrainConfig, model: nn.Module) -> Iterator[Callable[[], 
     (``Algorithm.logits``) and consume the gradients within the step. The last step's gradients are released
     at the end: under CUDA graphs they live in the graphs' memory, which the next site's replays reuse, and a
     recording that saw them alive would be re-recorded when they are not (and no hook reads them after the steps)."""
-    graphs = config.compile_network and config.compile_mode == "reduce-overhead"
+    graphs = config.compile_network and config.compile_mode in CUDA_GRAPH_MODES
     try:
         with value_checks.skipped():
             yield torch.compiler.cudagraph_mark_step_begin if graphs else _no_step_mark
