@@ -79,5 +79,6 @@ def test_the_stage_length_derives_from_the_runs_length(rounds, I, params, want):
 
 
 def test_a_derived_stage_divides_the_lr_once_within_the_run():
-    result = train(_config(params={"stages": 2, "lr_decay": 10.0}, rounds=5, local_steps=2, eval_every=0))
-    assert float(result.site_states[0]["lr"]) == pytest.approx(0.1 / 10)
+    engine = Engine(_config(params={"stages": 2, "lr_decay": 10.0}, rounds=5, local_steps=2, eval_every=0))
+    engine.run()
+    assert engine.algorithm.stage_lr(engine.sites[0]) == pytest.approx(0.1 / 10)

@@ -156,7 +156,8 @@ class CODAPlus(Algorithm):
     def stage_lr(self, site: Site) -> float:
         """This stage's lr, lr / lr_decay ** stage: a Python number from the step count, not a state tensor
         read back every step (a host sync where the state lives on a GPU)."""
-        return self.fed.lr / self.p.lr_decay ** (site.iteration // self.p.T0) if self.p.T0 else self.fed.lr
+        stage = site.iteration // self.stage_length if self.stage_length else 0
+        return self.fed.lr / self.p.lr_decay ** stage
 
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
         st, lr = site.state, self.stage_lr(site)
