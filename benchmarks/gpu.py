@@ -101,7 +101,8 @@ def synchronize(device: torch.device) -> None:
 class ProfiledRound:
     """Kernel time, launches and implicit host syncs of one round (start() ... stop())."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, trace: Path | None):
+        self.trace = trace  # where to write the round's Chrome trace (chrome://tracing, Perfetto); None: nowhere
         self.cuda = device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.profiler = profile(activities=activities)
@@ -117,6 +118,9 @@ class ProfiledRound:
     def stop(self, steps: int, round_seconds: float) -> tuple[float | None, float | None, int | None]:
         """(busy fraction of a round of ``round_seconds``, launches per step, host syncs) of the profiled round."""
         self.profiler.stop()
+        if self.trace is not None:
+            self.trace.parent.mkdir(parents=True, exist_ok=True)
+            self.profiler.export_chrome_trace(str(self.trace))
         if self.cuda:
             torch.cuda.set_sync_debug_mode("default")
         self.warnings.__exit__(None, None, None)
@@ -133,6 +137,10 @@ class ProfiledRound:
         if not self.cuda:  # parsed all the same: --smoke runs this code
             return None, None, None
         return busy * 1e-9 / round_seconds, launches / steps, syncs
+
+
+def trace_path(args, loop: str, batch: int, mode: str) -> Path | None:
+    return Path(args.trace) / f"{loop}-B{batch}-{mode}.json" if args.trace else None
 
 
 def peak_memory(device: torch.device) -> float:
@@ -157,7 +165,7 @@ def engine_row(dirs: list[Path], args, algorithm: str, mode: str, device: torch.
     reset_peak(device)
     marks: list[float] = []
     steps = args.sites * args.local_steps
-    profiled, result = ProfiledRound(device), {}
+    profiled, result = ProfiledRound(device, trace_path(args, algorithm, args.batch, mode)), {}
 
     def mark(record: dict) -> None:  # runs at each round's end
         synchronize(device)
@@ -217,7 +225,7 @@ def plain_row(dirs: list[Path], args, batch: int, mode: str, device: torch.devic
     for _ in range(args.rounds):
         run_round()
     seconds = time.perf_counter() - start
-    profiled = ProfiledRound(device)
+    profiled = ProfiledRound(device, trace_path(args, "plain", batch, mode))
     profiled.start()
     run_round()
     profile_figures = profiled.stop(per_round, seconds / args.rounds)
@@ -278,6 +286,8 @@ def verdicts(rows: list[Row], args, loader: float) -> bool:
     if ("fedavg", args.batch, "cuda-graphs") in get:
         check(f"engine FedAvg B={args.batch} cuda-graphs / plain B={args.ceiling_batch} ({ceiling.mode})",
               get["fedavg", args.batch, "cuda-graphs"] / ceiling.rate, CEILING_TARGET)
+    else:
+        print("  (no ceiling ratio: it needs the engine's FedAvg row in cuda-graphs mode)")
     for r in rows:
         if r.loop != "plain" and ("plain", r.batch, r.mode) in get:
             check(f"engine {r.loop} / plain loop, B={r.batch}, {r.mode}", r.rate / get["plain", r.batch, r.mode],
@@ -299,6 +309,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best of each row is kept")
     parser.add_argument("--algorithms", nargs="+", default=["fedavg", "codasca", "fedxl2"])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--trace", metavar="DIR", help="write each row's profiled round there as a Chrome trace")
     parser.add_argument("--smoke", action="store_true",
                         help="check the harness on the CPU: tiny network, images and batches, one timed round")
     args = parser.parse_args()
