@@ -82,3 +82,12 @@ def test_a_derived_stage_divides_the_lr_once_within_the_run():
     engine = Engine(_config(params={"stages": 2, "lr_decay": 10.0}, rounds=5, local_steps=2, eval_every=0))
     engine.run()
     assert engine.algorithm.stage_lr(engine.sites[0]) == pytest.approx(0.1 / 10)
+
+
+def test_a_derived_stage_trains_as_the_same_t0_given_explicitly():
+    """The lr decay and the restart both follow the derived T0 (T = 10, I = 2: T0 = 6), not only one of them."""
+    derived, explicit, one = (train(_config(params=params, rounds=5, local_steps=2, eval_every=0))
+                              for params in ({"stages": 2}, {"T0": 6}, {"stages": 1}))
+    for name, value in explicit.global_state.items():
+        torch.testing.assert_close(derived.global_state[name], value)
+    assert any(not torch.equal(one.global_state[n], v) for n, v in explicit.global_state.items())
