@@ -30,6 +30,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from federated import ShardSite, TrainConfig, get_algorithm, train
+from federated.algorithms.centralized import centralize
 from federated.data import load_shard, to_model_input
 from federated.evaluation import absent_summary, combine, site_summary
 from federated.health import TrainingDiverged
@@ -197,6 +198,11 @@ def train_tracked(
         site_shard_dirs(federation, shards_root)
     config = TrainConfig.model_validate({**config, "sites": [ShardSite(name=name, path=Path(shards_root) / name)
                                                              for name in names]})
+    # An algorithm that pools the sites (centralized) trains one in-memory site holding them all; what is
+    # logged names the federation's shard sites it pooled.
+    pooled = centralize(config) if flare is None and get_algorithm(config.algorithm).pools_sites else None
+    if pooled is not None:
+        config = pooled.model_copy(update={"sites": config.sites})
     tracking.configure()
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)
@@ -207,9 +213,10 @@ def train_tracked(
     with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
         mlflow.log_params(params)
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
-        logger = RoundLogger(client, parent.info.run_id, child_ids)
+        # A pooled training has no per-site rounds: its one site's records go to the parent only.
+        logger = RoundLogger(client, parent.info.run_id, [] if pooled is not None else child_ids)
         if flare is None:
-            result = train(config, callbacks=[logger])
+            result = train(pooled or config, callbacks=[logger])
             reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes)
                        for site, spec in zip(federation.sites, config.sites)]
         else:

@@ -21,31 +21,52 @@ from preprocessing.synth import generate_site  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_train_resume_reaches_the_uninterrupted_model(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A preprocessed two-site federation, an MLflow store beside it and a working folder to run fedauc in."""
+    root = tmp_path_factory.mktemp("tiny")
+    patch = pytest.MonkeyPatch()
     entries = []
     for name, fmt in (("alpha", "nih-cxr14"), ("beta", "padchest")):
-        generate_site(fmt, tmp_path / "data" / name, n=60, seed=3, workers=0, progress=False)
+        generate_site(fmt, root / "data" / name, n=60, seed=3, workers=0, progress=False)
         site = {"name": name, "format": fmt, "root": f"data/{name}", "task": "chest-xray", "image_size": 32,
                 "min_image_size": 16, "split": {"seed": 0, "valid": 0.25, "test": 0.25, "use_official": False}}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(site))
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
         entries.append({"config": f"{name}.yaml"})
-    federation = tmp_path / "federation.yaml"
+    federation = root / "federation.yaml"
     federation.write_text(yaml.safe_dump({"name": "tiny", "task": "chest-xray", "sites": entries}))
-    shards = tmp_path / "shards"
-    flows.preprocess_federation(str(federation), str(shards), workers=0)
-    work = tmp_path / "work"  # where the user runs fedauc
+    flows.preprocess_federation(str(federation), str(root / "shards"), workers=0)
+    work = root / "work"  # where the user runs fedauc
     work.mkdir()
-    monkeypatch.chdir(work)
-    checkpoints = tmp_path / "checkpoints"  # beside tmp_path / mlruns.db
+    patch.chdir(work)
+    yield root
+    patch.undo()
+
+
+@pytest.fixture()
+def store(tiny, monkeypatch):
+    """The tiny federation's own MLflow store (conftest points every test at the session's first)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tiny / 'mlruns.db'}")
+    return tiny
+
+
+def fedauc_train(root, algorithm, run_name, rounds, *extra):
+    """`fedauc train` on the tiny federation; returns the run id."""
+    result = CliRunner().invoke(app, ["train", "--federation", str(root / "federation.yaml"), "--shards",
+                                      str(root / "shards"), "--algorithm", algorithm, "--rounds", str(rounds),
+                                      "-I", "2", "--batch-size", "8", "--eval-every", "0", "--run-name", run_name,
+                                      *extra])
+    assert result.exit_code == 0, result.output
+    assert '"run_name": "' + run_name + '"' in result.output
+    return re.search(r'"run_id": "(\w+)"', result.output).group(1)
+
+
+def test_train_resume_reaches_the_uninterrupted_model(store):
+    tiny = store
+    checkpoints = tiny / "checkpoints"  # beside tiny / mlruns.db
 
     def train(run_name, rounds, *extra):
-        result = CliRunner().invoke(app, ["train", "--federation", str(federation), "--shards", str(shards),
-                                          "--algorithm", "fedxl2", "--rounds", str(rounds), "-I", "2",
-                                          "--batch-size", "8", "--eval-every", "0", "--run-name", run_name, *extra])
-        assert result.exit_code == 0, result.output
-        assert '"run_name": "' + run_name + '"' in result.output
-        return re.search(r'"run_id": "(\w+)"', result.output).group(1)
+        return fedauc_train(tiny, "fedxl2", run_name, rounds, *extra)
 
     train("stopped", 2)
     assert (checkpoints / "stopped" / "LATEST").read_text() == "round_000001"
@@ -58,4 +79,15 @@ def test_train_resume_reaches_the_uninterrupted_model(tmp_path, monkeypatch):
                      for run in ("stopped", "uninterrupted"))
         for key, value in want["model"].items():
             assert torch.equal(value, got["model"][key]), key
-    assert not list(work.iterdir())
+    assert not list((tiny / "work").iterdir())
+
+
+def test_centralized_pools_the_sites_in_process(store):
+    """The research baseline from the command line: one model trained on both sites' data pooled here."""
+    tiny = store
+    run_id = fedauc_train(tiny, "centralized", "pooled", 2)
+    run = MlflowClient().get_run(run_id)
+    assert run.data.params["algorithm"] == "centralized" and run.data.params["sites"] == "alpha,beta"
+    assert run.data.params["batch_size"] == "16"  # K x B: an iteration sees what a federated one sees
+    assert "test/pooled/auc_macro" in run.data.metrics
+    assert (tiny / "checkpoints" / "pooled" / "LATEST").read_text() == "round_000001"

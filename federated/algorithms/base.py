@@ -107,6 +107,10 @@ class Algorithm:
     # True: before round 0 the engine gathers the GATHER tensors that init_site_state filled, then runs
     # round_end (FeDXL's pools from an initial scoring pass, docs/algorithms.md section 7); the bytes count in round 0.
     initial_gather: ClassVar[bool] = False
+    # True: one model on every site's data pooled at one place (a research baseline, not a federation). The
+    # command line pools the sites before an in-process training; a backend that keeps data at the hospitals
+    # (NVIDIA FLARE) refuses it, since pooling moves patient data.
+    pools_sites: ClassVar[bool] = False
 
     def __init__(self, params: dict, fed: FederationContext):
         self.p = self.Params(**params)

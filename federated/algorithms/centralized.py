@@ -19,6 +19,7 @@ from federated.registry import register
 @register
 class Centralized(LocalPair):
     name = "centralized"
+    pools_sites = True
 
     def __init__(self, params: dict, fed):
         super().__init__(params, fed)

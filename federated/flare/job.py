@@ -26,6 +26,7 @@ from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_D
 from federated.flare.spec import FlareJob
 from federated.flare.version import code_version
 from federated.health import as_diverged, warn_outliers
+from federated.registry import get_algorithm
 from federated.sites import check_site_reports, site_names
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
@@ -201,6 +202,15 @@ def check_flare_env(env: str, kit: str | Path | None) -> Path | None:
     return admin
 
 
+def check_flare_algorithm(algorithm: str) -> None:
+    """Refuse an algorithm that pools the sites' data: over NVIDIA FLARE the data stays at the hospitals."""
+    if get_algorithm(algorithm).pools_sites:
+        raise ConfigError(f"algorithm {algorithm!r} pools every site's data at one place, which moves patient data "
+                          "out of the hospitals: it does not run over NVIDIA FLARE",
+                          fix="train it in-process on data you may pool (--backend inprocess), or choose a federated "
+                              "algorithm")
+
+
 def submit_in_env(env: str, federation: Federation, shards_root: Path | None, workspace: Path, admin: Path | None,
                   name: str, make_job: Callable[[bool, int | None, dict], FlareJob], read: Callable[[Path], T]) -> T:
     """Run the job ``make_job(share_paths, threads, sharing)`` builds (``flare_job``'s arguments of those names)
@@ -233,6 +243,7 @@ def train_flare(config: TrainConfig, federation: Federation, shards_root: Path |
     site here; ``prod`` reads none). ``kit``: the admin's startup kit (``prod`` only). The sites' reports
     are checked against the federation (one ``DataError`` naming the first site that does not fit)."""
     admin = check_flare_env(env, kit)
+    check_flare_algorithm(config.algorithm)
     task, diseases = federation.task, tuple(federation.sites[0].diseases)
 
     def make_job(share_paths: bool, threads: int | None, sharing: dict) -> FlareJob:

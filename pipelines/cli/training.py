@@ -95,9 +95,10 @@ def train_command(
 
     flare = None
     if backend is TrainBackend.flare:
-        from federated.flare.job import check_flare_env
+        from federated.flare.job import check_flare_algorithm, check_flare_env
 
         check_flare_env(flare_env.value, kit)
+        check_flare_algorithm(algorithm)
         flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
     # A running consortium's sites read their own shards at the hospitals: none are needed here.
     _, shards_root = check_training(federation, shards, config, local_sites=flare is None or flare["env"] != "prod")
