@@ -18,6 +18,7 @@ import torch
 
 from preprocessing.errors import DataError
 from preprocessing.shard_format import SPLITS, read_shard_info, read_split
+from preprocessing.shard_integrity import check_shard_files
 
 
 @dataclass
@@ -59,6 +60,7 @@ class SiteData:
 def load_shard(site_dir: str | Path) -> SiteData:
     """Open a site shard written by ``fedauc preprocess`` (docs/shards.md), images memory-mapped."""
     info = read_shard_info(site_dir)
+    check_shard_files(site_dir, info)  # a damaged file named before numpy maps it
     diseases = tuple(info["diseases"])
     splits = {split: SplitData(*arrays) for split in SPLITS
               if (arrays := read_split(site_dir, split, diseases)) is not None}

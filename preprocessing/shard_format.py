@@ -52,6 +52,7 @@ class ShardInfo(TypedDict):
     kept: int
     quarantined: int
     transform: dict
+    files: dict[str, dict]  # split file -> {"bytes", "sha256"} (preprocessing/shard_integrity.py; absent before it)
 
 
 def images_path(site_dir: str | Path, split: str) -> Path:

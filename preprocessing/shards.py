@@ -52,6 +52,7 @@ from preprocessing.shard_format import (
     ShardInfo,
     load_shard_info,
 )
+from preprocessing.shard_integrity import file_digests
 from preprocessing.shard_staging import SplitStaging, finalize_split, remove_other_staging, write_parquet
 from preprocessing.tiles import STAT_COLUMNS, Chunk, TransformSettings
 
@@ -191,6 +192,7 @@ def _write_locked(
         "kept": int(sum(counts.values())),
         "quarantined": int(len(quarantine)),
         "transform": asdict(transform),
+        "files": file_digests(site_dir),
     }
     _write_atomic(site_dir / SHARD_FILE, json.dumps(info, indent=2) + "\n")
     shutil.rmtree(site_dir / STAGING_DIR, ignore_errors=True)

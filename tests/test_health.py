@@ -15,9 +15,17 @@ import federated
 from federated import TensorSite, TrainConfig
 from federated.aggregation import Robust
 from federated.checkpoint import latest_round_dir
-from federated.health import HealthMonitor, SiteUpdate, TrainingDiverged, relative_to_others, site_row, update_groups
+from federated.health import (
+    HealthMonitor,
+    SiteUpdate,
+    TrainingDiverged,
+    as_diverged,
+    relative_to_others,
+    site_row,
+    update_groups,
+)
 from federated.state import Comm
-from preprocessing.errors import ConfigError
+from preprocessing.errors import ConfigError, FedaucError
 
 
 def _data(n, seed, scale=1.0, nan=False):
@@ -125,3 +133,14 @@ def test_robust_rules_coordinate_wise():
     with pytest.raises(ConfigError, match="trimmed-mean drops 1 site"):
         federated.train(_cfg(sites=_sites()[:2], robust_aggregation="trimmed-mean"))
 
+
+
+def test_a_divergence_a_flare_site_reports_ends_the_same_at_the_centre():
+    reason = ("the simulated NVFlare job failed: site 'b' failed: TrainingDiverged: site(s) 'b', round 3: the training "
+              "loss is nan (the training diverged)")
+    converted = as_diverged(FedaucError(reason, fix="the logs are under sim/"), 1e9)
+    assert isinstance(converted, TrainingDiverged)
+    assert str(converted).startswith("site(s) 'b', round 3: the training loss is nan (the training diverged)\n  fix: "
+                                     "lower the learning rate (--lr, now 1e+09)")
+    other = FedaucError("site 'b' failed: DataError: ...")
+    assert as_diverged(other, 0.1) is other

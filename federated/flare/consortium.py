@@ -22,6 +22,8 @@ from federated.flare.installed import allow_components
 from federated.flare.spec import SITE_FILE
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
+from preprocessing.shard_format import read_shard_info
+from preprocessing.shard_integrity import check_shard_files
 from preprocessing.sites import load_site
 
 
@@ -96,6 +98,7 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     check_certificate(client)
     shard_dir = Path(shards_root).resolve() / site.name
     check_shard(site.name, shard_dir, site.task, site.diseases)
+    check_shard_files(shard_dir, read_shard_info(shard_dir), full=True)  # every byte, once, before joining
     if check_server:
         check_server_reachable(client.server_host, client.server_port)
     (client.root / "local" / SITE_FILE).write_text(json.dumps({
