@@ -41,6 +41,13 @@ class SplitData:
             raise ValueError(f"{len(self.images)} images but {len(self.labels)} label rows")
         if self.labels.ndim != 2:
             raise ValueError(f"labels must be (N, C), got shape {self.labels.shape}")
+        # Checked here, where labels enter: the losses skip this check inside the engine's local steps (it would be
+        # a host sync per step on a GPU, models/value_checks.py).
+        bad = ~(np.isnan(self.labels) | (self.labels == 0) | (self.labels == 1))
+        if bad.any():
+            row, col = (int(v) for v in np.argwhere(bad)[0])
+            raise ValueError(f"labels must be 0, 1 or NaN (missing); row {row}, disease column {col} holds "
+                             f"{float(self.labels[row, col])!r} ({int(bad.sum())} such entries)")
 
     def __len__(self) -> int:
         return len(self.labels)

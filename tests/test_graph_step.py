@@ -19,9 +19,10 @@ from torch._dynamo.utils import counters
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import federated
-from federated import SyntheticSite, TrainConfig
+from federated import SyntheticSite, TensorSite, TrainConfig
 from federated.algorithms.centralized import centralize
 from federated.engine import Engine
+from federated.registry import get_algorithm
 from models import objectives
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,12 @@ def _config(algorithm: str, shape: tuple[int, ...] = (6,), **kw) -> TrainConfig:
     return centralize(cfg) if algorithm == "centralized" else cfg
 
 
-@pytest.mark.parametrize("algorithm", federated.algorithm_names())
+# The product's algorithms, not those that other test modules register (collected in the same process).
+ALGORITHMS = [n for n in federated.algorithm_names()
+              if get_algorithm(n).__module__.startswith("federated.algorithms.")]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_local_steps_read_nothing_back_to_the_host(algorithm):
     """Over two rounds (a stage boundary between them where the algorithm has stages), the engine's local steps
     issue no host sync; the same loss called outside them still checks its labels."""
@@ -78,6 +84,14 @@ def test_local_steps_read_nothing_back_to_the_host(algorithm):
     assert not syncs.found, f"{algorithm}: host syncs in local steps: {dict(syncs.found)}"
     with pytest.raises(ValueError, match="labels must be 0, 1 or NaN"):
         objectives.masked_bce_with_logits(torch.zeros(2, 1), torch.tensor([[0.0], [2.0]]))
+
+
+def test_labels_are_checked_where_they_enter_since_the_steps_do_not():
+    """An in-memory site with a label other than 0, 1 or NaN is refused when its data load, naming the entry."""
+    labels = torch.tensor([[0.0, 1.0], [float("nan"), 2.0], [1.0, 0.0]])
+    site = TensorSite(train=(torch.zeros(3, 4), labels))
+    with pytest.raises(ValueError, match=r"labels must be 0, 1 or NaN \(missing\); row 1, disease column 1 holds 2\.0"):
+        federated.train(_config("fedavg", sites=[site], batch_size=2))
 
 
 def test_the_sync_detector_sees_the_syncs_it_looks_for():
