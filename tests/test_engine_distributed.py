@@ -114,3 +114,16 @@ def test_secure_aggregation_under_torchrun_gives_the_in_process_model_bit_for_bi
         assert mine["train_loss"] == theirs["train_loss"] and mine["bytes_sent"] == theirs["bytes_sent"]
     got, want = dist_result["history"][-1]["metrics"], local.history[-1]["metrics"]
     assert got == pytest.approx(want, abs=0, nan_ok=True)
+
+
+def test_a_diverging_round_stops_every_process_naming_the_round(tmp_path):
+    """federated/health.py under torchrun: every process sees every site's loss in the round's gather and
+    stops with the same one-line message and exit status 1."""
+    (tmp_path / "cfg.json").write_text(_config(algorithm="fedavg", params={}, lr=1e9).model_dump_json())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "federated.distributed", str(tmp_path / "cfg.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 1
+    assert proc.stderr.count("fedauc distributed: site(s) 'synthetic0', 'synthetic1', round 0: the training loss") == 2
+    assert "lower the learning rate (--lr, now 1e+09)" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("fedauc distributed:")[0]

@@ -20,19 +20,23 @@ from preprocessing.federation import load_federation
 pytestmark = pytest.mark.slow
 
 
-def _config(melanoma_shards, algorithm: str, params: dict):
+def _config(melanoma_shards, algorithm: str, params: dict, **extra):
     root, federation = melanoma_shards
     settings = dict(algorithm=algorithm, params=params, network="small_resnet", network_kwargs={"widths": [8, 16, 32]},
                     rounds=2, local_steps=8, batch_size=32, lr=1.0, guarantee_positives=True, eval_every=1,
-                    progress=False, loader_workers=0, timeout_s=60, device="cpu")
+                    progress=False, loader_workers=0, timeout_s=60, device="cpu", **extra)
     return federation_config(load_federation(federation), root / "shards", settings)
 
 
-@pytest.mark.parametrize(("algorithm", "params"), [("codasca", {"T0": 8}), ("localscgdam", {}),
-                                                   ("fedxl2", {})])
-def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_shards, monkeypatch, algorithm, params):
+# localscgdam combines its MEAN tensors by the coordinate-wise median (federated/aggregation.py): at the
+# FLARE server (rendezvous.COMBINE["robust_mean"]) as in-process.
+@pytest.mark.parametrize(("algorithm", "params", "extra"), [("codasca", {"T0": 8}, {}),
+                                                            ("localscgdam", {}, {"robust_aggregation": "median"}),
+                                                            ("fedxl2", {}, {})])
+def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_shards, monkeypatch, algorithm, params,
+                                                          extra):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the site processes compute like this one-thread process
-    cfg = _config(melanoma_shards, algorithm, params)
+    cfg = _config(melanoma_shards, algorithm, params, **extra)
     flare = run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name=f"test-{algorithm}")
     local = federated.train(cfg)
     assert flare.global_state.keys() == local.global_state.keys()
@@ -41,6 +45,8 @@ def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_sha
     for mine, theirs in zip(local.history, flare.history, strict=True):
         assert theirs["train_loss"] == pytest.approx(mine["train_loss"], abs=1e-6)
         assert theirs["bytes_sent"] == mine["bytes_sent"] and theirs["bytes_received"] == mine["bytes_received"]
+        for group, norms in mine["update_norm"].items():  # federated/health.py: every site's, at every site
+            assert theirs["update_norm"][group] == pytest.approx(norms, rel=1e-5)
         assert theirs["metrics"].keys() == mine["metrics"].keys()
         assert theirs["metrics"]["valid/pooled/auc_macro"] == pytest.approx(mine["metrics"]["valid/pooled/auc_macro"],
                                                                            abs=1e-6, nan_ok=True)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pipelines import tracking
 from pipelines.cli import app
-from pipelines.runs import FAILURE_TAG
+from pipelines.runs import FAILURE_TAG, RoundLogger, training_runs
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +69,19 @@ def test_a_collapsed_version_is_never_champion_even_the_first(tmp_path, monkeypa
     third = version(0.9, "valid")
     assert not tracking.promote_best(client, name, third)
     assert str(client.get_model_version_by_alias(name, tracking.CHAMPION_ALIAS).version) == second
+
+
+def test_each_sites_update_norms_reach_its_child_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    record = {"round": 0, "bytes_sent": [10, 10, 10], "bytes_received": [10, 10, 10], "train_loss": 0.6,
+              "seconds": 1.0, "lr": 0.1, "site_losses": [0.5, 0.6, 0.7],
+              "update_norm": {"model": [1.0, 2.0, 3000.0], "c": [0.1, 0.2, 0.3]},
+              "update_norm_rel": {"model": [0.0005, 0.002, 2000.0], "c": [0.4, 1.0, 2.0]}}
+    experiment = tracking.experiment_id("health")
+    with training_runs(experiment, "norms", "fed", ["a", "b", "c"]) as (parent, children):
+        RoundLogger(MlflowClient(), parent.info.run_id, children)(record)
+    client = MlflowClient()
+    third = client.get_run(children[2]).data.metrics
+    assert third["update_norm/model"] == 3000.0 and third["update_norm_rel/model"] == 2000.0
+    assert third["update_norm_rel/c"] == 2.0 and third["train_loss"] == 0.7
+    assert client.get_run(parent.info.run_id).data.metrics["lr"] == 0.1
