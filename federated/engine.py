@@ -352,7 +352,8 @@ def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -
     process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds", "metrics"?,
     "suppressed"?}``; on evaluation rounds (and the last round) ``metrics`` is the flat float dict and
     ``suppressed`` the small-count suppression record of federated/evaluation.py (its docstring names
-    the keys). Bytes include the evaluation's exchange.
+    the keys). Bytes include the evaluation's exchange. ``lr``, ``site_losses``, ``update_norm``,
+    ``update_norm_rel``, ``outliers`` (and ``loss_reference`` once): federated/health.py's ``check``.
 
     With ``warmup_rounds`` W, rounds 0..W-1 are FedAvg (BCE) and ``algorithm`` runs the remaining rounds
     from the averaged warm model (its own state starts fresh there); the records number rounds and
