@@ -25,6 +25,7 @@ from claims_runs import CLINICS, VALIDATION_SEED, Runner, Setting, build_pool, w
 from claims_stats import cell, diff_cell, interval, paired, verdict
 
 NAME = "long-b"
+BASELINE = "FedAvg (BCE)"
 RATE = 0.02
 LONG = Setting(pool=3000, n_train=1000, iterations=2048, rates=(RATE,), seeds=(0, 1, 2, 3, 4), eval_points=16,
                score="macro_over_sites")
@@ -67,8 +68,8 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
            validation: Setting, validation_seeds: tuple[int, ...]) -> tuple[str, dict[str, str]]:
     """The tables of the seeds finished so far (paired over them) and the verdicts."""
     s = runner.setting
-    n = len(runs["FedAvg (BCE)"])
-    lines = [f"_Written by `benchmarks/claims.py --long` (run {NAME!r}: {n} of {len(s.seeds)} seeds finished, "
+    n = len(runs[BASELINE])
+    lines = [f"_Written by `benchmarks/claims.py --long` (run {NAME!r}: {n} of {len(s.seeds)} seeds finished for FedAvg, "
              f"T = {s.iterations} iterations per site, I = {s.local_steps}, {len(CLINICS)} sites x {s.n_train} "
              f"training rows at {RATE:.0%} positives drawn from {s.pool} images per clinic, score: the {s.scored} "
              f"test AUC, small_resnet widths {s.widths}; lrs chosen on validation seeds "
@@ -76,23 +77,23 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
              "Learning-rate choice (mean validation AUC over the validation seeds; the reported seeds are never used):",
              "", *validation_lines, ""]
     verdicts = {}
-    lines += [f"| method | lr | {s.scored} test AUC at T = {s.iterations} | best along the run (mean over seeds) | "
-              "AUC minus FedAvg (paired) | verdict |", "|---|---:|---|---|---|---|"]
+    lines += [f"| method | lr | seeds | {s.scored} test AUC at T = {s.iterations} | best along the run (mean over seeds) | "
+              "AUC minus FedAvg (paired) | verdict |", "|---|---:|---:|---|---|---|---|"]
     for name, values in runs.items():
         if not values:
             continue
         curve = np.array([[auc for _, auc in v["curve"]] for v in values])
         peak = int(np.argmax(curve.mean(0)))
         best = f"{curve.mean(0)[peak]:.3f} at {values[0]['curve'][peak][0]}"
-        row = f"| {name} | {lrs[name]} | {cell([v['auc'] for v in values])} | {best} |"
-        if name == "FedAvg (BCE)":
+        row = f"| {name} | {lrs[name]} | {len(values)} | {cell([v['auc'] for v in values])} | {best} |"
+        if name == BASELINE:
             lines.append(row + " | |")
             continue
-        d = paired(values, runs["FedAvg (BCE)"][:len(values)])
+        d = paired(values, runs[BASELINE][:len(values)])
         verdicts[f"{name} vs FedAvg at {RATE:.0%}, T = {s.iterations}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
     lines += ["", f"{s.scored.capitalize()} test AUC along the run (mean over the finished seeds):", ""]
-    iterations = [it for it, _ in runs["FedAvg (BCE)"][0]["curve"]] if n else []
+    iterations = [it for it, _ in runs[BASELINE][0]["curve"]] if n else []
     marks = sorted({iterations[min(len(iterations) - 1, round(q * len(iterations)) - 1)] for q in (0.125, 0.25, 0.5, 0.75, 1.0)})
     lines += ["| method | " + " | ".join(f"t = {t}" for t in marks) + " |", "|---|" + "---:|" * len(marks)]
     for name, values in runs.items():
@@ -106,8 +107,9 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
 
 
 def run_long(setting: Setting, validation_iterations: int, validation_seeds: tuple[int, ...], work: Path,
-             doc: Path) -> dict[str, str]:
-    """Choose the lrs, then train the reported seeds one at a time, rewriting ``doc`` after each seed."""
+             doc: Path, from_cache: bool = False) -> dict[str, str]:
+    """Choose the lrs, then train the reported seeds one at a time, rewriting ``doc`` after each seed.
+    ``from_cache``: train nothing, write the tables of the runs stored so far (a stopped run's)."""
     work.mkdir(parents=True, exist_ok=True)
     doc.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -116,16 +118,21 @@ def run_long(setting: Setting, validation_iterations: int, validation_seeds: tup
     validation = replace(setting, iterations=validation_iterations, eval_points=1)
     lrs, validation_lines = choose_lrs(Runner(pool, validation, path, doc.parent, NAME), validation_seeds)
     print(f"lrs {lrs} after {time.perf_counter() - started:.0f} s", flush=True)
-    runner = Runner(pool, setting, path, doc.parent, NAME)
+    runner = Runner(pool, setting, path, doc.parent, NAME, cached_only=from_cache)
     runs = {name: [] for name in lrs}
     rates = (RATE,) * len(CLINICS)
     verdicts = {}
-    for seed in setting.seeds:
+    for i, seed in enumerate(setting.seeds):
         for name, (alg, params) in methods(setting.iterations, setting.local_steps).items():
-            runs[name].append(runner.run(alg, params, lrs[name], rates, seed))
+            record = runner.run(alg, params, lrs[name], rates, seed)
+            # A seed counts for a method once its earlier seeds and FedAvg's same seed do: paired, in order.
+            if record is not None and len(runs[name]) == i and len(runs[BASELINE]) == i + (name != BASELINE):
+                runs[name].append(record)
+        if len(runs[BASELINE]) <= i:
+            break
         body, verdicts = report(runner, lrs, runs, validation_lines, validation, validation_seeds)
         write_doc(doc, body, NAME)
-        d = interval(paired(runs["CODASCA (AUC-M)"], runs["FedAvg (BCE)"]))
+        d = interval(paired(runs["CODASCA (AUC-M)"], runs[BASELINE]))
         print(f"seed {seed} done after {time.perf_counter() - started:.0f} s; CODASCA - FedAvg {d}", flush=True)
     return verdicts
 
@@ -138,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-seeds", type=int, nargs="+", default=list(VALIDATION_SEEDS),
                         help=f"seeds >= {VALIDATION_SEED}: scored on the valid splits, never reported")
     parser.add_argument("--seeds", type=int, default=len(LONG.seeds), help="reported seeds (0, 1, ...)")
+    parser.add_argument("--from-cache", action="store_true",
+                        help="train nothing: write the tables of the runs stored so far (a stopped run's)")
     parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: the pool and runs-long-b.jsonl")
     parser.add_argument("--doc", type=Path, default=Path(__file__).resolve().parents[1] / "docs/claims.md",
                         help="markdown file with the run's markers; the figure goes beside it")
@@ -145,5 +154,5 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.validation_seeds) < VALIDATION_SEED:
         parser.error(f"--validation-seeds must be >= {VALIDATION_SEED}: lower seeds are the reported ones")
     setting = replace(LONG, iterations=args.iterations, seeds=tuple(range(args.seeds)))
-    run_long(setting, args.validation_iterations, tuple(args.validation_seeds), args.work, args.doc)
+    run_long(setting, args.validation_iterations, tuple(args.validation_seeds), args.work, args.doc, args.from_cache)
     return 0

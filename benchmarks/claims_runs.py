@@ -137,6 +137,7 @@ class Runner:
     figures: Path  # where the plots go (beside the doc that embeds them)
     name: str  # the run's name: its plots are claims_<name>_<figure>.png
     done: dict[str, dict] = field(default_factory=dict)
+    cached_only: bool = False  # True: a run not stored yet is None, not trained (tables from a stopped run)
 
     def __post_init__(self):
         if self.path.exists():
@@ -146,7 +147,7 @@ class Runner:
                     self.done[record["key"]] = record
 
     def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, local_steps: int | None = None,
-            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict:
+            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict | None:
         s = self.setting
         I = local_steps or s.local_steps
         rounds = s.iterations // I
@@ -160,6 +161,8 @@ class Runner:
         key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
         if key in self.done:
             return self.done[key]
+        if self.cached_only:
+            return None
         sites = federation(self.pool, rates, s.n_train, seed, flip)
         config = TrainConfig(algorithm=algorithm, params=params, sites=sites, network="small_resnet",
                              network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=I, lr=lr, seed=seed,
