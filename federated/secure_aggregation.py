@@ -49,8 +49,8 @@ class SecureAggregationError(FedaucError, RuntimeError):
 
 
 def value_limit(num_sites: int) -> float:
-    """The largest |w_k x_k| a site may contribute: 2^(63 - F - ceil(log2 K)), so that K contributions
-    sum inside int64."""
+    """What |w_k x_k| must stay below at every site: 2^(63 - F - ceil(log2 K)), so that K contributions sum
+    inside int64."""
     return 2.0 ** (63 - FRACTION_BITS - math.ceil(math.log2(max(num_sites, 1))))
 
 
