@@ -19,8 +19,11 @@ def prefect_env_defaults() -> dict[str, str]:
     return {
         # Keep Prefect's database and logs inside the project instead of ~/.prefect.
         "PREFECT_HOME": str(PROJECT_ROOT / ".prefect"),
-        # Hospital machines are often offline; analytics would only add timeouts.
+        # No telemetry (infra/README.md "Security"): hospital machines are often offline, and nothing about a
+        # consortium's runs leaves it. Prefect's server analytics; MLflow 3's client and server usage events
+        # (read when mlflow is imported, so set here, before the first import).
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
         # The ephemeral server needs ~20 s to start on a loaded 2-core machine; the default gives up sooner.
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         # Task-level INFO lines would interleave with the progress bar; warnings and errors still show.

@@ -32,6 +32,13 @@ MLFLOW_RUNS_VIEW = "workflowType=machine_learning"
 # fedauc submits no MLflow server jobs (GenAI evaluation, trace roll-ups); left on, every MLflow server starts
 # seven job-queue processes, leaves their queues in /dev/shm, and took 20 s to stop on PostgreSQL.
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+# Every server fedauc starts runs with its analytics off, whatever the caller's environment says.
+TELEMETRY_OFF = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def server_env(name: str) -> dict[str, str]:
+    """The environment of the ``name`` ("MLflow" or "Prefect") server fedauc starts."""
+    return {**os.environ, **TELEMETRY_OFF, **(MLFLOW_SERVER_ENV if name == "MLflow" else {})}
 
 
 def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str], str]]:
@@ -156,8 +163,7 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     try:
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            env = {**os.environ, **MLFLOW_SERVER_ENV} if name == "MLflow" else None
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=env)
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name))
             shown = mlflow_runs_url(url) if name == "MLflow" else url
             echo(f"{name} UI: {shown}  (log: {log_path})")
         echo("Ctrl-C stops both.")

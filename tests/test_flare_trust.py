@@ -90,6 +90,45 @@ def test_a_site_refuses_a_foreign_code_version_in_one_line_unless_its_yaml_allow
     assert "allowed_code_versions" in message
 
 
+def test_a_site_failure_is_one_line_without_paths():
+    from federated.flare.site_failure import failure_line
+    from preprocessing.errors import DataError
+
+    err = DataError("site 'vienna': /data/hospital/shards/vienna/train/manifest.parquet is missing "
+                    "(read in C:\\fedauc\\shards and ~/shards)", fix="run `fedauc preprocess --out /data/x` again")
+    line = failure_line(err)
+    assert line == ("DataError: site 'vienna': <path at the site> is missing (read in <path at the site> and "
+                    "<path at the site>) fix: run `fedauc preprocess --out <path at the site>` again")
+    assert failure_line(ValueError("3/4 and/or 1.5/2")) == "ValueError: 3/4 and/or 1.5/2"
+
+
+@pytest.mark.slow
+def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, melanoma_shards):
+    """A site whose shard folder vanished after the job was built: the job fails naming the site, and the
+    server (here: its log and the submitter's error) never sees the path the site's error named."""
+    import shutil
+
+    from federated.flare.job import FlareJobFailed, run_simulated
+    from federated.sites import federation_config
+    from preprocessing.federation import load_federation
+
+    root, federation = melanoma_shards
+    for name in ("vienna", "barcelona", "new-york"):
+        shutil.copytree(root / "shards" / name, tmp_path / "shards" / name)
+    settings = dict(algorithm="fedavg", network="small_resnet", network_kwargs={"widths": [8]}, rounds=1,
+                    local_steps=1, batch_size=8, progress=False, loader_workers=0, timeout_s=60, device="cpu")
+    cfg = federation_config(load_federation(federation), tmp_path / "shards", settings)
+    gone = tmp_path / "shards" / "new-york" / "train" / "manifest.parquet"
+    gone.unlink()
+    with pytest.raises(FlareJobFailed) as failed:
+        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-failure")
+    first = str(failed.value).splitlines()[0]
+    assert "site 'new-york' failed: DataError: " in first and "<path at the site>" in first, first
+    assert str(tmp_path / "shards" / "new-york") not in first
+    server_log = "".join(p.read_text(errors="replace") for p in (tmp_path / "sim").rglob("server/**/log.txt"))
+    assert "<path at the site>" in server_log and str(gone) not in server_log
+
+
 @pytest.mark.slow
 def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, melanoma_shards, monkeypatch):
     from federated.flare.job import FlareJobFailed, run_simulated

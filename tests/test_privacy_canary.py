@@ -9,7 +9,9 @@ and its artifacts, of the Prefect home (database, results, logs) and the centre'
 scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
 runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
 rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
-own output folder, where all of these must be found.
+own output folder, where all of these must be found. The centre then trains once more over NVIDIA FLARE on
+a provisioned consortium on this machine, and the server's workspace (job store included), the admin's
+downloads and the consoles are scanned too.
 
 On the pre-change main (2212bd3) this test failed with these leaks at the centre:
 - the registered model's ``input_example.json`` / ``serving_input_example.json``: real training pixels;
@@ -133,6 +135,21 @@ def run_centre(root: Path) -> None:
     flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary")
     flows.evaluate(str(root / "federation.yaml"), str(root / "shards"))
     torch.save(traffic, root / "backend-traffic.pt")
+
+
+def run_flare(root: Path) -> None:
+    """The centre again, training over NVIDIA FLARE on a provisioned consortium on this machine: a server and
+    one client per site, each site started as `fedauc consortium start-site` starts it, the job submitted
+    with the admin kit and its result downloaded."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import flows
+
+    config = {"algorithm": "codasca", "params": {"T0": 2}, "network": "small_resnet", "rounds": 2,
+              "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False, "timeout_s": 120}
+    flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary-flare",
+                          flare={"env": "poc", "workspace": str(root / "flare")})
 
 
 def run_role(role: str, root: Path, centre: Path) -> subprocess.CompletedProcess:
@@ -299,6 +316,29 @@ def test_nothing_patient_level_reaches_the_centre(canary):
     assert not leaks, "patient-level data reached the centre:\n" + "\n".join(leaks)
 
 
+@pytest.fixture(scope="module")
+def flare_canary(poc_slot, canary):
+    console = run_role("flare", canary, canary / "centre")
+    (canary / "flare-console.txt").write_text(console.stdout + console.stderr)
+    return canary
+
+
+def test_nothing_patient_level_reaches_the_centre_over_flare(flare_canary):
+    """After a training over NVIDIA FLARE: the centre's MLflow and Prefect stores, the server's whole
+    workspace (its logs, its job store under stores/, the job's run folder with the result), the admin kit
+    (the downloaded result), NVFlare's submit log, the server's console and the centre's console. The
+    hospitals' kits and logs are theirs, not scanned."""
+    poc = flare_canary / "flare" / "poc"
+    (consortium,) = (poc / "kits").glob("*/prod_*")
+    server, admin = consortium / "localhost", consortium / "admin@fedauc.org"
+    assert any((server / "stores" / "jobs").iterdir())  # the job went through the server's own store
+    assert any(p.name == "global_state.pt" for p in admin.rglob("*"))  # the result came back to the admin
+    places = [flare_canary / "centre", server, admin, flare_canary / "flare" / "submit.log", poc / "logs" / "server.log",
+              flare_canary / "flare-console.txt"]
+    leaks = scan(places, source_chunks(flare_canary))
+    assert not leaks, "patient-level data reached the centre over NVIDIA FLARE:\n" + "\n".join(leaks)
+
+
 def test_nothing_patient_level_crosses_the_backend(canary):
     """What the sites handed to the engine's backend (model state, label counts, evaluation summaries): no
     pixels, no markers, and no per-image rows (a tensor of one row per image of some site's split and one
@@ -320,4 +360,4 @@ def test_nothing_patient_level_crosses_the_backend(canary):
 
 if __name__ == "__main__":
     role, where = sys.argv[1], Path(sys.argv[2])
-    {"site": run_site, "centre": run_centre}[role](where)
+    {"site": run_site, "centre": run_centre, "flare": run_flare}[role](where)

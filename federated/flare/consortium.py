@@ -2,8 +2,8 @@
 then run its NVFlare client in the foreground (what ``fedauc consortium start-site`` and the hospital's
 Prefect deployment do).
 
-Every check fails with a ``ConfigError`` / ``DataError`` that says what to do, before NVFlare starts: an
-expired certificate or one the kit's root CA did not sign, a server that cannot be reached (named by
+Every check fails with a ``ConfigError`` / ``DataError`` that says what to do, before NVFlare starts: a
+private key others may read, an expired certificate or one the kit's root CA did not sign, a server that cannot be reached (named by
 address), a site YAML whose site is not the kit's, and shards that do not fit the federation.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federated.flare.installed import allow_components
+from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
 from federated.flare.spec import SITE_FILE
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
@@ -89,22 +90,25 @@ def check_server_reachable(host: str, port: int, timeout_s: float = 5.0) -> None
 def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path, check_server: bool = True) -> ClientKit:
     """Every check, then the kit's ``local/`` learns where this site's shards are (they never leave here),
     what of their QC summary may leave (the site YAML's ``sharing``) and which fedauc versions' jobs besides
-    its own it runs (``allowed_code_versions``), and its component allow-list admits fedauc's job only."""
+    its own it runs (``allowed_code_versions``); its component allow-list admits fedauc's job only and its
+    own authorization policy refuses shell commands and custom code (``lockdown.site_policy``)."""
     client = read_kit(kit)
     site = load_site(site_yaml)
     if site.name != client.name:
         raise ConfigError(f"{site_yaml} is site {site.name!r}, the kit {client.root} was issued to {client.name!r}",
                           fix="start each hospital with its own kit and its own site YAML")
+    check_private_key(client.root / "startup" / "client.key")
     check_certificate(client)
     shard_dir = Path(shards_root).resolve() / site.name
     check_shard(site.name, shard_dir, site.task, site.diseases)
     check_shard_files(shard_dir, read_shard_info(shard_dir), full=True)  # every byte, once, before joining
     if check_server:
         check_server_reachable(client.server_host, client.server_port)
-    (client.root / "local" / SITE_FILE).write_text(json.dumps({
+    write_owner_only(client.root / "local" / SITE_FILE, json.dumps({
         "site": site.name, "shards": str(shard_dir), "sharing": site.sharing.model_dump(),
         "allowed_code_versions": site.allowed_code_versions}))
     allow_components(client.root / "local")
+    install_site_policy(client.root / "local")
     return client
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from nvflare.collab import CollabRecipe
 from nvflare.collab.api.module_wrapper import ModuleWrapper
 
+from federated.flare.lockdown import write_owner_only
+
 # The modules a fedauc job may name, at the server and at the sites.
 JOB_MODULES = ("federated.flare.server", "federated.flare.site")
 
@@ -61,6 +63,6 @@ def allow_components(local_dir: str | Path) -> Path:
             break
     resources.update(class_allow_list=list(COMPONENTS), class_list_enforcement_mode="enforce",
                      allow_log_streaming=False)
-    local.mkdir(parents=True, exist_ok=True)
-    (local / "resources.json").write_text(json.dumps(resources, indent=2))
+    local.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_owner_only(local / "resources.json", json.dumps(resources, indent=2))
     return local / "resources.json"

@@ -120,6 +120,8 @@ def submit_simulated(job: FlareJob, workspace: Path, name: str) -> Path:
     workspace = Path(workspace)
     for attempt in range(2):
         shutil.rmtree(workspace / r.job_name, ignore_errors=True)
+        # Owner-only, like a consortium's server workspace: it holds the job's model and every site's logs.
+        (workspace / r.job_name).mkdir(parents=True, mode=0o700)
         # The simulator's participants build only fedauc's components, as a hospital's do.
         allow_components(workspace / r.job_name / "local")
         env = SimEnv(clients=job.sites, workspace_root=str(workspace))

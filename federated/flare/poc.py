@@ -2,7 +2,8 @@
 
 Not NVFlare's own ``PocEnv`` (which provisions its own project with generated site names): the kits come
 from :func:`federated.flare.provision.provision` for the federation, exactly as ``fedauc consortium
-provision`` writes them, the server runs from its kit's ``startup/sub_start.sh``, every hospital's client
+provision`` writes them, the server starts as ``fedauc consortium start-server`` starts it
+(:func:`federated.flare.centre.prepare_server`), every hospital's client
 starts through :func:`federated.flare.consortium.prepare_site` (certificate, shards and server checks, its
 shard folder written into its own kit) and the training is submitted with the admin's kit through
 ``ProdEnv``, mutual TLS on one port chosen free at start. So a POC run exercises the production path
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from federated.flare.centre import prepare_server, server_command
 from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site
 from federated.flare.provision import Kits, project, provision
 from preprocessing.errors import ConfigError
@@ -73,9 +75,11 @@ class LocalConsortium:
                                                     stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self, wait_s: float = 300.0) -> LocalConsortium:
-        """Provision, start the server and every site, return once the server has admitted all of them."""
-        self.kits = provision(project(self.federation, "localhost", self.port, ADMIN), self.workspace / "kits")
-        self.launch("server", ["bash", str(self.kits.server / "startup" / "sub_start.sh"), "--once"], self.kits.server)
+        """Provision (unless ``kits`` were provisioned already), start the server and every site, return once
+        the server has admitted all of them."""
+        if self.kits is None:
+            self.kits = provision(project(self.federation, "localhost", self.port, ADMIN), self.workspace / "kits")
+        self.launch("server", server_command(prepare_server(self.kits.server)), self.kits.server)
         deadline = time.monotonic() + wait_s
         self._until(deadline, "the server to listen", lambda: _reachable("localhost", self.port))
         folder = self.federation.path.parent

@@ -9,6 +9,8 @@ the server's one port. ``nvflare.lighter`` does the cryptography.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from federated.flare.installed import allow_components
+from federated.flare.lockdown import centre_policy, make_owner_only, server_stores, write_owner_only
 from preprocessing.federation import Federation
 
 DEFAULT_PORT = 8002
@@ -28,6 +31,11 @@ class Kits:
     sites: dict[str, Path]
     admin: Path
 
+    @property
+    def state(self) -> Path:
+        """NVFlare's provisioning state: the root CA's key and every participant's."""
+        return self.server.parent.parent / "state"
+
     def summary(self, server_host: str, port: int) -> str:
         """What to send to whom (and what never to send), as Markdown."""
         lines = [
@@ -36,7 +44,8 @@ class Kits:
             "| kit | send to | it runs | network |",
             "|---|---|---|---|",
             f"| `{self.server}` | the coordinating centre's server machine ({server_host}) | "
-            f"`startup/start.sh` | accepts TCP {port} from the hospitals (mutual TLS) |",
+            f"`fedauc consortium start-server {self.server.name}` | accepts TCP {port} from the hospitals and the "
+            "admin (mutual TLS) |",
         ]
         for name, kit in self.sites.items():
             lines.append(f"| `{kit}` | hospital {name!r}, the machine that holds its shards | "
@@ -47,9 +56,13 @@ class Kits:
             f"NVFlare's admin API with this kit (`nvflare.recipe.ProdEnv(startup_kit_location=...)`) | "
             f"dials {server_host}:{port} |",
             "",
-            "Each kit holds its owner's private key: send it over a channel you trust, one kit per recipient, "
-            "and never the provisioning folder itself (it holds the root CA's key). Certificates expire: "
-            "`fedauc consortium start-site` says when.",
+            "Each kit holds its owner's private key: send it over a channel you trust, one kit per recipient; "
+            "kits and keys are owner-only (0600 in 0700 folders) and every participant refuses a key others "
+            "can read. Certificates expire: `fedauc consortium start-site` says when.",
+            "",
+            f"**Never send `{self.state}` anywhere: it stays with the project admin.** It holds the root CA's "
+            "private key (whoever has it can admit any machine to the consortium) and every participant's "
+            "private key.",
         ]
         return "\n".join(lines)
 
@@ -78,22 +91,40 @@ def project(federation: Federation, server_host: str, port: int = DEFAULT_PORT, 
 
 
 def provision(project_dict: dict, out: Path) -> Kits:
-    """Write ``project.yml`` and the signed startup kits under ``out``."""
+    """Write ``project.yml`` and the signed startup kits under ``out``, owner-only (``federated.flare.lockdown``),
+    with fedauc's authorization policy in every participant's kit and the server's stores in its own."""
     from nvflare.lighter.provision import prepare_builders, prepare_packager, prepare_project
     from nvflare.lighter.provisioner import Provisioner
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     project_file = out / "project.yml"
-    project_file.write_text(yaml.safe_dump(project_dict, sort_keys=False))
+    write_owner_only(project_file, yaml.safe_dump(project_dict, sort_keys=False))
     spec = yaml.safe_load(project_file.read_text())
-    ctx = Provisioner(str(out), prepare_builders(spec), prepare_packager(spec)).provision(prepare_project(spec))
+    # No moment at which the CA's key or a participant's is readable by others (umask is process-wide,
+    # the modes are set again below).
+    umask = os.umask(0o077)
+    try:
+        ctx = Provisioner(str(out), prepare_builders(spec), prepare_packager(spec)).provision(prepare_project(spec))
+    finally:
+        os.umask(umask)
     prod = Path(ctx.get_result_location()) if ctx is not None and hasattr(ctx, "get_result_location") else None
     if prod is None:
         prod = sorted((out / project_dict["name"]).glob("prod_*"))[-1]
     by_type = {p["type"]: p["name"] for p in project_dict["participants"] if p["type"] != "client"}
-    # The server runs fedauc's job modules from its own install, like the hospitals (no code in jobs).
-    allow_components(prod / by_type["server"] / "local")
-    return Kits(project_file, prod / by_type["server"],
+    kits = Kits(project_file, prod / by_type["server"],
                 {p["name"]: prod / p["name"] for p in project_dict["participants"] if p["type"] == "client"},
                 prod / by_type["admin"])
+    for kit in (kits.server, *kits.sites.values()):
+        write_owner_only(kit / "local" / "authorization.json.default", json.dumps(centre_policy(), indent=2))
+    for kit in kits.sites.values():
+        # No site's error log (tracebacks with its paths) goes to the centre. Not through project.yml's
+        # allow_log_streaming: NVFlare 2.9's provisioning reads a false there as unset (get_prop_fb).
+        resources = json.loads((kit / "local" / "resources.json.default").read_text())
+        write_owner_only(kit / "local" / "resources.json.default",
+                         json.dumps({**resources, "allow_log_streaming": False}, indent=2))
+    # The server runs fedauc's job modules from its own install, like the hospitals (no code in jobs).
+    allow_components(kits.server / "local")
+    server_stores(kits.server)
+    make_owner_only(out / project_dict["name"])
+    return kits

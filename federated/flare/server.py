@@ -18,6 +18,7 @@ import torch
 from nvflare.collab import collab
 
 from federated.flare.rendezvous import COMBINE, Rendezvous
+from federated.flare.site_failure import FAILED
 from federated.flare.spec import FlareJob
 
 RESULT_DIR = "fedauc_result"
@@ -66,6 +67,10 @@ def run() -> str:
         _rendezvous.fail("another site failed")
         raise RuntimeError(FAILURE_MARK + "; ".join(
             f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in sorted(results.failures.items())))
+    # A failed site returns its one line (site_failure.py); its site_failed call normally came first.
+    failed = {site: result[FAILED] for site, result in returned.items() if FAILED in result}
+    if failed:
+        raise RuntimeError(FAILURE_MARK + "; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())))
     leader = returned[spec.sites[0]]
     out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
     out.mkdir(parents=True, exist_ok=True)

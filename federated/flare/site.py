@@ -20,6 +20,7 @@ from federated.engine import Engine
 from federated.flare.backend import FlareBackend
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.rendezvous import INPUTS_SEQ
+from federated.flare.site_failure import report_failure
 from federated.flare.spec import FlareJob, local_site
 from federated.flare.version import check_code_version
 from federated.network import training_device
@@ -72,9 +73,8 @@ def train(job: dict) -> dict:
         result = engine.run()
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
     except Exception as err:
-        # Tell the server at once, so the other sites stop waiting for this one (instead of timing out).
-        collab.server(timeout=_CALL_MARGIN_S, optional=True).site_failed(name, f"{type(err).__name__}: {err}")
-        raise
+        # The server hears at once (the other sites stop waiting), in one line that names no path.
+        return report_failure(name, err)
     if site != 0:
         return {"report": report}
     histograms = None if result.test_histograms is None else result.test_histograms.tolist()

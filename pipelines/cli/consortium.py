@@ -6,7 +6,7 @@ import typer
 
 from pipelines.cli.application import fail
 
-consortium_app = typer.Typer(help="An NVIDIA FLARE consortium: provision its kits, start a hospital's client.",
+consortium_app = typer.Typer(help="An NVIDIA FLARE consortium: provision its kits, start its server or a hospital's client.",
                              no_args_is_help=True)
 
 
@@ -31,6 +31,24 @@ def consortium_provision(
     except FedaucError as err:
         fail(err)
     typer.echo(kits.summary(server_host, port))
+
+
+@consortium_app.command("start-server")
+def consortium_start_server(
+    kit: str = typer.Argument(..., help="The server's startup kit (from `fedauc consortium provision`)."),
+) -> None:
+    """Check the server's kit (its private key its owner's alone), keep its job store in its own workspace,
+    then run the consortium's NVFlare server in the foreground until it stops."""
+    from federated.flare.centre import prepare_server, run_server
+    from federated.flare.lockdown import STORES
+    from preprocessing.errors import FedaucError
+
+    try:
+        root = prepare_server(kit)
+    except FedaucError as err:
+        fail(err)
+    typer.echo(f"server {root.name}: jobs and snapshots in {root / STORES} (owner-only)")
+    raise typer.Exit(code=run_server(root))
 
 
 @consortium_app.command("start-site")

@@ -1,0 +1,39 @@
+"""The coordinating centre's NVFlare server: check its kit, then run it in the foreground (what ``fedauc
+consortium start-server`` and the one-machine ``LocalConsortium`` do).
+
+Before NVFlare starts: the kit's private key must be its owner's alone (``lockdown.check_private_key``),
+the server builds only fedauc's job components (``installed.allow_components``) and keeps its job store and
+snapshots owner-only in its own workspace, with no receiver of sites' live logs (``lockdown.server_stores``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from federated.flare.consortium import client_env
+from federated.flare.installed import allow_components
+from federated.flare.lockdown import check_private_key, server_stores
+from preprocessing.errors import ConfigError
+
+
+def prepare_server(kit: str | Path) -> Path:
+    """Every check and the server's local settings; the kit's folder."""
+    root = Path(kit).resolve()
+    if not (root / "startup" / "fed_server.json").is_file():
+        raise ConfigError(f"{root}: not the server's startup kit (no startup/fed_server.json)",
+                          fix="pass the server's folder that `fedauc consortium provision` wrote")
+    check_private_key(root / "startup" / "server.key")
+    allow_components(root / "local")
+    server_stores(root)
+    return root
+
+
+def server_command(root: Path) -> list[str]:
+    """NVFlare's own start script, once, in the foreground (no restart loop: the caller supervises)."""
+    return ["bash", str(root / "startup" / "sub_start.sh"), "--once"]
+
+
+def run_server(root: Path) -> int:
+    """Run the server until it stops; its exit status."""
+    return subprocess.call(server_command(root), env=client_env(), cwd=root)
