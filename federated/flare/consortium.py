@@ -3,8 +3,9 @@ then run its NVFlare client in the foreground (what ``fedauc consortium start-si
 Prefect deployment do).
 
 Every check fails with a ``ConfigError`` / ``DataError`` that says what to do, before NVFlare starts: a
-private key others may read, an expired certificate or one the kit's root CA did not sign, a server that cannot be reached (named by
-address), a site YAML whose site is not the kit's, and shards that do not fit the federation.
+private key others may read, an expired certificate or one the kit's root CA did not sign, a server that
+cannot be reached (named by address), a site YAML whose site is not the kit's, and shards that do not fit
+the federation.
 """
 
 from __future__ import annotations
