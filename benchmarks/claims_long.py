@@ -101,7 +101,8 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
             at = {it: float(np.mean([v["curve"][i][1] for v in values])) for i, (it, _) in enumerate(values[0]["curve"])}
             lines.append(f"| {name} | " + " | ".join(f"{at[t]:.3f}" for t in marks) + " |")
     if n:
-        plot_curves(runs, s, runner.figure("curves"), f"AUC vs iterations at {RATE:.0%} positives")
+        plot_curves(runs, s, runner.figure("curves"), f"AUC vs iterations at {RATE:.0%} positives (thin: each seed)",
+                    each_seed=True)
         lines += ["", f"![{runner.figure('curves').name}]({runner.figure('curves').name})"]
     return "\n".join(lines), verdicts
 

@@ -53,13 +53,22 @@ def plot_rate(runs, methods, s: Setting, path: Path) -> None:
     _plot(path, draw)
 
 
-def plot_curves(runs, s: Setting, path: Path, title: str) -> None:
-    """AUC vs iterations, one band per method (``runs``: name -> the seeds' records, each with its curve)."""
+def plot_curves(runs, s: Setting, path: Path, title: str, each_seed: bool = False) -> None:
+    """AUC vs iterations, one band per method (``runs``: name -> the seeds' records, each with its curve);
+    ``each_seed``: the mean and every seed's own curve instead of the band (a peak and a decline, an
+    overfitting model's shape, show in a seed's curve before the mean's, and a band over few seeds is wide)."""
     def draw(ax):
-        for name, values in runs.items():
+        for k, (name, values) in enumerate(runs.items()):
             if not values:
                 continue
             iterations = [it for it, _ in values[0]["curve"]]
-            _band(ax, iterations, [[v["curve"][i][1] for v in values] for i in range(len(iterations))], name)
+            per_x = [[v["curve"][i][1] for v in values] for i in range(len(iterations))]
+            if not each_seed:
+                _band(ax, iterations, per_x, name)
+                continue
+            colour = f"C{k}"
+            ax.plot(iterations, [sum(v) / len(v) for v in per_x], color=colour, marker="o", label=f"{name}, mean")
+            for v in values:
+                ax.plot(iterations, [auc for _, auc in v["curve"]], color=colour, alpha=0.3, linewidth=0.8)
         ax.set(xlabel="iteration (local steps per site)", ylabel=f"{s.scored} test AUC", title=title)
     _plot(path, draw)

@@ -64,7 +64,7 @@ def _state(result, k=0):
 
 def test_codaplus_local_steps_clip_prox_weight_decay_and_closed_form_dual():
     data = _data(1)
-    params = {"clip": 0.05, "gamma": 2.0, "weight_decay": 0.1}
+    params = {"clip": 0.05, "gamma": 2.0, "weight_decay": 0.1, "stages": 1}
     cfg = _cfg("codaplus", data, I=3, rounds=1, params=params)
     w0, b0 = _initial(cfg)
     v = [w0, b0, torch.zeros(1), torch.zeros(1)]
@@ -84,7 +84,7 @@ def test_stage_boundary_divides_lr_and_averages_the_stage_iterates_into_v_ref(re
     """At a stage boundary v_ref moves to the stage's mean iterate; with ``stage_restart`` (the paper's
     Algorithm, default) v and alpha restart from that mean, without it (the authors' code) they carry on."""
     data = _data(2)
-    params = {"clip": None, "gamma": 4.0, "weight_decay": 0.0, "T0": 2, "stage_restart": restart}
+    params = {"clip": None, "gamma": 4.0, "weight_decay": 0.0, "T0": 2, "lr_decay": 3.0, "stage_restart": restart}
     cfg = _cfg("codaplus", data, I=1, rounds=3, params=params)
     w0, b0 = _initial(cfg)
     v = [w0, b0, torch.zeros(1), torch.zeros(1)]
@@ -125,7 +125,7 @@ def test_coda_resets_alpha_from_pooled_class_means():
 
 def test_codasca_first_round_is_codaplus_and_eta_g_extrapolates():
     data = _data(2)
-    base = {"clip": None, "gamma": None, "weight_decay": 0.0}
+    base = {"clip": None, "gamma": None, "weight_decay": 0.0, "stages": 1}
     plus = federated.train(_cfg("codaplus", data, I=3, rounds=1, params=base))
     sca = federated.train(_cfg("codasca", data, I=3, rounds=1, params={**base, "eta_g": 2.0}))
     w0, b0 = _initial(_cfg("codaplus", data, I=3, rounds=1, params=base))
@@ -162,7 +162,7 @@ def test_codasca_dual_variate_is_the_mean_d_alpha_at_the_chosen_alpha(dual_varia
     """c_k,alpha is the mean of the round's d_alpha = 2(m + b - a) - 2 alpha at the updated a, b and at the
     alpha the step ascended from (the paper's rule, default) or, as the authors' code, the alpha after it."""
     data = _data(2)
-    params = {"clip": None, "gamma": None, "weight_decay": 0.0, "dual_variate": dual_variate}
+    params = {"clip": None, "gamma": None, "weight_decay": 0.0, "stages": 1, "dual_variate": dual_variate}
     result = federated.train(_cfg("codasca", data, I=3, rounds=1, params=params))
     w0, b0 = _initial(_cfg("codasca", data, I=3, rounds=1, params=params))
     for k, (x, y) in enumerate(data):

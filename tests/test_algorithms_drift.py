@@ -101,7 +101,7 @@ def test_codaplus_drifts_with_local_steps_and_codasca_does_not(sites):
     labels = torch.cat([y for _, y in sites])
     prior = labels.mean().double().reshape(1)
     saddle = _auc_m_saddle(sites, prior, 1.0)
-    params = {"gamma": None, "clip": None, "weight_decay": WD_AUC, "score": "identity"}
+    params = {"gamma": None, "clip": None, "weight_decay": WD_AUC, "score": "identity", "stages": 1}
 
     def dist(alg, I, rounds):
         cfg = TrainConfig(algorithm=alg, params=params, sites=[TensorSite(train=s) for s in sites],

@@ -91,3 +91,15 @@ def test_a_derived_stage_trains_as_the_same_t0_given_explicitly():
     for name, value in explicit.global_state.items():
         torch.testing.assert_close(derived.global_state[name], value)
     assert any(not torch.equal(one.global_state[n], v) for n, v in explicit.global_state.items())
+
+
+@pytest.mark.parametrize("algorithm", ["codaplus", "codasca", "coda"])
+def test_the_auc_m_family_trains_two_stages_with_lr_over_10_and_weight_decay_1e_4_by_default(algorithm):
+    engine = Engine(_config(algorithm=algorithm, params={}, rounds=8, local_steps=2))
+    assert engine.algorithm.stage_length == 8
+    assert (engine.algorithm.p.lr_decay, engine.algorithm.p.weight_decay) == (10.0, 1e-4)
+
+
+def test_coda_refuses_a_single_stage():
+    with pytest.raises(ValueError, match="stages >= 2"):
+        train(_config(algorithm="coda", params={"stages": 1}))

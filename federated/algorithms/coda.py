@@ -13,6 +13,7 @@ negatives anywhere keeps its alpha.
 from __future__ import annotations
 
 import torch
+from pydantic import model_validator
 
 from federated.algorithms.base import Site
 from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
@@ -24,7 +25,12 @@ _CLASS_STATS = ("pos_sum", "pos_count", "neg_sum", "neg_count")
 
 
 class CoDAParams(CODAPlusParams):
-    T0: int = 1000  # CoDA's alpha reset needs stages
+    @model_validator(mode="after")
+    def _needs_stages(self):
+        if self.T0 is None and self.stages == 1:
+            raise ValueError("CoDA resets alpha at stage boundaries: with one stage it is CODA+; set stages >= 2 "
+                             "(default 2) or T0")
+        return self
 
 
 @register
