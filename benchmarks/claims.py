@@ -48,7 +48,7 @@ FIGURES = ("period", "rate", "rounds")
 def claim_period(r: Runner) -> tuple[str, dict]:
     """(a) CODASCA tolerates a >= 4x longer window I than CODA+ at equal AUC under heterogeneity."""
     s = r.setting
-    params = {"T0": s.iterations // 2}  # two stages, lr / 3 at the boundary (the papers' stagewise schedule)
+    params = {"T0": s.iterations // 2}  # two stages; lr decay and weight decay: the defaults (docs/algorithms.md section 12)
     rates = HETEROGENEOUS_RATES
     lrs = {alg: r.pick_lr(alg, params, rates, local_steps=s.periods[0]) for alg in ("codaplus", "codasca")}
     runs = {(alg, I): r.seeds(alg, params, lrs[alg], rates, local_steps=I) for alg in lrs for I in s.periods}
