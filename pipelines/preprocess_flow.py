@@ -64,7 +64,7 @@ def report(config: SiteConfig, summary: ShardSummary) -> dict:
 @flow(name="preprocess_site")
 def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
     config, result = scan(str(site_yaml))
-    labels = label_report(result)
+    labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
     summary = write_shards(config, result, str(out_dir), workers)
     paths = report(config, summary)

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from preprocessing.errors import DataError
-from preprocessing.records import RECORD_COLUMNS, SPLITS, VIEWS
+from preprocessing.records import RECORD_COLUMNS, SPLITS, VIEW_TASKS, VIEWS
 
 
-def _counts(records: pd.DataFrame, diseases: list[str]) -> dict:
+def _counts(records: pd.DataFrame, diseases: list[str], views: bool) -> dict:
     labels = {}
     for disease in diseases:
         values = records[disease].to_numpy()
@@ -28,23 +28,27 @@ def _counts(records: pd.DataFrame, diseases: list[str]) -> dict:
             "missing": int(np.isnan(values).sum()),
             "prevalence": positives / labeled if labeled else None,  # among labeled images
         }
-    views = records["view"].value_counts()
-    return {
+    counts = {
         "images": len(records),
         "patients": int(records["patient_id"].nunique()),
         "studies": int(records["study_id"].nunique()),
-        "views": {view: int(views.get(view, 0)) for view in VIEWS},
         "labels": labels,
     }
+    if views:
+        found = records["view"].value_counts()
+        counts["views"] = {view: int(found.get(view, 0)) for view in VIEWS}
+    return counts
 
 
-def label_report(scan_result) -> dict:
-    """Counts per split (train / valid / test) and overall, and the quarantine summary.
+def label_report(scan_result, task: str | None = None) -> dict:
+    """Counts per split (train / valid / test) and overall, and the quarantine summary. Views (PA, AP, ...) are
+    counted unless ``task`` is one whose images have none (``records.VIEW_TASKS``: a dermatology site's).
 
     ``input_rows == kept + quarantined`` is stated in the report (``balanced``) so a reader can check it.
     """
     records = scan_result.records
     diseases = [c for c in records.columns if c not in RECORD_COLUMNS]
+    views = task is None or task in VIEW_TASKS
     quarantine = scan_result.quarantine
     kept, quarantined = len(records), len(quarantine)
     report = {
@@ -54,8 +58,8 @@ def label_report(scan_result) -> dict:
         "balanced": scan_result.input_rows == kept + quarantined,
         "quarantine_by_reason": {str(k): int(v) for k, v in quarantine["reason"].value_counts().sort_index().items()},
         "diseases": diseases,
-        "splits": {split: _counts(records[records["split"] == split], diseases) for split in SPLITS},
-        "all": _counts(records, diseases),
+        "splits": {split: _counts(records[records["split"] == split], diseases, views) for split in SPLITS},
+        "all": _counts(records, diseases, views),
         "metadata_files": [str(p) for p in scan_result.metadata_files],
     }
     report["warnings"] = label_warnings(report)
@@ -110,13 +114,14 @@ def render_label_report(report: dict, console: Console, title: str = "labels") -
             table.add_row(first, disease, str(c["positives"]), str(c["negatives"]), str(c["missing"]), prevalence,
                           end_section=disease == report["diseases"][-1])
     console.print(table)
-    counts = Table(title="Images, patients, studies, views")
+    views = "views" in report["all"]
+    counts = Table(title="Images, patients, studies" + (", views" if views else ""))
     counts.add_column("")
     for split in columns:
         counts.add_column(split, justify="right")
     for key in ("images", "patients", "studies"):
         counts.add_row(key, *(str(sections[s][key]) for s in columns))
-    for view in VIEWS:
+    for view in VIEWS if views else ():
         counts.add_row(f"view {view}", *(str(sections[s]["views"][view]) for s in columns))
     console.print(counts)
     if report["quarantine_by_reason"]:

@@ -28,6 +28,7 @@ TASK_DISEASES: dict[str, tuple[str, ...]] = {
 TASK_CHANNELS: dict[str, int] = {"chest-xray": 1, "melanoma": 3}
 
 VIEWS: tuple[str, ...] = ("PA", "AP", "LATERAL", "unknown")
+VIEW_TASKS: tuple[str, ...] = ("chest-xray",)  # tasks whose images have a projection (melanoma's do not)
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 
 UNCERTAIN = -1.0

@@ -9,6 +9,7 @@ import shutil
 import socket
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from federated.flare.consortium import check_certificate, read_kit
@@ -46,6 +47,29 @@ def test_provision_writes_a_kit_per_participant_and_says_where_each_goes(consort
     assert check_certificate(vienna) > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
     assert "hospital 'vienna'" in summary and f"dials out to localhost:{port}; nothing inbound" in summary
     assert "never the provisioning folder itself" in summary
+    admin = prod / "admin@fedauc.org"
+    assert f"--backend flare --flare-env prod --kit {admin}" in summary and "ProdEnv" not in summary
+    assert "**new**" not in summary and "Re-provisioned" not in summary  # the first time every kit is sent
+
+
+def test_re_provisioning_marks_the_one_kit_to_send(melanoma_shards, tmp_path):
+    """A fourth hospital joins: provisioning the same folder again makes its kit (same root CA) and says to send
+    only that one; the others keep theirs."""
+    root, federation = melanoma_shards
+    out = tmp_path / "kits"
+    assert runner.invoke(app, ["consortium", "provision", str(federation), "--out", str(out)]).exit_code == 0
+    (tmp_path / "graz.yaml").write_text((root / "vienna.yaml").read_text().replace("name: vienna", "name: graz")
+                                        .replace("root: data/vienna", f"root: {root / 'data' / 'vienna'}"))
+    four = tmp_path / "four.yaml"
+    four.write_text(yaml.safe_dump({"name": "tiny-melanoma", "task": "melanoma", "sites": [
+        *({"config": str(root / f"{name}.yaml")} for name in ("vienna", "barcelona", "new-york")), {"config": "graz.yaml"}]}))
+    again = runner.invoke(app, ["consortium", "provision", str(four), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    rows = {line.split("`")[1].rsplit("/", 1)[1]: line for line in again.output.splitlines() if line.startswith("| `")}
+    assert sorted(rows) == ["admin@fedauc.org", "barcelona", "graz", "localhost", "new-york", "vienna"]
+    assert "**new**: hospital 'graz'" in rows["graz"] and "send only the new kit(s) (graz)" in again.output
+    for name in ("vienna", "barcelona", "new-york", "localhost", "admin@fedauc.org"):
+        assert "keeps the kit it has" in rows[name] and "**new**" not in rows[name], name
 
 
 def _start(kit, site_yaml, shards):

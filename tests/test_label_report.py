@@ -29,6 +29,8 @@ def test_counts_per_split_and_disease():
     train = report["splits"]["train"]
     assert (train["images"], train["patients"], train["studies"]) == (3, 2, 3)
     assert train["views"] == {"PA": 2, "AP": 1, "LATERAL": 0, "unknown": 0}
+    assert label_report(ScanResult(records, quarantine, 6, []), "chest-xray")["all"]["views"]["PA"] == 3
+    assert "views" not in label_report(ScanResult(records, quarantine, 6, []), "melanoma")["all"]
     assert train["labels"]["Edema"] == {"positives": 1, "negatives": 1, "missing": 1, "prevalence": 0.5}
     assert report["all"]["labels"]["Edema"]["prevalence"] == 2 / 4
     assert report["all"]["labels"]["Cardiomegaly"] == {"positives": 0, "negatives": 0, "missing": 5, "prevalence": None}
@@ -54,6 +56,8 @@ def test_cli_report_json_and_table(tmp_path):
     table = runner.invoke(app, ["sites", "report", str(site), "--labels-only"])
     assert table.exit_code == 0 and "51 input rows = 50 kept + 1 quarantined" in table.output
     assert "unparsable_label" in table.output
+    # A dermatology site's images have no projection: no chest X-ray view rows (PA / AP / LATERAL).
+    assert "view " not in table.output and "views" not in report["all"] and "patients" in table.output
     assert runner.invoke(app, ["sites", "report", str(site)]).exit_code == 2
     (tmp_path / "train.csv").write_text("image_name,patient_id,sex,age_approx\nISIC_0,IP_0,female,40\n")
     missing = runner.invoke(app, ["sites", "report", str(site), "--labels-only"])

@@ -30,6 +30,9 @@ class Kits:
     server: Path
     sites: dict[str, Path]
     admin: Path
+    # The participants whose kit this provisioning made for the first time (all of them the first time; after
+    # a re-provisioning into the same folder, e.g. a hospital joining, only the newcomers').
+    new: frozenset[str] = frozenset()
 
     @property
     def state(self) -> Path:
@@ -37,23 +40,34 @@ class Kits:
         return self.server.parent.parent / "state"
 
     def summary(self, server_host: str, port: int) -> str:
-        """What to send to whom (and what never to send), as Markdown."""
+        """What to send to whom (and what never to send), as Markdown; after a re-provisioning, the kits to send
+        are marked new and the others are to be left where they are."""
+        again = {self.server.name, self.admin.name, *self.sites} != set(self.new)
+
+        def send(kit: Path, whom: str) -> str:
+            if not again:
+                return whom
+            return f"**new**: {whom}" if kit.name in self.new else f"nothing: {whom} keeps the kit it has"
+
+        centre = f"the coordinating centre's server machine ({server_host})"
         lines = [
             f"Consortium kits in {self.server.parent} (project file {self.project_file}).",
+            *([f"Re-provisioned with the same root CA: send only the new kit(s) ({', '.join(sorted(self.new)) or 'none'}); "
+               "everyone else keeps the kit sent before, which stays valid."] if again else []),
             "",
             "| kit | send to | it runs | network |",
             "|---|---|---|---|",
-            f"| `{self.server}` | the coordinating centre's server machine ({server_host}) | "
+            f"| `{self.server}` | {send(self.server, centre)} | "
             f"`fedauc consortium start-server {self.server.name}` | accepts TCP {port} from the hospitals and the "
             "admin (mutual TLS) |",
         ]
         for name, kit in self.sites.items():
-            lines.append(f"| `{kit}` | hospital {name!r}, the machine that holds its shards | "
+            lines.append(f"| `{kit}` | {send(kit, f'hospital {name!r}, the machine that holds its shards')} | "
                          f"`fedauc consortium start-site {kit.name} --site-yaml <its site YAML> --shards <its shards>` | "
                          f"dials out to {server_host}:{port}; nothing inbound |")
         lines += [
-            f"| `{self.admin}` | the person who submits trainings (project admin) | "
-            f"NVFlare's admin API with this kit (`nvflare.recipe.ProdEnv(startup_kit_location=...)`) | "
+            f"| `{self.admin}` | {send(self.admin, 'the person who submits trainings and evaluations (project admin)')} | "
+            f"`fedauc train` / `fedauc evaluate --federation <its YAML> --backend flare --flare-env prod --kit {self.admin}` | "
             f"dials {server_host}:{port} |",
             "",
             "Each kit holds its owner's private key: send it over a channel you trust, one kit per recipient; "
@@ -101,6 +115,8 @@ def provision(project_dict: dict, out: Path) -> Kits:
     project_file = out / "project.yml"
     write_owner_only(project_file, yaml.safe_dump(project_dict, sort_keys=False))
     spec = yaml.safe_load(project_file.read_text())
+    earlier = sorted((out / project_dict["name"]).glob("prod_*"))
+    before = {p.name for p in earlier[-1].iterdir()} if earlier else set()
     # No moment at which the CA's key or a participant's is readable by others (umask is process-wide,
     # the modes are set again below).
     umask = os.umask(0o077)
@@ -114,7 +130,7 @@ def provision(project_dict: dict, out: Path) -> Kits:
     by_type = {p["type"]: p["name"] for p in project_dict["participants"] if p["type"] != "client"}
     kits = Kits(project_file, prod / by_type["server"],
                 {p["name"]: prod / p["name"] for p in project_dict["participants"] if p["type"] == "client"},
-                prod / by_type["admin"])
+                prod / by_type["admin"], frozenset(p["name"] for p in project_dict["participants"]) - before)
     for kit in (kits.server, *kits.sites.values()):
         write_owner_only(kit / "local" / "authorization.json.default", json.dumps(centre_policy(), indent=2))
     for kit in kits.sites.values():

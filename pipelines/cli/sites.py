@@ -42,7 +42,7 @@ def sites_report(
                    "pass --labels-only for the metadata report", err=True)
         raise typer.Exit(code=2)
     config = load_site(site_yaml)
-    report = label_report(scan_site(config))
+    report = label_report(scan_site(config), config.task)
     require_usable_rows(report, config.name)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
