@@ -46,10 +46,20 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
     return federation, root
 
 
-def check_evaluation(federation_yaml: str | Path, shards: str | Path | None) -> tuple[Federation, Path]:
+def check_evaluation(federation_yaml: str | Path, shards: str | Path | None,
+                     flare_env: str | None = None) -> tuple[Federation, Path | None]:
+    """The federation and, where the sites are on this machine (in-process, NVFlare ``sim`` and ``poc``), every
+    site's shards. Under ``prod`` the hospitals read their own: no shard folder is located here, and one
+    given is refused rather than silently read."""
     from pipelines.runs import site_shard_dirs
 
     federation = load_federation(federation_yaml)
+    if flare_env == "prod":
+        if shards is not None:
+            raise ConfigError("--shards with --flare-env prod: the centre reads no shards, each hospital's client "
+                              "scores its own", fix="leave out --shards (the hospitals gave theirs to "
+                                                    "`fedauc consortium start-site --shards`)")
+        return federation, None
     root = shards_root(shards, federation)
     site_shard_dirs(federation, root)
     return federation, root

@@ -14,13 +14,14 @@ import hashlib
 import json
 from pathlib import Path
 
+import pandas as pd
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 
 from federated.backends import SiteFailure
-from pipelines import runs, tracking
+from pipelines import evaluations, runs, tracking
 from pipelines.preprocess_flow import artifact_key, preprocess_site
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
@@ -50,7 +51,8 @@ def validate(site_yaml: str) -> None:
 
 @task(name="labels-report", cache_policy=NO_CACHE)
 def labels_only_report(site_yaml: str) -> dict:
-    return label_report(scan_site(load_site(site_yaml)))
+    config = load_site(site_yaml)
+    return label_report(scan_site(config), config.task)
 
 
 @flow(name="onboard_site")
@@ -138,17 +140,26 @@ def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
 
 
 # --- evaluation and comparison ------------------------------------------------------------------------
-@task(name="evaluate-model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
-def evaluate_task(federation_yaml: str, shards_root: str, model_uri: str | None) -> dict:
-    return runs.evaluate_registered(load_federation(federation_yaml), Path(shards_root), model_uri)
+@task(name="evaluate-models", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
+def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions: list[str] | None,
+                  flare: dict | None) -> list[dict]:
+    return evaluations.evaluate_registered(load_federation(federation_yaml),
+                                           None if shards_root is None else Path(shards_root), model_versions or (), flare)
 
 
 @flow(name="evaluate")
-def evaluate(federation_yaml: str, shards_root: str, model_uri: str | None = None) -> dict:
-    """A registered model (default: the task's champion) on every site's test split and pooled."""
-    metrics = evaluate_task(federation_yaml, shards_root, model_uri)
-    create_table_artifact(key="evaluate", table=runs.metrics_rows(metrics), description="test metrics")
-    return metrics
+def evaluate(federation_yaml: str, shards_root: str | None = None, model_versions: list[str] | None = None,
+             flare: dict | None = None) -> list[dict]:
+    """Registered models (default: the task's champion) on every site's valid and test splits and pooled, in one
+    evaluation; ``flare`` (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) scores
+    them at the sites as an NVIDIA FLARE job (``prod``: ``shards_root`` None, nothing read here)."""
+    results = evaluate_task(federation_yaml, shards_root, model_versions, flare)
+    for result in results:
+        create_table_artifact(key=f"evaluate-v{result['model_version']}", table=evaluations.metrics_rows(result["metrics"]),
+                              description=f"model v{result['model_version']}: valid and test metrics")
+    create_markdown_artifact(key="evaluate", markdown=markdown_table(pd.DataFrame(evaluations.comparison_rows(results))),
+                             description="the models compared on the same evaluation")
+    return results
 
 
 @flow(name="compare")

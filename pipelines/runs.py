@@ -7,7 +7,8 @@ child run. At the end: the pooled test ROC (from the sites' summed score histogr
 summaries (counts only, small ones suppressed; the QC report itself stays at the site) and shard hashes as
 each site reports them (over NVIDIA FLARE the sites send them: the centre opens no shard), which metrics were
 suppressed, the config, and the global model, registered as ``fedauc-<task>`` with the champion alias moved
-when it wins on pooled validation macro-AUC. Importable and testable without Prefect.
+when it wins on pooled validation macro-AUC on the same sites' validation splits (pipelines/champion.py).
+Importable and testable without Prefect.
 """
 
 from __future__ import annotations
@@ -31,24 +32,17 @@ from mlflow.entities import Metric
 
 from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.algorithms.centralized import centralize
-from federated.data import load_shard, to_model_input
-from federated.evaluation import absent_summary, combine, site_summary
+from federated.data import to_model_input
 from federated.health import TrainingDiverged
-from federated.predict import predict_scores
 from federated.sites import site_report
 from pipelines import tracking
+from pipelines.champion import SELECTION_METRIC, register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.errors import DataError
 from preprocessing.federation import Federation
 from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed, suppressed_label_counts
 from preprocessing.shard_format import is_finished
 
-SELECTION_METRIC = "valid/pooled/auc_macro"
-UNDEFINED = {
-    "site": "undefined at this site: no labelled positive or no labelled negative test image",
-    "pooled": "undefined: no site's test images hold a labelled positive or no site's a labelled negative",
-    "macro_over_sites": "undefined: no site reports it (undefined or suppressed at every site)",
-}
 HEADLINE_METRIC = "test/pooled/auc_macro"
 FAILURE_TAG = "failure_reason"
 
@@ -209,7 +203,7 @@ def train_tracked(
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
     # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
-    params = training_params(config, federation)
+    params = {**training_params(config, federation), **({"backend": "flare"} if flare is not None else {})}
     with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
         mlflow.log_params(params)
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
@@ -235,8 +229,11 @@ def train_tracked(
         collapsed = tracking.collapsed_splits(final)
         if collapsed:
             mlflow.set_tag(tracking.COLLAPSED_TAG, ",".join(collapsed))
-        version, promoted = tracking.register_model(model, federation.task, synthetic_input_example(result.input_shape),
-                                                    final.get(SELECTION_METRIC, float("nan")), collapsed)
+        version, promoted = register_candidate(model, federation, config, result.input_shape, result.num_classes,
+                                               final.get(SELECTION_METRIC, float("nan")), collapsed, reports,
+                                               synthetic_input_example(result.input_shape),
+                                               None if flare is not None and flare["env"] == "prod" else Path(shards_root),
+                                               flare)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
@@ -259,26 +256,6 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
                                      f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
-
-
-def site_local_test(model, federation: Federation, shard_dirs: list[Path], device: torch.device, bins: int,
-                    min_count: int) -> tuple[dict[str, float], dict[str, str]]:
-    """The test split evaluated as the engine evaluates: each site summarises its own split
-    (``federated.evaluation.site_summary``: its metrics and counts, small ones suppressed, and score
-    histograms), and only the summaries are combined. Returns the ``test/``-prefixed metrics with sites by
-    name and the suppression record."""
-    diseases = list(federation.sites[0].diseases)
-    reports, histograms = [], []
-    for shard_dir in shard_dirs:
-        test = load_shard(shard_dir).splits.get("test")
-        report, histogram = (absent_summary(len(diseases), bins) if test is None or len(test) == 0 else
-                             site_summary(test.labels, predict_scores(model, test.images, device), bins, min_count))
-        reports.append(report)
-        histograms.append(histogram)
-    metrics, suppressed = combine(np.stack(reports), np.sum(histograms, axis=0), [site.name for site in federation.sites],
-                                  diseases, min_count)
-    return ({f"test/{key}": value for key, value in metrics.items()},
-            {f"test/{key}": value for key, value in suppressed.items()})
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
@@ -319,38 +296,3 @@ def label_report_markdown(report: dict, min_count: int = 10) -> str:
     head = (f"input rows = kept + quarantined: {'balanced' if report['balanced'] else 'NOT balanced'}; quarantined "
             f"rows by reason: {reasons or 'none'} (counts below {min_count} shown as \"<{min_count}\")\n\n")
     return head + markdown_table(pd.DataFrame(rows))
-
-
-def evaluate_registered(federation: Federation, shards_root: Path, model_uri: str | None = None) -> dict[str, float]:
-    """A registered model on every site's test split, per site, pooled and macro over sites; logged as an
-    evaluation run. ``model_uri`` defaults to the task's champion."""
-    tracking.configure()
-    model_uri = model_uri or f"models:/{tracking.registered_model_name(federation.task)}@{tracking.CHAMPION_ALIAS}"
-    model = mlflow.pytorch.load_model(model_uri, map_location="cpu")
-    defaults = TrainConfig.model_fields
-    metrics, suppressed = site_local_test(model, federation, site_shard_dirs(federation, shards_root),
-                                             torch.device("cpu"), defaults["eval_bins"].default,
-                                             defaults["eval_min_count"].default)
-    experiment = tracking.experiment_id(federation.task)
-    tracking.close_abandoned_runs(experiment)
-    with mlflow.start_run(experiment_id=experiment, run_name="evaluate",
-                          tags={"fedauc_role": "evaluation", "model_uri": model_uri, "federation": federation.name,
-                                **tracking.owner_tags()}):
-        mlflow.log_metrics(metrics)
-        # Why a metric is absent (suppressed at its site) or NaN (undefined), next to the numbers.
-        mlflow.log_dict(suppressed, "suppressed_metrics.json")
-        mlflow.log_dict({key: UNDEFINED[key.split("/")[1]] for key, value in metrics.items() if np.isnan(value)},
-                        "undefined_metrics.json")
-    return metrics
-
-
-def metrics_rows(metrics: dict[str, float]) -> list[dict]:
-    """``<split>/<scope>/<metric>`` keys as one row per scope (pooled, macro_over_sites, site/<name>)."""
-    rows: dict[str, dict] = {}
-    for key, value in metrics.items():
-        split, rest = key.split("/", 1)
-        parts = rest.split("/")
-        width = 2 if parts[0] == "site" else 1
-        name, metric = "/".join(parts[:width]), "/".join(parts[width:])
-        rows.setdefault(name, {"split": split, "scope": name})[metric] = value
-    return list(rows.values())

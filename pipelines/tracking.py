@@ -5,7 +5,8 @@ server. Any tracking URI (a PostgreSQL-backed MLflow server) is used instead whe
 
 Runs carry the host and process that own them (``owner_tags``), so a run left RUNNING by a process that was
 killed is closed as KILLED by the next start (``close_abandoned_runs``). The champion alias moves by a
-compare-and-set loop (``promote_best``), so racing trainings cannot both win.
+compare-and-set loop (``promote_best``), so racing trainings cannot both win, and only between versions scored
+on the same evaluation (the same sites with the same shards).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -33,11 +35,16 @@ from models.metrics import histogram_auc, histogram_roc
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHAMPION_ALIAS = "champion"
-# The model-version tag the champion comparison reads; written when a version is registered.
+# The model-version tag with the pooled valid macro AUC its training measured; written when a version is registered.
 SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
 # A registered version whose scores were constant on a split (federated/health.py's neighbour here: a training
 # that ran to the end but learnt nothing): recorded, never champion.
 COLLAPSED_TAG = "collapsed"
+# What that was measured on: the fingerprint of the sites and their shards (pipelines.evaluations.fingerprint).
+SELECTION_EVALUATION_TAG = "selection_evaluation"
+# "pooled_valid_macro_auc.<fingerprint>": a version's pooled valid macro AUC on that evaluation, what the champion
+# comparison reads: its training's own, or a champion's re-evaluation on another federation's sites.
+SCORE_TAG_PREFIX = SELECTION_METRIC_TAG + "."
 # The process that owns a run: host name, pid and the process's start time (a pid alone can be reused).
 OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.owner.pid", "fedauc.owner.started"
 END_REASON_TAG = "fedauc.end_reason"
@@ -149,11 +156,16 @@ def register_model(
     input_example: np.ndarray,
     selection_metric: float,
     collapsed: list[str] = (),
+    evaluation: str | None = None,
+    score_missing: Callable[[str], float] | None = None,
 ) -> tuple[str, bool]:
     """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
-    version with the best pooled validation macro-AUC (``promote_best``). Returns (version, promoted).
-    ``collapsed``: the splits on which the model's scores were constant (:func:`collapsed_splits`); such a
-    version is tagged with them and never becomes champion.
+    version with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns
+    (version, promoted). ``collapsed``: the splits on which the model's scores were constant
+    (:func:`collapsed_splits`); such a version is tagged with them and never becomes champion. ``evaluation``:
+    the fingerprint of the sites and shards ``selection_metric`` was measured on; ``score_missing(version)``:
+    that score for a champion that has none on this evaluation (its re-evaluation on these sites' validation
+    splits).
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
     centre: a synthetic batch of the right shape and dtype, never a patient's images.
@@ -177,7 +189,10 @@ def register_model(
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
     if collapsed:
         client.set_model_version_tag(name, version, COLLAPSED_TAG, ",".join(collapsed))
-    return version, promote_best(client, name, version)
+    if evaluation is not None:
+        client.set_model_version_tag(name, version, SELECTION_EVALUATION_TAG, evaluation)
+        client.set_model_version_tag(name, version, SCORE_TAG_PREFIX + evaluation, repr(float(selection_metric)))
+    return version, promote_best(client, name, version, evaluation, score_missing)
 
 
 def collapsed_splits(metrics: dict[str, float]) -> list[str]:
@@ -191,21 +206,31 @@ def collapsed_splits(metrics: dict[str, float]) -> list[str]:
     return out
 
 
-def _best_version(client: MlflowClient, name: str) -> str | None:
-    """The registered version with the highest selection metric; an undefined one (NaN, untagged) never beats a
-    defined one, and ties go to the earlier version, so the first model is champion whatever its metric (there
-    is nothing to beat, and evaluation needs a champion) and a later one must score higher. A collapsed version
-    is never a candidate, even the first (None when there is no other)."""
+def _best_version(client: MlflowClient, name: str, evaluation: str | None = None) -> str | None:
+    """The registered version with the highest selection metric (with ``evaluation``: its score there, among the
+    versions scored on it); an undefined one (NaN, untagged) never beats a defined one, and ties go to the
+    earlier version, so the first model is champion whatever its metric (there is nothing to beat, and
+    evaluation needs a champion) and a later one must score higher. A collapsed version is never a candidate,
+    even the first (None when there is no other)."""
+    key = SELECTION_METRIC_TAG if evaluation is None else SCORE_TAG_PREFIX + evaluation
+
     def rank(version) -> tuple[bool, float, int]:
-        metric = float(version.tags.get(SELECTION_METRIC_TAG, "nan"))
+        metric = float(version.tags.get(key, "nan"))
         return (not math.isnan(metric), -math.inf if math.isnan(metric) else metric, -int(version.version))
 
     candidates = [v for v in client.search_model_versions(f"name = '{name}'") if COLLAPSED_TAG not in v.tags]
-    return str(max(candidates, key=rank).version) if candidates else None
+    scored = [v for v in candidates if evaluation is None or key in v.tags]
+    return str(max(scored or candidates, key=rank).version) if candidates else None
 
 
-def promote_best(client: MlflowClient, name: str, version: str) -> bool:
+def promote_best(client: MlflowClient, name: str, version: str, evaluation: str | None = None,
+                 score_missing: Callable[[str], float] | None = None) -> bool:
     """Point the champion alias at the best registered version; True when that is ``version``.
+
+    With ``evaluation`` (the fingerprint of the sites and shards ``version`` was scored on) only versions scored
+    on that same evaluation compete, and the current champion always does: without a score there, it is
+    scored first (``score_missing(champion)``, tagged ``SCORE_TAG_PREFIX + evaluation``), so a model trained
+    on three sites is never compared with one trained on four by their own federations' numbers.
 
     A compare-and-set loop, since MLflow has no conditional alias update: read the alias and the best version,
     set the alias only when they differ, then read again, until they agree. Every version's metric tag is
@@ -214,11 +239,16 @@ def promote_best(client: MlflowClient, name: str, version: str) -> bool:
     cannot overwrite the better one. (A champion set by hand is replaced by the best version.)
     """
     while True:
-        best = _best_version(client, name)
         try:
             current = str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
         except mlflow.exceptions.MlflowException:
             current = None
+        if evaluation is not None and current is not None and current != version:
+            key = SCORE_TAG_PREFIX + evaluation
+            if key not in client.get_model_version(name, current).tags:
+                score = score_missing(current) if score_missing is not None else float("nan")
+                client.set_model_version_tag(name, current, key, repr(float(score)))
+        best = _best_version(client, name, evaluation)
         if current == best or best is None:
             return best == version
         client.set_registered_model_alias(name, CHAMPION_ALIAS, best)

@@ -64,6 +64,18 @@ def one_torch_thread():
 def melanoma_shards(tmp_path_factory):
     """Three tiny dermatology clinics like the demo's (SIIM-ISIC DICOM and JPEG, their own colour casts),
     preprocessed into real shards at 32 px: ``(root, federation YAML)``; shards in ``root / "shards"``."""
+    return melanoma_federation(tmp_path_factory.mktemp("melanoma"))
+
+
+@pytest.fixture(scope="session")
+def evaluable_melanoma(tmp_path_factory):
+    """``melanoma_shards``' clinics with 240 images each at a melanoma rate of 30 % instead of the release's
+    1.8 %, so that every valid and test split holds enough positives and negatives for its AUCs, per site too,
+    to be defined and reported (evaluation tests)."""
+    return melanoma_federation(tmp_path_factory.mktemp("melanoma-evaluable"), n=240, prevalence=0.3)
+
+
+def melanoma_federation(root, n=120, prevalence=None):
     import yaml
 
     from preprocessing.scan import scan_site
@@ -71,11 +83,10 @@ def melanoma_shards(tmp_path_factory):
     from preprocessing.sites import load_site
     from preprocessing.synth import generate_site
 
-    root = tmp_path_factory.mktemp("melanoma")
     entries = []
     for name, image_format in (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg")):
-        generate_site("siim-isic-2020", root / "data" / name, n=120, seed=3, profile=name,
-                      image_format=image_format, workers=0, progress=False)
+        generate_site("siim-isic-2020", root / "data" / name, n=n, seed=3, profile=name,
+                      image_format=image_format, workers=0, progress=False, prevalence=prevalence)
         site = {"name": name, "format": "siim-isic-2020", "root": f"data/{name}", "task": "melanoma",
                 "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.25},
                 "options": {"image_format": image_format}}

@@ -55,9 +55,11 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
             f"tags.mlflow.parentRunId = '{flare['run_id']}'")}
         assert children == {"vienna", "barcelona", "new-york"}
         assert client.get_run(flare["run_id"]).data.params["flare_env"] == "sim"
+        # Each run says how it ran: no FLARE training recorded as in-process.
+        assert [client.get_run(run["run_id"]).data.params["backend"] for run in (local, flare)] == ["inprocess", "flare"]
         # The data's records come from the sites' reports: the in-process run's, shard hashes and QC included.
         params = [{k: v for k, v in client.get_run(run["run_id"]).data.params.items()
-                   if k not in ("flare_env", "checkpoint_dir")} for run in (local, flare)]
+                   if k not in ("flare_env", "checkpoint_dir", "backend")} for run in (local, flare)]
         assert params[0] == params[1] and "shard_hash.vienna" in params[0]
         assert params[0]["secure_aggregation"] == "True"  # --secure-aggregation reached both trainings
         artifacts = [sorted(a.path for folder in ("", "qc", "qc/vienna") for a in client.list_artifacts(run["run_id"], folder))

@@ -11,7 +11,8 @@ one-line message naming the site, and nothing is registered in MLflow; (d) the s
 at the submitting machine records in MLflow what an in-process training with every shard at hand records
 (the sites report their shard hashes, QC summaries and model input; the pooled ROC comes from their summed
 histograms); (e) with secure aggregation the sites sign their keys with their kits and check the others'
-against the root CA, and the model is the in-process one bit for bit.
+against the root CA, and the model is the in-process one bit for bit; (f) ``fedauc evaluate --flare-env prod``
+of the registered models, still with no shards there, logs what the in-process evaluation logs.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def _records(client: MlflowClient, run_id: str) -> dict:
         return {k: v for k, v in metrics.items() if any(part in k for part in exact) and "bound" not in k}
 
     return {
-        "params": {k: v for k, v in parent.data.params.items() if k not in ("flare_env", "code_version", "timeout_s")},
+        "params": {k: v for k, v in parent.data.params.items()
+                   if k not in ("flare_env", "code_version", "timeout_s", "backend")},
         "metrics": sorted(parent.data.metrics),
         "given": given(parent.data.metrics),
         "artifacts": sorted(a.path for a in client.list_artifacts(run_id)),
@@ -176,9 +178,45 @@ def test_the_centre_records_a_consortium_training_without_any_shard(consortium, 
             assert flared["params"][f"shard_hash.{site}"] == shard_content_hash(root / "shards" / site)
             assert {"test/auc_macro", "bytes_sent"} <= set(flared["children"][site][0])
         assert client.get_run(parents[0].info.run_id).data.params["flare_env"] == "prod"
+        assert [client.get_run(r.info.run_id).data.params["backend"] for r in parents] == ["flare", "inprocess"]
         assert sorted(int(v.version) for v in client.search_model_versions()) == [1, 2]
+        _evaluation_at_the_hospitals_equals_the_in_process_one(consortium, melanoma_shards, tmp_path, monkeypatch)
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def _evaluation_at_the_hospitals_equals_the_in_process_one(consortium, melanoma_shards, tmp_path, monkeypatch):
+    """(f) ``fedauc evaluate --flare-env prod`` of both registered versions, from a folder without shards and
+    with FEDAUC_SHARDS pointing nowhere (a fallback to a shard folder would fail): each site scores them on
+    its own splits, and the centre logs what the in-process evaluation with every shard at hand logs."""
+    root, federation = melanoma_shards
+    versions = ["--model-version", "1", "--model-version", "2"]
+    centre = tmp_path / "centre-without-shards"
+    centre.mkdir()
+    monkeypatch.chdir(centre)
+    monkeypatch.setenv("FEDAUC_SHARDS", str(tmp_path / "nowhere"))
+    remote = CliRunner().invoke(app, ["evaluate", "--federation", str(federation), *versions, "--backend", "flare",
+                                      "--flare-env", "prod", "--kit", str(consortium.kits.admin),
+                                      "--flare-workspace", str(tmp_path / "flare-evaluate")])
+    assert remote.exit_code == 0, remote.output
+    assert not (tmp_path / "nowhere").exists() and not (centre / "shards").exists()
+    local = CliRunner().invoke(app, ["evaluate", "--federation", str(federation), *versions,
+                                     "--shards", str(root / "shards")])
+    assert local.exit_code == 0, local.output
+    client = MlflowClient()
+    runs = {(r.data.params["backend"], r.data.tags["model_version"]): r for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.fedauc_role = 'evaluation'")}
+    assert sorted(runs) == [("flare", "1"), ("flare", "2"), ("inprocess", "1"), ("inprocess", "2")]
+    for version in ("1", "2"):
+        theirs, mine = runs["flare", version], runs["inprocess", version]
+        assert theirs.data.params["flare_env"] == "prod"
+        assert theirs.data.params["evaluation"] == mine.data.params["evaluation"]  # same sites, same shards
+        assert theirs.data.metrics.keys() == mine.data.metrics.keys()
+        for key, value in mine.data.metrics.items():
+            if "/n_pos/" in key or "/n_neg/" in key:
+                assert theirs.data.metrics[key] == value, key
+            # Each hospital computes with its own thread count under prod: the scores' last bits may differ.
+            assert theirs.data.metrics[key] == pytest.approx(value, abs=1e-6, nan_ok=True), key
 
 
 # Last: it kills a site of the module's consortium.

@@ -90,7 +90,10 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
 
     champion = client.get_model_version_by_alias("fedauc-chest-xray", "champion")
     assert str(champion.version) == "1"
-    evaluated = flows.evaluate(str(federation / "federation.yaml"), str(shards))
+    (result,) = flows.evaluate(str(federation / "federation.yaml"), str(shards))
+    assert result["model_version"] == "1" and result["champion"]
+    evaluated = result["metrics"]
+    assert {"valid/pooled/auc_macro", "test/site/alpha/auc_macro", "test/pooled/auc_ci95_low_macro"} <= set(evaluated)
     # Training evaluates at the sites and pools score histograms: within the reported bound of the exact value.
     bound = max(v for k, v in parent.data.metrics.items() if k.startswith("test/pooled/auc_bound/") and not np.isnan(v))
     for key in ("test/pooled/auc_macro", "test/pooled/auc/Cardiomegaly"):
@@ -101,7 +104,8 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     assert set(undefined) == {key for key, value in evaluated.items() if np.isnan(value)}
     assert all(undefined.values())
     suppressed = mlflow.artifacts.load_dict(f"{evaluation.info.artifact_uri}/suppressed_metrics.json")
-    assert all(key.startswith("test/site/") and key not in evaluated for key in suppressed)
+    assert all(key.split("/")[:2] in (["valid", "site"], ["test", "site"]) and key not in evaluated for key in suppressed)
+    assert evaluation.data.params["shard_hash.alpha"] == parent.data.params["shard_hash.alpha"]
 
     table = tracking.compare_runs("chest-xray")
     assert list(table["run"]) == ["codasca-tiny"] and table.loc[0, "I"] == 2

@@ -3,10 +3,11 @@
 A tiny generic-CSV federation whose patient ids and file names are marker strings (all starting with
 ``zqxcanary``) and whose images are made of 4x4 blocks of eight planted gray levels (no other value, so a
 run of them is recognisable as pixels in any encoding) is onboarded and preprocessed by a "site" process,
-then trained, registered and evaluated by a "centre" process, both against one temporary MLflow SQLite
-store and one isolated Prefect home (a real ephemeral Prefect server). Then every file of the MLflow store
-and its artifacts, of the Prefect home (database, results, logs) and the centre's captured console output is
-scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
+then trained, registered and evaluated by a "centre" process (in-process, and at the sites as an NVIDIA FLARE
+simulator job), both against one temporary MLflow SQLite store and one isolated Prefect home (a real
+ephemeral Prefect server). Then every file of the MLflow store and its artifacts, of the Prefect home
+(database, results, logs), of the FLARE job's server side (logs, the sites' returned summaries) and the
+centre's captured console output is scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
 runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
 rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
 own output folder, where all of these must be found. The centre then trains once more over NVIDIA FLARE on
@@ -134,6 +135,8 @@ def run_centre(root: Path) -> None:
               "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False}
     flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary")
     flows.evaluate(str(root / "federation.yaml"), str(root / "shards"))
+    # The champion scored at the sites as an NVIDIA FLARE job: what the server receives is scanned below.
+    flows.evaluate(str(root / "federation.yaml"), str(root / "shards"), flare={"env": "sim", "workspace": str(root / "flare")})
     torch.save(traffic, root / "backend-traffic.pt")
 
 
@@ -312,7 +315,11 @@ def test_nothing_patient_level_reaches_the_centre(canary):
     centre = canary / "centre"
     assert (centre / "mlruns.db").is_file() and (centre / "mlartifacts").is_dir()
     assert any((centre / "prefect").rglob("*.db"))
-    leaks = scan([centre, canary / "centre-console.txt"], source_chunks(canary))
+    # The NVIDIA FLARE evaluation's server: its logs and what the sites returned to it (the sites' own folders
+    # of the simulator's workspace are the sites', not the centre's).
+    server = canary / "flare" / "fedauc-evaluate" / "server"
+    assert list(server.rglob("result.json")) and list(server.rglob("log.txt"))
+    leaks = scan([centre, canary / "centre-console.txt", server], source_chunks(canary))
     assert not leaks, "patient-level data reached the centre:\n" + "\n".join(leaks)
 
 

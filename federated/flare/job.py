@@ -55,11 +55,17 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
                     shard_dirs=dirs, sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s, threads=threads)
 
 
-def recipe(job: FlareJob, name: str) -> InstalledRecipe:
-    """The NVFlare job: configuration only (``federated.flare.installed``), ``job`` its server's app prop."""
+def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = ()) -> InstalledRecipe:
+    """The NVFlare job: configuration only (``federated.flare.installed``), ``job`` its server's app prop;
+    ``server_files``: data files (never code) the job carries in its app's ``config/`` folder for the server,
+    e.g. the weights an evaluation sends to the sites."""
     r = InstalledRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
                         server="federated.flare.server", client="federated.flare.site", min_clients=len(job.sites))
     r.set_server_prop(JOB_PROP, job.model_dump())
+    for path in server_files:
+        # The recipe's own add_server_file puts files in custom/, the code folder; the job's FedJob can put
+        # them in config/. (Large values in the job's JSON instead make NVFlare's secret scan take minutes.)
+        r._job.add_file_to_server(str(path), app_folder_type="config")
     return r
 
 
@@ -112,11 +118,11 @@ def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], wor
     return read_result(submit_simulated(job, workspace, name), config)
 
 
-def submit_simulated(job: FlareJob, workspace: Path, name: str) -> Path:
+def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = ()) -> Path:
     """Run ``job`` under NVFlare's simulator (every site a process here); what the job returned (a folder)."""
     from nvflare.recipe import SimEnv
 
-    r = recipe(job, name)
+    r = recipe(job, name, server_files)
     workspace = Path(workspace)
     for attempt in range(2):
         shutil.rmtree(workspace / r.job_name, ignore_errors=True)
@@ -158,11 +164,11 @@ def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...],
     return read_result(submit_to_consortium(job, exec_env, log, name), config)
 
 
-def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str) -> Path:
+def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = ()) -> Path:
     """Submit ``job`` with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``) and wait for it; the folder of
     what it returned. A job that fails or outlives its ``job_timeout_s`` is a ``FlareJobFailed``."""
     job_timeout_s = job.job_timeout_s
-    r = recipe(job, name)
+    r = recipe(job, name, server_files)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as chatter, contextlib.redirect_stdout(chatter):
         try:
@@ -214,27 +220,28 @@ def check_flare_algorithm(algorithm: str) -> None:
 
 
 def submit_in_env(env: str, federation: Federation, shards_root: Path | None, workspace: Path, admin: Path | None,
-                  name: str, make_job: Callable[[bool, int | None, dict], FlareJob], read: Callable[[Path], T]) -> T:
+                  name: str, make_job: Callable[[bool, int | None, dict], FlareJob], read: Callable[[Path], T],
+                  server_files: Sequence[Path] = ()) -> T:
     """Run the job ``make_job(share_paths, threads, sharing)`` builds (``flare_job``'s arguments of those names)
     in ``env`` and ``read`` what it returned. ``sim`` and ``poc`` run every site on this machine (their shards
     under ``shards_root``) with this process's thread count; ``prod`` reaches the running consortium with the
-    admin kit ``admin`` and reads nothing under ``shards_root``."""
+    admin kit ``admin`` and reads nothing under ``shards_root``. ``server_files``: see ``recipe``."""
     workspace = Path(workspace)
     if env == "sim":
         job = make_job(True, torch.get_num_threads(), {site.name: site.sharing.model_dump() for site in federation.sites})
-        return read(submit_simulated(job, workspace, name))
+        return read(submit_simulated(job, workspace, name, server_files))
     if env == "poc":
         from federated.flare.poc import LocalConsortium
 
         with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
             return read(submit_to_consortium(make_job(False, torch.get_num_threads(), {}), consortium.exec_env(),
-                                             workspace / "submit.log", name))
+                                             workspace / "submit.log", name, server_files))
     from nvflare.recipe import ProdEnv
 
     username = json.loads((admin / "startup" / "fed_admin.json").read_text())["admin"]["username"]
     return read(submit_to_consortium(make_job(False, None, {}),
                                      ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
-                                     workspace / "submit.log", name))
+                                     workspace / "submit.log", name, server_files))
 
 
 def train_flare(config: TrainConfig, federation: Federation, shards_root: Path | None, env: str, workspace: Path,

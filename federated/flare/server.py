@@ -5,7 +5,8 @@
 holds no model of its own and sees what the sites' engines declared for communication. Site 0's final
 model, history and summed test histograms, and every site's report on its data (hash, QC summary, model
 input) are written to the job's run folder (``RESULT_DIR``), which comes back with the job result; a
-failed site fails the job with a message naming it.
+failed site fails the job with a message naming it. A job of kind ``"evaluate"`` runs
+``federated.flare.evaluate.serve_evaluation`` instead: every site's ``evaluate``, no collective.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def site_failed(site: str, message: str) -> None:
     _rendezvous.fail(f"site {site!r} failed: {message}")
 
 
+def result_dir() -> Path:
+    """This job's run folder's ``RESULT_DIR`` (created), which comes back with the job's result."""
+    out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 @collab.main
 def run() -> str:
     global _rendezvous
@@ -47,6 +55,10 @@ def run() -> str:
     connected = sorted(c.name for c in collab.clients)
     if connected != sorted(spec.sites):
         raise RuntimeError(f"the job runs at sites {connected}, the federation lists {sorted(spec.sites)}")
+    if spec.kind == "evaluate":
+        from federated.flare.evaluate import serve_evaluation  # it imports this module
+
+        return serve_evaluation(spec)
     results = collab.clients(timeout=spec.job_timeout_s, blocking=False).train(spec.model_dump())
     returned: dict[str, dict] = {}
     finished = threading.Event()
@@ -72,8 +84,7 @@ def run() -> str:
     if failed:
         raise RuntimeError(FAILURE_MARK + "; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())))
     leader = returned[spec.sites[0]]
-    out = Path(collab.workspace.get_run_dir(collab.fl_ctx.get_job_id())) / RESULT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    out = result_dir()
     torch.save(leader["global_state"], out / "global_state.pt")
     reports = [returned[site]["report"] for site in spec.sites]
     for report in reports:  # the PNG bytes of a site that shares its sample grid, beside the JSON

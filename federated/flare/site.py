@@ -1,4 +1,5 @@
-"""The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site.
+"""The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site; ``evaluate`` scores
+the models an evaluation job sends (federated/flare/evaluate.py). Both start with ``prelude``.
 
 The engine is the one every backend runs (federated/engine.py); its collectives go to the server through
 :class:`FlareBackend`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
@@ -18,6 +19,7 @@ from nvflare.collab import collab
 
 from federated.engine import Engine
 from federated.flare.backend import FlareBackend
+from federated.flare.evaluate import score_here
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.rendezvous import INPUTS_SEQ
 from federated.flare.site_failure import report_failure
@@ -82,3 +84,10 @@ def train(job: dict) -> dict:
             "input_shape": list(result.input_shape), "num_classes": result.num_classes,
             "test_histograms": histograms}
 
+
+@collab.publish
+def evaluate(job: dict, weights: list) -> dict:
+    """Score the models of the job (their weights: ``weights``, sent in this call) on this site's own valid and
+    test splits (federated/flare/evaluate.py)."""
+    run = prelude(job)
+    return score_here(run.spec, run.name, run.shard_dir, weights)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.config import ShardSite, TrainConfig
 from federated.flare.version import code_version
+from federated.scoring import ModelToScore
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.sites import SharingPolicy
@@ -25,11 +26,25 @@ def local_site(site_config_dir: Path | None) -> dict:
     return json.loads(local.read_text()) if local is not None and local.is_file() else {}
 
 
+class EvaluationRequest(BaseModel):
+    """What an evaluation job asks every site to score (federated/flare/evaluate.py): the models' networks,
+    inputs and classes; their weights travel beside the job (``evaluate.WEIGHTS_FILE``), not in it."""
+
+    model_config = ConfigDict(extra="forbid")
+    models: list[ModelToScore] = Field(min_length=1)
+    bins: int = Field(gt=0)  # TrainConfig.eval_bins
+    min_count: int = Field(gt=0)  # TrainConfig.eval_min_count
+
+
 class FlareJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # The centre's fedauc (federated/flare/version.py): a site runs the job only with this code.
     code_version: str = Field(default_factory=code_version)
-    settings: dict[str, Any]  # a TrainConfig without sites
+    # "train": every site runs the engine (site.train); "evaluate": every site scores the models of
+    # ``evaluation`` on its own valid and test splits (site.evaluate).
+    kind: Literal["train", "evaluate"] = "train"
+    settings: dict[str, Any]  # a TrainConfig without sites (empty for an evaluation)
+    evaluation: EvaluationRequest | None = None
     sites: list[str] = Field(min_length=1)  # the federation's site names, in its order = site index
     task: str
     diseases: tuple[str, ...]
@@ -44,6 +59,12 @@ class FlareJob(BaseModel):
     # needs the same count everywhere: one-machine environments send the submitter's (the in-process run's);
     # a real consortium leaves each hospital its own (None).
     threads: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _kind_has_what_it_needs(self) -> FlareJob:
+        if (self.kind == "evaluate") != (self.evaluation is not None):
+            raise ValueError("an evaluation job, and only one, names the models to score (evaluation)")
+        return self
 
     def site_index(self, name: str) -> int:
         if name not in self.sites:

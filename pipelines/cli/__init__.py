@@ -4,7 +4,7 @@ into a package. Each module here holds one group of commands; this one puts them
 
 from __future__ import annotations
 
-from pipelines.cli import consortium, data, operations, sites, training
+from pipelines.cli import consortium, data, evaluation, operations, sites, training
 from pipelines.cli.application import app
 
 app.command()(data.inspect)
@@ -12,7 +12,7 @@ app.command()(data.synth)
 app.command()(data.preprocess)
 app.command()(operations.demo)
 app.command("train")(training.train_command)
-app.command("evaluate")(training.evaluate_command)
+app.command("evaluate")(evaluation.evaluate_command)
 app.command("compare")(training.compare_command)
 app.command()(operations.ui)
 app.command()(operations.deploy)

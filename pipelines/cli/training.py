@@ -1,5 +1,5 @@
-"""``fedauc train``, ``fedauc evaluate`` and ``fedauc compare``: train one algorithm on a federation (in this
-process or as an NVIDIA FLARE job), score a registered model, and tabulate the trainings."""
+"""``fedauc train`` and ``fedauc compare``: train one algorithm on a federation (in this process or as an NVIDIA
+FLARE job) and tabulate the trainings (``fedauc evaluate``: pipelines/cli/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -104,24 +104,6 @@ def train_command(
     _, shards_root = check_training(federation, shards, config, local_sites=flare is None or flare["env"] != "prod")
     summary = flows().train_federated(federation, str(shards_root), config, run_name, flare)
     typer.echo(json.dumps(summary, indent=2))
-
-
-def evaluate_command(
-    federation: str = typer.Option(..., "--federation", help="A federation YAML."),
-    shards: str = typer.Option(None, "--shards", help="Default: $FEDAUC_SHARDS, else the federation's shards:, "
-                               "else shards/."),
-    model_uri: str = typer.Option(None, "--model-uri", help="Default: models:/fedauc-<task>@champion."),
-) -> None:
-    """A registered model on every site's test split and pooled (the Prefect flow evaluate)."""
-    import pandas as pd
-
-    from pipelines.checks import check_evaluation
-    from pipelines.runs import metrics_rows
-    from pipelines.tables import markdown_table
-
-    _, shards_root = check_evaluation(federation, shards)
-    metrics = flows().evaluate(federation, str(shards_root), model_uri)
-    typer.echo(markdown_table(pd.DataFrame(metrics_rows(metrics))))
 
 
 def compare_command(

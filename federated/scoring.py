@@ -1,0 +1,59 @@
+"""Registered models scored at the sites: what travels to a site and what comes back.
+
+A :class:`ModelToScore` names a network (``TrainConfig.network`` / ``network_kwargs``), its input shape and
+its classes; its weights travel beside it as a state dict of tensors: no code and no pickled object. The
+site rebuilds the network with the fedauc it installed (``federated.network.build_named``) and loads the
+weights into it. :func:`score_site` is what a site returns for them: per model, per split of
+``federated.evaluation.SPLITS``, the site-local summary that training's evaluation rounds exchange
+(``evaluation.split_summary``: per-site metrics with small counts suppressed, score histograms), so an
+in-process evaluation, an evaluation at the hospitals over NVIDIA FLARE and a training's evaluation run
+the same site-local code; ``evaluation.combine_sites`` pools the summaries wherever they arrive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from federated.data import SiteData
+from federated.evaluation import SPLITS, split_summary
+from federated.network import build_named, model_input_shape
+from preprocessing.errors import DataError
+
+Summary = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (report, histograms) of evaluation.site_summary
+
+
+class ModelToScore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str  # how tables and records name it: the registered version, e.g. "3"
+    network: str
+    network_kwargs: dict[str, Any] = Field(default_factory=dict)
+    input_shape: tuple[int, ...]
+    num_classes: int = Field(gt=0)
+
+    def build(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        """The network in eval mode with the weights ``state`` (BatchNorm: the registered model's statistics)."""
+        model = build_named(self.network, self.network_kwargs, self.input_shape, self.num_classes)
+        model.load_state_dict(state)
+        return model.eval()
+
+
+def score_site(site: str, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], data: SiteData, bins: int,
+               min_count: int, device: torch.device) -> list[Summary]:
+    """Site ``site``'s summaries of its own valid and test splits, one per model in ``models``' order (weights
+    ``states``). A model whose input or classes do not fit the site's shards is an error naming the site."""
+    shape = model_input_shape(data)
+    summaries = []
+    for spec, state in zip(models, states, strict=True):
+        if tuple(spec.input_shape) != tuple(shape) or spec.num_classes != len(data.diseases):
+            raise DataError(f"site {site!r}: model {spec.label} takes input {tuple(spec.input_shape)} with "
+                            f"{spec.num_classes} classes, this site's shards give {tuple(shape)} with "
+                            f"{len(data.diseases)}", fix="evaluate a model trained on this federation's task and image size")
+        model = spec.build(state).to(device)
+        summaries.append({split: split_summary(model, data.splits.get(split), spec.num_classes, bins, min_count, device)
+                          for split in SPLITS})
+    return summaries

@@ -1,0 +1,49 @@
+"""``fedauc evaluate``: registered models scored by every site on its own valid and test splits, pooled at the
+centre (pipelines/evaluations.py), in this process or at the hospitals over NVIDIA FLARE."""
+
+from __future__ import annotations
+
+import typer
+
+from pipelines.cli.application import flows
+from pipelines.cli.training import FlareEnv, TrainBackend
+
+
+def evaluate_command(
+    federation: str = typer.Option(..., "--federation", help="A federation YAML."),
+    shards: str = typer.Option(None, "--shards", help="Where the sites' shards are, for --backend inprocess and "
+                               "--flare-env sim / poc (default: $FEDAUC_SHARDS, else the federation's shards:, "
+                               "else shards/); refused with --flare-env prod (each hospital reads its own)."),
+    model_version: list[str] = typer.Option([], "--model-version", help="A registered version of fedauc-<task>; "
+                                            "repeat it to compare several on the same data (default: the champion)."),
+    backend: TrainBackend = typer.Option("inprocess", "--backend",
+                                         help="inprocess: every site's shards are here and scored in this process; "
+                                              "flare: an NVIDIA FLARE job scores them at the sites."),
+    flare_env: FlareEnv = typer.Option("sim", "--flare-env",
+                                       help="With --backend flare: sim (NVFlare's simulator, the sites here), poc "
+                                            "(a consortium started here for the job) or prod (the running consortium "
+                                            "--kit reaches)."),
+    flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
+                                        help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
+    kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit."),
+) -> None:
+    """Registered models (default: the champion) on every site's valid and test splits, pooled (the Prefect flow
+    evaluate); several --model-version are scored in one evaluation and compared in one table."""
+    import pandas as pd
+
+    from pipelines.checks import check_evaluation
+    from pipelines.evaluations import comparison_rows, metrics_rows
+    from pipelines.tables import markdown_table
+
+    flare = None
+    if backend is TrainBackend.flare:
+        from federated.flare.job import check_flare_env
+
+        check_flare_env(flare_env.value, kit)
+        flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
+    _, shards_root = check_evaluation(federation, shards, None if flare is None else flare["env"])
+    results = flows().evaluate(federation, None if shards_root is None else str(shards_root), model_version, flare)
+    typer.echo(markdown_table(pd.DataFrame(comparison_rows(results))))
+    if len(results) == 1:
+        typer.echo("")
+        typer.echo(markdown_table(pd.DataFrame(metrics_rows(results[0]["metrics"]))))
