@@ -46,10 +46,10 @@ def test_provision_writes_a_kit_per_participant_and_says_where_each_goes(consort
     assert (vienna.name, vienna.server_host, vienna.server_port) == ("vienna", "localhost", port)
     assert check_certificate(vienna) > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
     assert "hospital 'vienna'" in summary and f"dials out to localhost:{port}; nothing inbound" in summary
-    assert "never the provisioning folder itself" in summary
     admin = prod / "admin@fedauc.org"
     assert f"--backend flare --flare-env prod --kit {admin}" in summary and "ProdEnv" not in summary
     assert "**new**" not in summary and "Re-provisioned" not in summary  # the first time every kit is sent
+    assert "never the provisioning folder itself" in summary
 
 
 def test_re_provisioning_marks_the_one_kit_to_send(melanoma_shards, tmp_path):
