@@ -161,3 +161,29 @@ def test_site_yaml_examples_name_real_files():
                 for mention in re.findall(r"sites/[\w/.-]+\.yaml", path.read_text(errors="replace"))
                 if mention not in placeholders and not (REPO / mention).is_file()]
     assert not problems, "site files that do not exist:\n" + "\n".join(problems)
+
+
+# --- modules --------------------------------------------------------------------------------------
+
+PY_MENTION = re.compile(r"(?<![\w./-])(?P<path>(?:[\w-]+/)+[\w-]+\.py)\b")
+MAX_MODULE_LINES = 400  # COORD/CONTRIBUTING: a longer module holds several concerns; split it along them
+
+
+def test_every_cited_module_exists():
+    """A module named by path (``pipelines/flows.py``) is a file of the repository: a split or a move updates
+    the docs and docstrings that cite it."""
+    problems = []
+    for path in text_files():
+        text = path.read_text(errors="replace")
+        for m in PY_MENTION.finditer(text):
+            if resolve(m["path"], path) is None:
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{path.relative_to(REPO)}:{line}: {m['path']} is not a file of this repository")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_module_outside_tests_is_over_400_lines():
+    too_long = [f"{path.relative_to(REPO)}: {lines} lines" for path in text_files()
+                if path.suffix == ".py" and path.relative_to(REPO).parts[0] != "tests"
+                and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not too_long, f"over {MAX_MODULE_LINES} lines (split along the concerns):\n" + "\n".join(too_long)

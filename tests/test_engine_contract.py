@@ -90,7 +90,7 @@ def test_train_closes_the_process_group_it_opened(monkeypatch):
 
 
 def test_algorithms_read_parameters_through_the_site_caches():
-    """Walking the module tree every step costs more than a small model's update (algorithms/base.py);
+    """Walking the module tree every step costs more than a small model's update (federated/algorithms/base.py);
     only base.py's caches may do it."""
     root = Path(federated.__file__).parent / "algorithms"
     offenders = [f"{path.name}:{i}" for path in sorted(root.glob("*.py")) if path.name != "base.py"
