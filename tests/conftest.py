@@ -4,6 +4,7 @@ import tempfile
 
 import pytest
 
+from pipelines.prefect_env import prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
 
 # Settings that would send a test's flow runs, models or shards to a real server or folder of the user's.
@@ -21,6 +22,12 @@ def pytest_configure(config):
     for name in _USER_VARIABLES:
         os.environ.pop(name, None)
     os.environ["PREFECT_HOME"] = os.path.join(state, "prefect")
+    # The product's Prefect defaults (logging at WARNING among them) whatever module imports Prefect first: a
+    # test module that imports a flow module before configure_prefect_env() left Prefect at INFO, and its
+    # "Stopping temporary server" line at exit went to the captured stderr pytest had closed by then, a
+    # `--- Logging error ---` traceback per xdist worker at the end of `make test`.
+    for name, value in prefect_env_defaults().items():
+        os.environ.setdefault(name, value)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.join(state, 'mlruns.db')}"
     _session_tracking_uri.append(os.environ["MLFLOW_TRACKING_URI"])
 

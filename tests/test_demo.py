@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from federated.algorithms.fedavg import FedAvg
-from federated.registry import get_algorithm
-from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA
-from pipelines.schedule import Job, Stopwatch, profile_markdown, run_schedule
-from preprocessing.federation import load_federation
-from preprocessing.scan import scan_site
-from preprocessing.synth import generate_federation
+from pipelines.prefect_env import configure_prefect_env
+
+configure_prefect_env()  # before pipelines.demo imports Prefect, which reads its settings at import
+
+from federated.algorithms.fedavg import FedAvg  # noqa: E402
+from federated.registry import get_algorithm  # noqa: E402
+from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA  # noqa: E402
+from pipelines.schedule import Job, Stopwatch, profile_markdown, run_schedule  # noqa: E402
+from preprocessing.federation import load_federation  # noqa: E402
+from preprocessing.scan import scan_site  # noqa: E402
+from preprocessing.synth import generate_federation  # noqa: E402
 
 
 def test_both_tasks_train_fedavg_beside_an_auc_method():
