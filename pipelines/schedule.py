@@ -46,13 +46,17 @@ class Stopwatch:
 
     def since_process_start(self, phase: str) -> None:
         """A phase that began when this process did (interpreter, imports, Prefect's server start-up)."""
-        self.add(phase, self.origin, time.time() - self.origin, cpu_seconds(), phase=True)
+        cpu = cpu_seconds()  # first: the walk over the process tree takes time, which must fall inside the phase
+        self.add(phase, self.origin, time.time() - self.origin, cpu, phase=True)
 
     @contextmanager
     def phase(self, name: str):
         began, wall, cpu = time.time(), time.perf_counter(), cpu_seconds()
         yield
-        self.add(name, began, time.perf_counter() - wall, cpu_seconds() - cpu, phase=True)
+        # CPU seconds before the wall clock: the process-tree walk then counts in this phase, not in a gap
+        # before the next one (phases are consecutive).
+        cpu = cpu_seconds() - cpu
+        self.add(name, began, time.perf_counter() - wall, cpu, phase=True)
 
     @contextmanager
     def stage(self, name: str):
