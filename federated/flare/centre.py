@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from federated.flare.consortium import client_env
+from federated.flare.consortium import client_env, start_command
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import check_private_key, server_stores
 from preprocessing.errors import ConfigError
@@ -29,11 +29,6 @@ def prepare_server(kit: str | Path) -> Path:
     return root
 
 
-def server_command(root: Path) -> list[str]:
-    """NVFlare's own start script, once, in the foreground (no restart loop: the caller supervises)."""
-    return ["bash", str(root / "startup" / "sub_start.sh"), "--once"]
-
-
 def run_server(root: Path) -> int:
     """Run the server until it stops; its exit status."""
-    return subprocess.call(server_command(root), env=client_env(), cwd=root)
+    return subprocess.call(start_command(root), env=client_env(), cwd=root)

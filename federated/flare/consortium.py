@@ -113,9 +113,13 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     return client
 
 
+def start_command(root: Path) -> list[str]:
+    """A kit's own NVFlare start script, once, in the foreground (no restart loop: the caller supervises)."""
+    return ["bash", str(root / "startup" / "sub_start.sh"), "--once"]
+
+
 def client_command(kit: ClientKit) -> list[str]:
-    """NVFlare's own start script, once, in the foreground (no restart loop: the caller supervises)."""
-    return ["bash", str(kit.root / "startup" / "sub_start.sh"), "--once"]
+    return start_command(kit.root)
 
 
 def client_env() -> dict[str, str]:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from federated.flare.centre import prepare_server, server_command
-from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site
+from federated.flare.centre import prepare_server
+from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site, start_command
 from federated.flare.provision import Kits, project, provision
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
@@ -79,7 +79,7 @@ class LocalConsortium:
         the server has admitted all of them."""
         if self.kits is None:
             self.kits = provision(project(self.federation, "localhost", self.port, ADMIN), self.workspace / "kits")
-        self.launch("server", server_command(prepare_server(self.kits.server)), self.kits.server)
+        self.launch("server", start_command(prepare_server(self.kits.server)), self.kits.server)
         deadline = time.monotonic() + wait_s
         self._until(deadline, "the server to listen", lambda: _reachable("localhost", self.port))
         folder = self.federation.path.parent
