@@ -44,7 +44,7 @@ def train_command(
     run_name: str = typer.Option(None, "--run-name"),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint after every round here (default checkpoints/<run name> "
-                                            "beside the MLflow store)."),
+                                            "beside the MLflow store; with --flare-env prod, at each hospital)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
     backend: TrainBackend = typer.Option("inprocess", "--backend",
                                 help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
@@ -85,9 +85,14 @@ def train_command(
         except json.JSONDecodeError:
             params[name] = value
     run_name = run_name or f"{algorithm}-I{local_steps}"
+    if checkpoint_dir is None:
+        # A running consortium's hospitals checkpoint on their own machines: a path relative to where each
+        # site's client runs, not this machine's folders.
+        hospitals = backend is TrainBackend.flare and flare_env is FlareEnv.prod
+        checkpoint_dir = f"checkpoints/{run_name}" if hospitals else str(run_outputs_dir() / "checkpoints" / run_name)
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
-              "checkpoint_dir": checkpoint_dir or str(run_outputs_dir() / "checkpoints" / run_name), "resume": resume,
+              "checkpoint_dir": checkpoint_dir, "resume": resume,
               "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value}
     if backend is TrainBackend.flare:
         config["timeout_s"] = site_timeout
