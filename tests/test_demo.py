@@ -125,3 +125,11 @@ def test_the_profile_phases_add_up_to_the_total_and_list_their_stages_in_start_o
     total = rows[-1]
     assert float(total[3]) == pytest.approx(sum(phases), abs=0.2)  # the table rounds each to 0.1 s
     assert float(total[2]) == pytest.approx(float(total[3]), abs=0.1)  # phases are consecutive: no gap, no overlap
+
+
+def test_prefect_logs_at_the_products_level():
+    """Prefect set up before configure_prefect_env() logged at INFO, and its "Stopping temporary server" line
+    at exit went to pytest's captured stderr, closed by then: a `--- Logging error ---` at the end of `make test`."""
+    import logging
+
+    assert logging.getLogger("prefect").getEffectiveLevel() == logging.WARNING
