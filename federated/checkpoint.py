@@ -31,6 +31,7 @@ from federated.algorithms.base import Site
 from federated.config import TrainConfig
 from preprocessing.errors import ConfigError, DataError
 
+LATEST = "LATEST"
 # TrainConfig fields a resumed run may change: they do not change the model a round computes.
 # ``lr`` among them: a diverged training continues from its last good round at a lower learning rate (every
 # round's record says the rate it ran with).
@@ -67,10 +68,15 @@ def _write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def _round_name(round_index: int) -> str:
+    return f"round_{round_index:06d}"
+
+
 def save_round(ckpt_dir: Path, round_index: int, sites: list[Site], meta: dict | None, barrier,
                config: TrainConfig, site_fingerprints: dict[int, str]) -> None:
-    """Write this process's sites; ``meta`` (only from the process holding site 0) commits the round."""
-    round_dir = ckpt_dir / f"round_{round_index:06d}"
+    """Write this process's sites; ``meta`` (from the process holding site 0, or from every site where
+    each keeps its own folder) commits the round."""
+    round_dir = ckpt_dir / _round_name(round_index)
     round_dir.mkdir(parents=True, exist_ok=True)
     for site in sites:
         _write_atomic(round_dir / f"site_{site.index}.pt", lambda p, site=site: torch.save(_tensors(site), p))
@@ -82,15 +88,25 @@ def save_round(ckpt_dir: Path, round_index: int, sites: list[Site], meta: dict |
         fields = config_fingerprint(config)
         body = {**meta, "config": fields, "config_fingerprint": _digest(fields)}
         _write_atomic(round_dir / "meta.json", lambda p: p.write_text(json.dumps(body)))
-        _write_atomic(ckpt_dir / "LATEST", lambda p: p.write_text(round_dir.name))
+        point_latest(ckpt_dir, round_index)
         for old in ckpt_dir.glob("round_*"):
-            if old.is_dir() and old.name < round_dir.name:
+            if old.is_dir() and old.name < _round_name(round_index - 1):
                 shutil.rmtree(old, ignore_errors=True)
     barrier()
 
 
+def point_latest(ckpt_dir: Path, round_index: int) -> None:
+    """Make round ``round_index`` (committed: its meta.json is written) the one a resume continues from."""
+    _write_atomic(Path(ckpt_dir) / LATEST, lambda p: p.write_text(_round_name(round_index)))
+
+
+def committed_rounds(ckpt_dir: Path) -> list[int]:
+    """The rounds of ``ckpt_dir`` whose checkpoint is complete, oldest first."""
+    return sorted(int(d.name.split("_")[1]) for d in Path(ckpt_dir).glob("round_*") if (d / "meta.json").is_file())
+
+
 def latest_round_dir(ckpt_dir: Path) -> Path | None:
-    pointer = ckpt_dir / "LATEST"
+    pointer = ckpt_dir / LATEST
     if not pointer.is_file():
         return None
     round_dir = ckpt_dir / pointer.read_text().strip()

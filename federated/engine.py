@@ -76,7 +76,8 @@ class Engine:
     """The round loop of one federated run. The sites of this process, their algorithm and the backend
     that connects them to the others; ``close()`` releases a backend the engine created."""
 
-    def __init__(self, config: TrainConfig, backend=None, initial_state: dict[str, torch.Tensor] | None = None):
+    def __init__(self, config: TrainConfig, backend=None, initial_state: dict[str, torch.Tensor] | None = None,
+                 own_checkpoints: bool = False):
         if config.warmup_rounds:
             # Only federated.train runs the warm-up; an engine started elsewhere (FLARE, torchrun) would skip it.
             raise ValueError(f"warmup_rounds={config.warmup_rounds}: the warm-up is run by federated.train, "
@@ -93,6 +94,8 @@ class Engine:
             raise ValueError(f"the config lists {len(config.sites)} sites but the {backend.name} backend runs "
                              f"{backend.num_sites} (torchrun --nproc-per-node must equal the number of sites)")
         self.is_leader = 0 in backend.local_sites
+        # Every process commits its own checkpoint folder (NVIDIA FLARE: each hospital's), not site 0's alone.
+        self.commits_checkpoints = self.is_leader or own_checkpoints
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
         self.datas = load_sites(config.sites, backend.local_sites)
         self.secure = SecureBackend(backend, [d.name for d in self.datas]) if config.secure_aggregation else None
@@ -330,7 +333,7 @@ class Engine:
                 test_histograms = evaluated.test_histograms
             history.append(record)
             if ckpt_dir is not None:
-                save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.is_leader else None,
+                save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
                            self.backend.barrier, cfg, self._site_fingerprints())
             if self.is_leader:
                 warn_outliers(record)

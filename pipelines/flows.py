@@ -118,7 +118,12 @@ def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: s
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                     flare: dict | None = None) -> dict:
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites); ``flare``
-    (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) runs it as an NVIDIA FLARE job."""
+    (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) runs it as an NVIDIA FLARE job.
+    ``{flow_run}`` in ``run_name`` becomes this flow run's name: a scheduled deployment's runs are named apart."""
+    if run_name is not None and "{flow_run}" in run_name:
+        from prefect.runtime import flow_run
+
+        run_name = run_name.replace("{flow_run}", flow_run.name)
     summary = train_task(federation_yaml, shards_root, config, run_name, flare)
     training_artifact(summary)
     return summary

@@ -33,7 +33,6 @@ from mlflow.entities import Metric
 from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.algorithms.centralized import centralize
 from federated.data import to_model_input
-from federated.health import TrainingDiverged
 from federated.sites import site_report
 from pipelines import tracking
 from pipelines.champion import SELECTION_METRIC, register_candidate
@@ -44,7 +43,6 @@ from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppress
 from preprocessing.shard_format import is_finished
 
 HEADLINE_METRIC = "test/pooled/auc_macro"
-FAILURE_TAG = "failure_reason"
 
 
 @dataclass
@@ -149,7 +147,8 @@ class RoundLogger:
 def training_runs(experiment: str, run_name: str, federation: str, sites: list[str]):
     """The parent run of a training and one child run per site, each tagged with the process that owns it.
     Runs that a killed process left RUNNING are closed first (``tracking.close_abandoned_runs``); on leaving,
-    the children end with the parent's status (FAILED when an exception escapes). Yields (parent, child ids)."""
+    the children end with the parent's status (FAILED when an exception escapes, with its reason:
+    ``tracking.record_failure``). Yields (parent, child ids)."""
     client = MlflowClient()
     tracking.close_abandoned_runs(experiment)
     owner = tracking.owner_tags()
@@ -165,9 +164,8 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
         try:
             yield parent, child_ids
             status = "FINISHED"
-        except TrainingDiverged as err:  # the reason stays with the FAILED runs (site, round, what, fix)
-            for run_id in (parent.info.run_id, *child_ids):
-                client.set_tag(run_id, FAILURE_TAG, str(err)[:5000])
+        except Exception as err:  # the metrics logged so far stay; the runs say why they end here
+            tracking.record_failure(client, [parent.info.run_id, *child_ids], err)
             raise
         finally:
             for run_id in child_ids:

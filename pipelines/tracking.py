@@ -48,6 +48,9 @@ SCORE_TAG_PREFIX = SELECTION_METRIC_TAG + "."
 # The process that owns a run: host name, pid and the process's start time (a pid alone can be reused).
 OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.owner.pid", "fedauc.owner.started"
 END_REASON_TAG = "fedauc.end_reason"
+FAILURE_TAG = "failure_reason"  # why a training failed: its error (site, round, what, fix)
+FAILED_SITE_TAG = "fedauc.failed_site"
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 
 
 def registered_model_name(task: str) -> str:
@@ -127,6 +130,20 @@ def close_abandoned_runs(experiment: str) -> list[str]:
             client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.KILLED))
             closed.append(run.info.run_id)
     return closed
+
+
+def record_failure(client: MlflowClient, run_ids: list[str], error: BaseException) -> None:
+    """Why a training failed, on each of its runs: the error (``FAILURE_TAG``; its first line as the run's
+    description) and the site it names (``FAILED_SITE_TAG``, where the error has a ``site``)."""
+    reason = (str(error).splitlines() or [type(error).__name__])[0]
+    site = getattr(error, "site", None)
+    tags = {FAILURE_TAG: str(error)[:5000] or type(error).__name__,
+            DESCRIPTION_TAG: f"FAILED{f' at site {site}' if site else ''}: {reason}"}
+    if site:
+        tags[FAILED_SITE_TAG] = site
+    for run_id in run_ids:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
 
 
 def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):

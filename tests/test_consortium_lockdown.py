@@ -15,7 +15,7 @@ from nvflare.security.security import COMMAND_CATEGORIES, FLAuthorizer
 
 from federated.flare.centre import prepare_server
 from federated.flare.consortium import prepare_site
-from federated.flare.lockdown import ADMIN_RIGHTS, STORES
+from federated.flare.lockdown import ADMIN_RIGHTS, SERVER_RIGHTS, STORES
 from federated.flare.provision import project, provision
 from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
@@ -55,7 +55,8 @@ def test_every_secret_is_owner_only_and_the_summary_keeps_the_state_with_the_adm
 def test_the_provisioned_policy_lets_the_project_admin_run_jobs_and_nothing_else(kits):
     for kit in (kits.server, *kits.sites.values()):
         policy = kit / "local" / "authorization.json.default"
-        assert _granted(policy, "project_admin") == set(ADMIN_RIGHTS)
+        assert _granted(policy, "project_admin") == set(ADMIN_RIGHTS) | (set(SERVER_RIGHTS) if kit == kits.server
+                                                                         else set())
         for role in ("org_admin", "lead", "member"):
             assert _granted(policy, role) == set()
 

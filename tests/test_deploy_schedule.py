@@ -133,3 +133,54 @@ def _wait_for_completed_run(deployment_id, server_log, timeout_s):
             assert not failed, f"scheduled run ended {failed[0].state.type}: {failed[0].state.message}"
             time.sleep(2)
     return None
+
+
+def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(prefect_server, melanoma_shards,
+                                                                              tmp_path):
+    """infra/prefect.yaml's NVIDIA FLARE training deployment, run by hand (`prefect deployment run`) by the
+    central pool's worker: here against the simulator instead of the consortium's admin kit (every site a
+    process on this machine), on the tiny melanoma federation; it ends with a registered model, recorded
+    under a run name of its own."""
+    root, federation = melanoma_shards
+    tracking_uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    with get_client(sync_client=True) as client:
+        if not client.read_deployments():
+            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+        deployment = client.read_deployment_by_name("train_federated/consortium-melanoma-codasca")
+        declared = deployment.parameters
+        assert declared["flare"]["env"] == "prod" and declared["flare"]["kit"].endswith("admin@fedauc.org")
+        assert declared["config"]["timeout_s"] > 0 and deployment.schedules
+        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters={
+            "federation_yaml": str(federation), "shards_root": str(root / "shards"),
+            "flare": {"env": "sim", "workspace": str(tmp_path / "flare")},
+            "config": {**declared["config"], "rounds": 1, "local_steps": 2, "batch_size": 16, "eval_every": 1,
+                       "network_kwargs": {"widths": [8, 16, 32]}, "loader_workers": 0, "progress": False,
+                       "checkpoint_dir": str(tmp_path / "checkpoints")}})
+
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home"),
+           "MLFLOW_TRACKING_URI": tracking_uri, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool",
+                                   "fedauc-central", "--type", "process"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                state = client.read_flow_run(flow_run.id).state
+                if state is not None and state.is_final():
+                    break
+                time.sleep(2)
+    finally:
+        stop_server(worker)
+    assert state is not None and state.is_completed(), (
+        f"{state}\nworker log:\n{(tmp_path / 'worker.log').read_text()[-4000:]}")
+
+    from mlflow import MlflowClient
+
+    mlflow_client = MlflowClient(tracking_uri=tracking_uri)
+    assert [int(v.version) for v in mlflow_client.search_model_versions("name = 'fedauc-melanoma'")] == [1]
+    (run,) = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("melanoma").experiment_id],
+                                       "tags.fedauc_role = 'federated-training'")
+    assert run.info.status == "FINISHED" and run.data.params["flare_env"] == "sim"
+    assert run.info.run_name.startswith("consortium-melanoma-codasca-") and "{flow_run}" not in run.info.run_name

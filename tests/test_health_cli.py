@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from pipelines import tracking
 from pipelines.cli import app
-from pipelines.runs import FAILURE_TAG, RoundLogger, training_runs
+from pipelines.runs import RoundLogger, training_runs
+from pipelines.tracking import FAILURE_TAG
 
 pytestmark = pytest.mark.slow
 

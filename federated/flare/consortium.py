@@ -14,7 +14,6 @@ import datetime as dt
 import json
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
 from federated.flare.spec import SITE_FILE
+from federated.flare.supervise import run_until_stopped
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
 from preprocessing.shard_format import read_shard_info
@@ -128,5 +128,6 @@ def client_env() -> dict[str, str]:
 
 
 def run_site(kit: ClientKit) -> int:
-    """Run the site's client until it stops; its exit status."""
-    return subprocess.call(client_command(kit), env=client_env(), cwd=kit.root)
+    """Run the site's client until it stops (its exit status) or this process gets SIGTERM / SIGINT, which
+    stops the client and its job processes with it (``federated.flare.supervise``: then 0)."""
+    return run_until_stopped(client_command(kit), client_env(), kit.root)

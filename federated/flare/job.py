@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
+from federated.flare.feed import LiveFeed, admin_reader, local_reader, progress_printer
 from federated.flare.installed import InstalledRecipe, allow_components
 from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
@@ -35,24 +37,34 @@ T = TypeVar("T")
 
 
 class FlareJobFailed(FedaucError, RuntimeError):
-    """The NVFlare job ended without a result (a site failed or stopped answering, or it timed out)."""
+    """The NVFlare job ended without a result (a site failed or stopped answering, or it timed out);
+    ``site``: the one site the failure names, where it names one."""
+
+    def __init__(self, message: str, fix: str | None = None, site: str | None = None):
+        super().__init__(message, fix)
+        self.site = site
 
 
 def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_timeout_s: float,
-              share_paths: bool, threads: int | None = None, sharing: dict[str, dict] | None = None) -> FlareJob:
+              share_paths: bool, threads: int | None = None, sharing: dict[str, dict] | None = None,
+              checkpoints_here: bool | None = None) -> FlareJob:
     """The job for ``config``'s sites. ``share_paths``: every site on this machine reads the shard folder
     the config names and shares its QC as ``sharing`` (site name -> its YAML's sharing policy; default:
     the policy's defaults) says (SimEnv); otherwise each hospital's kit says both. ``threads``: torch's
-    thread count at every site (None: each site's own)."""
+    thread count at every site (None: each site's own). ``checkpoints_here`` (default: ``share_paths``):
+    every site checkpoints under the config's checkpoint_dir on this machine (SimEnv, POC), else each
+    under its own kit (federated/flare/resume.py)."""
+    checkpoints_here = share_paths if checkpoints_here is None else checkpoints_here
     names = site_names(config)
     # The site processes run in NVFlare's workspace, not here: a relative path would name another folder.
     dirs = ({n: str(Path(s.path).resolve()) for n, s in zip(names, config.sites) if isinstance(s, ShardSite)}
             if share_paths else {})
     settings = json.loads(config.model_dump_json(exclude={"sites"}))
-    if share_paths and config.checkpoint_dir is not None:
+    if checkpoints_here and config.checkpoint_dir is not None:
         settings["checkpoint_dir"] = str(Path(config.checkpoint_dir).resolve())
     return FlareJob(code_version=code_version(), settings=settings, sites=names, task=task, diseases=diseases,
-                    shard_dirs=dirs, sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s, threads=threads)
+                    shard_dirs=dirs, sharing=(sharing or {}) if share_paths else {}, job_timeout_s=job_timeout_s,
+                    threads=threads, checkpoints_here=checkpoints_here)
 
 
 def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = ()) -> InstalledRecipe:
@@ -93,6 +105,15 @@ def result_folder(result_root: str | Path) -> Path:
     return found[0].parent
 
 
+def deliver_rest(feed: LiveFeed, history: list[dict]) -> None:
+    """The records the live feed did not bring (the last ones, or all where the server's file could not be
+    read), to the same callbacks; a resumed job's earlier rounds are not its own and are left out."""
+    first_live = feed.first_round
+    for record in history:
+        if first_live is None or record["round"] >= first_live:
+            feed.deliver(record)
+
+
 def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
     """The global model, history and summed test histograms site 0 returned and every site's report, from
     the job's result folder."""
@@ -110,20 +131,26 @@ def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
 
 def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], workspace: Path,
                   name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
-                  sharing: dict[str, dict] | None = None) -> FlareResult:
+                  sharing: dict[str, dict] | None = None, callbacks: Sequence[RoundCallback] = ()) -> FlareResult:
     """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``); ``sharing``:
-    each site's sharing policy (``flare_job``)."""
+    each site's sharing policy (``flare_job``); ``callbacks`` get every round's record as the round ends."""
     job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads(),
                     sharing=sharing)
-    return read_result(submit_simulated(job, workspace, name), config)
+    feed = LiveFeed(callbacks)
+    result = read_result(submit_simulated(job, workspace, name, feed=feed), config)
+    deliver_rest(feed, result.history)
+    return result
 
 
-def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = ()) -> Path:
-    """Run ``job`` under NVFlare's simulator (every site a process here); what the job returned (a folder)."""
+def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = (),
+                     feed: LiveFeed | None = None) -> Path:
+    """Run ``job`` under NVFlare's simulator (every site a process here); what the job returned (a folder).
+    ``feed`` reads the server's live account while the job runs (``federated.flare.feed``)."""
     from nvflare.recipe import SimEnv
 
     r = recipe(job, name, server_files)
     workspace = Path(workspace)
+    feed = feed or LiveFeed()
     for attempt in range(2):
         shutil.rmtree(workspace / r.job_name, ignore_errors=True)
         # Owner-only, like a consortium's server workspace: it holds the job's model and every site's logs.
@@ -132,15 +159,16 @@ def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Se
         allow_components(workspace / r.job_name / "local")
         env = SimEnv(clients=job.sites, workspace_root=str(workspace))
         try:
-            run = r.run(env)
+            with feed.reading(local_reader(workspace / r.job_name)):
+                run = r.run(env)
             break
         except RuntimeError as err:
             # The simulator picks a free port for each site's worker and binds it moments later; on a busy
             # machine another process can take it in between. That lost race, and only it, is run again.
-            if attempt == 0 and _lost_port_race(workspace / r.job_name):
+            if attempt == 0 and feed.last_round is None and _lost_port_race(workspace / r.job_name):
                 continue
-            reason = failure_reason(workspace / r.job_name) or str(err)
-            raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}",
+            reason, site = feed.failure or (failure_reason(workspace / r.job_name) or str(err), None)
+            raise FlareJobFailed(f"the simulated NVFlare job failed: {reason}", site=site,
                                  fix=f"the logs of every site are under {workspace / r.job_name}") from None
     return Path(run.get_result())
 
@@ -155,29 +183,49 @@ _RESULT_MARGIN_S = 120.0
 
 
 def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...], exec_env, log: Path,
-                      name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
-                      threads: int | None = None) -> FlareResult:
+                      name: str = "fedauc", job_timeout_s: float = 24 * 3600.0, threads: int | None = None,
+                      callbacks: Sequence[RoundCallback] = ()) -> FlareResult:
     """Submit to a running consortium with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``), wait, read
     the result back. Each hospital's kit names its own shards (``fedauc consortium start-site``), so the job
-    carries no paths. NVFlare's console chatter (job meta, progress dots) goes to ``log``."""
+    carries no paths; ``callbacks`` get every round's record as the round ends. NVFlare's console chatter
+    (job meta, progress dots) goes to ``log``."""
     job = flare_job(config, task, diseases, job_timeout_s, share_paths=False, threads=threads)
-    return read_result(submit_to_consortium(job, exec_env, log, name), config)
+    feed = LiveFeed(callbacks)
+    result = read_result(submit_to_consortium(job, exec_env, log, name, feed=feed), config)
+    deliver_rest(feed, result.history)
+    return result
 
 
-def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = ()) -> Path:
+def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = (),
+                         feed: LiveFeed | None = None) -> Path:
     """Submit ``job`` with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``) and wait for it; the folder of
-    what it returned. A job that fails or outlives its ``job_timeout_s`` is a ``FlareJobFailed``."""
+    what it returned. A job that fails or outlives its ``job_timeout_s`` is a ``FlareJobFailed``. ``feed``
+    reads the server's live account while the job runs, through the admin's session: a failure the server
+    reports (a site that died or failed) is printed to stderr at once and ends the job."""
     job_timeout_s = job.job_timeout_s
     r = recipe(job, name, server_files)
     log.parent.mkdir(parents=True, exist_ok=True)
+    feed = feed or LiveFeed()
     with open(log, "a") as chatter, contextlib.redirect_stdout(chatter):
         try:
             run = r.run(exec_env)
         except (RuntimeError, ValueError, ConnectionError) as err:
             raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
                                  fix="check the admin kit and that the consortium's server runs") from None
-        folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
-        status = run.get_status()
+        job_id = run.get_job_id()
+
+        def stop(reason: str, site: str | None) -> None:  # the job cannot finish: say so now, end it
+            print(f"the NVFlare job {job_id} stops: {reason}", file=sys.stderr, flush=True)
+            exec_env.abort_job(job_id)
+
+        feed.on_failure = stop
+        with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
+            folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
+            status = run.get_status()
+    if feed.failure is not None:
+        reason, site = feed.failure
+        raise FlareJobFailed(f"the NVFlare job {job_id} failed: {reason}", site=site,
+                             fix=f"the server's log of the job is under {folder or log}")
     if folder is None:
         raise FlareJobFailed(f"the NVFlare job {run.get_job_id()} did not finish within {job_timeout_s:g} s "
                              f"(status {status})", fix=f"abort it with the admin kit; NVFlare's output is in {log}")
@@ -221,33 +269,35 @@ def check_flare_algorithm(algorithm: str) -> None:
 
 def submit_in_env(env: str, federation: Federation, shards_root: Path | None, workspace: Path, admin: Path | None,
                   name: str, make_job: Callable[[bool, int | None, dict], FlareJob], read: Callable[[Path], T],
-                  server_files: Sequence[Path] = ()) -> T:
+                  server_files: Sequence[Path] = (), feed: LiveFeed | None = None) -> T:
     """Run the job ``make_job(share_paths, threads, sharing)`` builds (``flare_job``'s arguments of those names)
     in ``env`` and ``read`` what it returned. ``sim`` and ``poc`` run every site on this machine (their shards
     under ``shards_root``) with this process's thread count; ``prod`` reaches the running consortium with the
-    admin kit ``admin`` and reads nothing under ``shards_root``. ``server_files``: see ``recipe``."""
+    admin kit ``admin`` and reads nothing under ``shards_root``. ``server_files``: see ``recipe``; ``feed``: the
+    job's live account."""
     workspace = Path(workspace)
     if env == "sim":
         job = make_job(True, torch.get_num_threads(), {site.name: site.sharing.model_dump() for site in federation.sites})
-        return read(submit_simulated(job, workspace, name, server_files))
+        return read(submit_simulated(job, workspace, name, server_files, feed))
     if env == "poc":
         from federated.flare.poc import LocalConsortium
 
         with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
             return read(submit_to_consortium(make_job(False, torch.get_num_threads(), {}), consortium.exec_env(),
-                                             workspace / "submit.log", name, server_files))
+                                             workspace / "submit.log", name, server_files, feed))
     from nvflare.recipe import ProdEnv
 
     username = json.loads((admin / "startup" / "fed_admin.json").read_text())["admin"]["username"]
     return read(submit_to_consortium(make_job(False, None, {}),
                                      ProdEnv(startup_kit_location=str(admin), username=username, login_timeout=30.0),
-                                     workspace / "submit.log", name, server_files))
+                                     workspace / "submit.log", name, server_files, feed))
 
 
 def train_flare(config: TrainConfig, federation: Federation, shards_root: Path | None, env: str, workspace: Path,
                 kit: Path | None = None, callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> FlareResult:
-    """``federated.train`` over NVFlare: the job runs in ``env``, then ``callbacks`` get every round's record
-    as site 0 reported it (the same records, in the same order, as an in-process training's callbacks).
+    """``federated.train`` over NVFlare: the job runs in ``env`` and ``callbacks`` get every round's record as
+    site 0 reported it, while the job runs (the same records, in the same order, as an in-process training's
+    callbacks); with ``config.progress`` a line per round on stderr (``progress_printer``).
     ``shards_root``: where this machine's sites read their shards (``sim`` and ``poc``, which run every
     site here; ``prod`` reads none). ``kit``: the admin's startup kit (``prod`` only). The sites' reports
     are checked against the federation (one ``DataError`` naming the first site that does not fit)."""
@@ -256,16 +306,17 @@ def train_flare(config: TrainConfig, federation: Federation, shards_root: Path |
     task, diseases = federation.task, tuple(federation.sites[0].diseases)
 
     def make_job(share_paths: bool, threads: int | None, sharing: dict) -> FlareJob:
-        return flare_job(config, task, diseases, 24 * 3600.0, share_paths, threads, sharing)
+        # poc: every site runs here too, so each checkpoints under the config's folder (kits are new each time).
+        return flare_job(config, task, diseases, 24 * 3600.0, share_paths, threads, sharing,
+                         checkpoints_here=env != "prod")
 
+    # The centre names an outlying site as an in-process training does, with each round's record.
+    feed = LiveFeed([warn_outliers, *callbacks, *([progress_printer(config.rounds)] if config.progress else [])])
     try:
         result = submit_in_env(env, federation, shards_root, workspace, admin, name, make_job,
-                               lambda folder: read_result(folder, config))
+                               lambda folder: read_result(folder, config), feed=feed)
     except FlareJobFailed as err:
         raise as_diverged(err, config.lr) from None
     check_site_reports(result.site_reports, [site.name for site in federation.sites], task, diseases)
-    for record in result.history:
-        warn_outliers(record)  # the centre names an outlying site as an in-process training does
-        for callback in callbacks:
-            callback(record)
+    deliver_rest(feed, result.history)
     return result

@@ -12,18 +12,16 @@ end to end; only the machines are one.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
-
 from federated.flare.centre import prepare_server
 from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site, start_command
 from federated.flare.provision import Kits, project, provision
+from federated.flare.supervise import family, signal_family
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
@@ -110,13 +108,7 @@ class LocalConsortium:
         """SIGKILL participant ``name`` and its job processes (NVFlare starts each in a session of its own):
         what a crashed machine looks like to the others."""
         process = self.processes.pop(name)
-        try:
-            family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            family = []
-        for member in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.send_signal(signal.SIGKILL)
+        signal_family(family(process.pid), signal.SIGKILL)
         process.wait()
 
     def stop(self) -> None:

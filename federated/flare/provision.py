@@ -132,7 +132,8 @@ def provision(project_dict: dict, out: Path) -> Kits:
                 {p["name"]: prod / p["name"] for p in project_dict["participants"] if p["type"] == "client"},
                 prod / by_type["admin"], frozenset(p["name"] for p in project_dict["participants"]) - before)
     for kit in (kits.server, *kits.sites.values()):
-        write_owner_only(kit / "local" / "authorization.json.default", json.dumps(centre_policy(), indent=2))
+        write_owner_only(kit / "local" / "authorization.json.default",
+                         json.dumps(centre_policy(server=kit == kits.server), indent=2))
     for kit in kits.sites.values():
         # No site's error log (tracebacks with its paths) goes to the centre. Not through project.yml's
         # allow_log_streaming: NVFlare 2.9's provisioning reads a false there as unset (get_prop_fb).

@@ -38,6 +38,7 @@ class Rendezvous:
         self._whats: dict[int, str] = {}
         self._cond = threading.Condition()
         self._failure: str | None = None
+        self._failed_site: str | None = None
 
     def contribute(self, seq: int, what: str, site: int, payload: Any, combine: Callable[[list[Any]], Any]) -> Any:
         K = len(self.site_names)
@@ -64,6 +65,7 @@ class Rendezvous:
                     missing = [self.site_names[k] for k in range(K) if k not in entry.contributions]
                     self._failure = (f"site(s) {', '.join(missing)} did not reach {what} (collective #{seq}) within "
                                      f"{self.timeout_s:g} s: crashed, disconnected or too slow; the job stops")
+                    self._failed_site = missing[0] if len(missing) == 1 else None
                     self._cond.notify_all()
                     break
                 self._cond.wait(left)
@@ -81,11 +83,17 @@ class Rendezvous:
         with self._cond:
             return self._failure
 
-    def fail(self, message: str) -> None:
-        """Stop every waiting and future collective with ``message`` (a site's training failed)."""
+    @property
+    def failed_site(self) -> str | None:
+        """The one site the failure names, where it names one."""
+        with self._cond:
+            return self._failed_site
+
+    def fail(self, message: str, site: str | None = None) -> None:
+        """Stop every waiting and future collective with ``message`` (a site's training failed: ``site``)."""
         with self._cond:
             if self._failure is None:
-                self._failure = message
+                self._failure, self._failed_site = message, site
             self._cond.notify_all()
 
 
@@ -98,6 +106,7 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
 # site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareBackend numbers from 1).
 # Secure aggregation: "keys" hands every site's signed public key to every site (each checks them all),
 # "ring_sum" adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
+# "resume": every site's committed checkpoint rounds, before the model inputs (federated/flare/resume.py).
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "mean": _mean,
     "robust_mean": combine_payloads,  # --aggregation median | trimmed-mean (federated/aggregation.py)
@@ -106,5 +115,6 @@ COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     "inputs": lambda payloads: payloads,
     "keys": lambda payloads: payloads,
     "ring_sum": ring_sum,
+    "resume": lambda payloads: payloads,
 }
 INPUTS_SEQ = 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from nvflare.collab import collab
 
+from federated.flare.live import LiveRecords
 from federated.flare.rendezvous import COMBINE, Rendezvous
 from federated.flare.site_failure import FAILED
 from federated.flare.spec import FlareJob
@@ -28,6 +29,7 @@ FAILURE_MARK = "fedauc training failed: "  # how the submitter finds the reason 
 GRID_SUFFIX = "qc_grid.png"  # <site>.qc_grid.png in RESULT_DIR: the sample grid a site's policy shares
 
 _rendezvous: Rendezvous | None = None
+_live: LiveRecords | None = None
 
 
 @collab.publish
@@ -37,7 +39,22 @@ def collective(seq: int, what: str, site: int, payload):
 
 @collab.publish
 def site_failed(site: str, message: str) -> None:
-    _rendezvous.fail(f"site {site!r} failed: {message}")
+    _rendezvous.fail(f"site {site!r} failed: {message}", site)
+
+
+@collab.publish
+def record(record: dict) -> None:
+    _live.record(record)
+
+
+@collab.publish
+def heartbeat(site: str, version: str, done: bool) -> None:
+    _live.heartbeat(site, version, done)
+
+
+def _failed(reason: str, site: str | None = None) -> RuntimeError:
+    _live.failure(reason, site)
+    return RuntimeError(FAILURE_MARK + reason)
 
 
 def result_dir() -> Path:
@@ -49,7 +66,7 @@ def result_dir() -> Path:
 
 @collab.main
 def run() -> str:
-    global _rendezvous
+    global _rendezvous, _live
     spec = FlareJob.model_validate(collab.get_app_prop(JOB_PROP))
     _rendezvous = Rendezvous(spec.sites, float(spec.settings.get("timeout_s", 300.0)))
     connected = sorted(c.name for c in collab.clients)
@@ -59,6 +76,10 @@ def run() -> str:
         from federated.flare.evaluate import serve_evaluation  # it imports this module
 
         return serve_evaluation(spec)
+    job_id = collab.fl_ctx.get_job_id()
+    _live = LiveRecords(Path(collab.workspace.get_run_dir(job_id)), Path(collab.workspace.get_root_dir()), spec.sites,
+                        job_id)
+    _live.watch(lambda site, reason: _rendezvous.fail(reason, site))
     results = collab.clients(timeout=spec.job_timeout_s, blocking=False).train(spec.model_dump())
     returned: dict[str, dict] = {}
     finished = threading.Event()
@@ -73,16 +94,19 @@ def run() -> str:
     # gives up on a dead site's train call (the job's timeout).
     while not finished.wait(0.5) and _rendezvous.failure is None:
         pass
+    _live.stop()
     if _rendezvous.failure is not None:
-        raise RuntimeError(FAILURE_MARK + _rendezvous.failure)
+        raise _failed(_rendezvous.failure, _rendezvous.failed_site)
     if results.failures:
         _rendezvous.fail("another site failed")
-        raise RuntimeError(FAILURE_MARK + "; ".join(
-            f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in sorted(results.failures.items())))
+        raise _failed("; ".join(f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in
+                                sorted(results.failures.items())), next(iter(results.failures)) if
+                      len(results.failures) == 1 else None)
     # A failed site returns its one line (site_failure.py); its site_failed call normally came first.
     failed = {site: result[FAILED] for site, result in returned.items() if FAILED in result}
     if failed:
-        raise RuntimeError(FAILURE_MARK + "; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())))
+        raise _failed("; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())),
+                      next(iter(failed)) if len(failed) == 1 else None)
     leader = returned[spec.sites[0]]
     out = result_dir()
     torch.save(leader["global_state"], out / "global_state.pt")

@@ -20,8 +20,11 @@ from nvflare.collab import collab
 from federated.engine import Engine
 from federated.flare.backend import FlareBackend
 from federated.flare.evaluate import score_here
+from federated.flare.heartbeat import Heartbeat
 from federated.flare.keys import SiteKeys, load_identity
+from federated.flare.live import HEARTBEAT_S
 from federated.flare.rendezvous import INPUTS_SEQ
+from federated.flare.resume import agree_on_round, site_checkpoint_dir
 from federated.flare.site_failure import report_failure
 from federated.flare.spec import FlareJob, local_site
 from federated.flare.version import check_code_version
@@ -59,20 +62,31 @@ def prelude(job: dict) -> SiteJob:
 
 @collab.publish
 def train(job: dict) -> dict:
+    # From the first moment, whatever the training does: the centre tells a dead site from a slow one.
+    with Heartbeat(collab.server(timeout=2 * HEARTBEAT_S).heartbeat, collab.site_name):
+        return _train(job)
+
+
+def _train(job: dict) -> dict:
     name = collab.site_name
     try:
         run = prelude(job)
         spec, site, shard_dir, sharing = run.spec, run.index, run.shard_dir, run.sharing
         config = spec.train_config(name, shard_dir)
         server = collab.server(timeout=config.timeout_s + _CALL_MARGIN_S)
+        ckpt_dir = site_checkpoint_dir(spec, name, Path(collab.workspace.get_root_dir()))
+        config = config.model_copy(update={"checkpoint_dir": ckpt_dir})
+        if ckpt_dir is not None and config.resume:
+            agree_on_round(server.collective, site, spec.sites, ckpt_dir)
         keys = SiteKeys(load_identity(collab.workspace.get_startup_kit_dir()), collab.fl_ctx.get_job_id(), spec.sites)
         engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config),
-                                                     keys))
+                                                     keys), own_checkpoints=True)
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}
         check_model_inputs([server.collective(INPUTS_SEQ, "inputs", site, inputs)[0], inputs])
-        result = engine.run()
+        # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
+        result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
     except Exception as err:
         # The server hears at once (the other sites stop waiting), in one line that names no path.

@@ -59,6 +59,9 @@ class FlareJob(BaseModel):
     # needs the same count everywhere: one-machine environments send the submitter's (the in-process run's);
     # a real consortium leaves each hospital its own (None).
     threads: int | None = Field(default=None, gt=0)
+    # SimEnv and POC (every site on the submitting machine): each site checkpoints into
+    # settings.checkpoint_dir/<site>. A consortium: each under its own kit (federated/flare/resume.py).
+    checkpoints_here: bool = False
 
     @model_validator(mode="after")
     def _kind_has_what_it_needs(self) -> FlareJob:

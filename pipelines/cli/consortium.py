@@ -69,3 +69,27 @@ def consortium_start_site(
     typer.echo(f"site {client.name}: certificate valid until {check_certificate(client):%Y-%m-%d}; "
                f"dialling {client.server_host}:{client.server_port}")
     raise typer.Exit(code=run_site(client))
+
+
+@consortium_app.command("status")
+def consortium_status(
+    kit: str = typer.Option(..., "--kit", help="The admin's startup kit (the admin@... folder of `provision`)."),
+) -> None:
+    """The connected sites (since when, their last heartbeat, the fedauc version each runs) and the running
+    jobs with their round, from the consortium's server."""
+    from federated.flare.operate import consortium_status as status
+
+    typer.echo(status(kit).markdown())
+
+
+@consortium_app.command("stop-server")
+def consortium_stop_server(
+    kit: str = typer.Option(..., "--kit", help="The admin's startup kit (the admin@... folder of `provision`)."),
+    timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="Seconds to wait for the server to stop."),
+) -> None:
+    """Stop the consortium's server (no question asked) and wait until it no longer answers; NVIDIA FLARE
+    refuses while hospitals are connected (the command names them)."""
+    from federated.flare.operate import stop_server
+
+    stop_server(kit, timeout)
+    typer.echo("the consortium's server stopped")

@@ -1,0 +1,96 @@
+"""The server's live account of a running job: each round's record as site 0 finishes it, the failure that
+ends the job (its reason and the site it names), and the sites' heartbeats, which name a site that died.
+
+Where it goes: ``LIVE_FILE`` (one JSON object a line) in the server's run folder of the job, which the
+submitter reads while the job runs (``federated.flare.feed``: the file itself under the simulator, NVFlare's
+admin ``cat`` against a consortium) and ``fedauc consortium status`` reads for a running job's round;
+``SITES_FILE`` in the server's workspace root: every site's last heartbeat and the fedauc version it runs,
+across jobs. Both hold what the sites already send the centre (a round's aggregate record: bytes, mean loss,
+metrics with small counts suppressed), nothing per image.
+
+A site heartbeats every ``HEARTBEAT_S`` seconds from a thread of its own (``federated.flare.heartbeat``),
+whatever its training is doing; a site silent for ``dead_after_s`` (its process or machine died, its
+network dropped) is named at once, instead of when the others time out at a collective (``--site-timeout``,
+which still bounds a site that is alive but slow). NVIDIA FLARE's own dead-client detection is no help
+here: the server drops a client after its ``heart_beat_timeout`` (600 s in a provisioned kit) and reports
+a dead job only when the client's parent process survives to say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+LIVE_FILE = "fedauc_live.json"  # NVFlare's admin `cat` serves only some extensions; .json is one
+SITES_FILE = "fedauc_sites.json"
+HEARTBEAT_S = 5.0
+DEAD_AFTER_S = 30.0  # six missed heartbeats: a busy machine skips one, a dead one all
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class LiveRecords:
+    """The server's side: ``record`` and ``heartbeat`` are called by the sites (server-published functions),
+    ``watch`` runs a thread that calls ``on_dead(site, reason)`` once for the first site gone silent."""
+
+    def __init__(self, run_dir: Path, root_dir: Path, sites: list[str], job_id: str,
+                 dead_after_s: float = DEAD_AFTER_S):
+        self.path = Path(run_dir) / LIVE_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.sites_path = Path(root_dir) / SITES_FILE
+        self.job_id = job_id
+        self.dead_after_s = dead_after_s
+        now = time.time()
+        self._heard = dict.fromkeys(sites, now)  # from the moment the job started the sites' training
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._append({"job": job_id, "sites": sites, "started": now})
+
+    def _append(self, entry: dict) -> None:
+        with self._lock, open(self.path, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    def record(self, record: dict) -> None:
+        self._append({"round": record["round"], "record": record, "at": time.time()})
+
+    def failure(self, reason: str, site: str | None) -> None:
+        self._append({"failure": reason, "site": site, "at": time.time()})
+
+    def heartbeat(self, site: str, version: str, done: bool) -> None:
+        now = time.time()
+        with self._lock:
+            if done:  # its training returned: no longer watched
+                self._heard.pop(site, None)
+            elif site in self._heard:
+                self._heard[site] = now
+            try:
+                known = json.loads(self.sites_path.read_text()).get("sites", {})
+            except (OSError, ValueError):
+                known = {}
+            known[site] = {"last_heartbeat": now, "fedauc": version, "job": self.job_id}
+            _write_atomic(self.sites_path, json.dumps({"sites": known}))
+
+    def watch(self, on_dead: Callable[[str, str], None]) -> None:
+        def loop():
+            while not self._stop.wait(1.0):
+                with self._lock:
+                    now = time.time()
+                    silent = [(now - t, site) for site, t in self._heard.items() if now - t > self.dead_after_s]
+                if silent:
+                    seconds, site = max(silent)
+                    on_dead(site, f"site {site!r} stopped answering: no heartbeat for {seconds:.0f} s (its process "
+                                  f"or machine died, or its network to the server dropped); the job stops")
+                    return
+
+        threading.Thread(target=loop, daemon=True, name="fedauc-liveness").start()
+
+    def stop(self) -> None:
+        self._stop.set()

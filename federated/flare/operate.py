@@ -1,0 +1,139 @@
+"""What the centre's operator asks a running consortium, with the admin's kit (NVIDIA FLARE's admin API over
+mutual TLS): who is connected and since when, the running jobs and their round, each site's fedauc version
+(``consortium_status``); and a non-interactive stop of the server (``stop_server``).
+
+Everything is read from the server: NVIDIA FLARE's own client list (each client's last heartbeat, every
+30 s), its log's record of when each client joined, and the files fedauc's job writes in the server's
+workspace (``federated.flare.live``: the sites' last fedauc heartbeat and version, each job's rounds).
+Nothing is asked of a hospital's machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from federated.flare.feed import parse
+from federated.flare.live import LIVE_FILE, SITES_FILE
+from preprocessing.errors import ConfigError
+
+_JOINED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*New client (\S+?)@\S* joined")
+
+
+def admin_session(kit: str | Path, timeout_s: float = 30.0):
+    """A session with the consortium's server as the admin whose startup kit is ``kit``."""
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    kit = Path(kit).resolve()
+    config = kit / "startup" / "fed_admin.json"
+    if not config.is_file():
+        raise ConfigError(f"{kit}: not an admin's startup kit (no startup/fed_admin.json)",
+                          fix="pass the admin@... folder that `fedauc consortium provision` wrote")
+    username = json.loads(config.read_text())["admin"]["username"]
+    try:
+        return new_secure_session(username, str(kit), timeout=timeout_s)
+    except Exception as err:  # NVFlare's NoConnection, timeouts, refused logins
+        raise ConfigError(f"cannot reach the consortium's server with the admin kit {kit}: {err}",
+                          fix="check that the server runs and that this machine can reach its port") from None
+
+
+@dataclass
+class SiteStatus:
+    name: str
+    connected_since: float | None  # when the server last admitted it (its log)
+    last_heartbeat: float  # NVIDIA FLARE's client heartbeat
+    fedauc: str | None = None  # the version its last fedauc job reported
+    fedauc_heartbeat: float | None = None
+
+
+@dataclass
+class JobStatus:
+    job_id: str
+    name: str
+    sites: list[str] = field(default_factory=list)
+    rounds_done: int = 0  # rounds site 0 has finished
+    failure: str | None = None
+
+
+@dataclass
+class ConsortiumStatus:
+    server_started: str
+    sites: list[SiteStatus]
+    jobs: list[JobStatus]
+
+    def markdown(self) -> str:
+        def when(t: float | None) -> str:
+            return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+        lines = [f"server up since {self.server_started}; {len(self.sites)} site(s) connected", "",
+                 "| site | connected since | last heartbeat | fedauc | last fedauc heartbeat |", "|---|---|---|---|---|"]
+        lines += [f"| {s.name} | {when(s.connected_since)} | {when(s.last_heartbeat)} | {s.fedauc or '-'} | "
+                  f"{when(s.fedauc_heartbeat)} |" for s in self.sites]
+        lines += ["", f"{len(self.jobs)} running job(s)"]
+        if self.jobs:
+            lines += ["", "| job | name | sites | rounds done | failure |", "|---|---|---|---|---|"]
+            lines += [f"| {j.job_id} | {j.name} | {', '.join(j.sites)} | {j.rounds_done} | {j.failure or '-'} |"
+                      for j in self.jobs]
+        return "\n".join(lines)
+
+
+def _joined_times(log_text: str) -> dict[str, float]:
+    joined = {}
+    for line in log_text.splitlines():
+        match = _JOINED.search(line)
+        if match:
+            joined[match.group(2)] = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
+    return joined
+
+
+def consortium_status(kit: str | Path) -> ConsortiumStatus:
+    session = admin_session(kit)
+    try:
+        info = session.get_system_info()
+        joined = _joined_times(session.grep_target("server", pattern="joined", file="log.txt"))
+        try:
+            versions = json.loads(session.cat_target("server", file=SITES_FILE)).get("sites", {})
+        except ValueError:  # no fedauc job has run yet: no such file
+            versions = {}
+        sites = [SiteStatus(c.name, joined.get(c.name), c.last_connect_time,
+                            versions.get(c.name, {}).get("fedauc"), versions.get(c.name, {}).get("last_heartbeat"))
+                 for c in sorted(info.client_info, key=lambda c: c.name)]
+        jobs = []
+        for job in info.job_info:
+            entries = parse(session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
+            start = next((e for e in entries if "job" in e), {})
+            rounds = [e["round"] for e in entries if "record" in e]
+            failure = next((e["failure"] for e in entries if "failure" in e), None)
+            jobs.append(JobStatus(job.job_id, job.app_name, start.get("sites", []),
+                                  max(rounds) + 1 if rounds else 0, failure))
+        return ConsortiumStatus(str(info.server_info.start_time), sites, jobs)
+    finally:
+        session.close()
+
+
+def stop_server(kit: str | Path, timeout_s: float = 60.0) -> None:
+    """Shut the consortium's server down (NVIDIA FLARE's admin ``shutdown server``), no question asked, and
+    return once it no longer answers. NVIDIA FLARE stops its server only when no client is connected and no
+    job runs; the hospitals decide when their own clients stop (they refuse the centre's ``shutdown``)."""
+    from nvflare.fuel.flare_api.api_spec import ClientsStillRunning, JobNotDone
+
+    session = admin_session(kit)
+    try:
+        connected = sorted(c.name for c in session.get_system_info().client_info)
+        session.shutdown("server", wait=True, timeout=timeout_s)
+    except ClientsStillRunning:
+        raise ConfigError(f"the server still has connected hospitals ({', '.join(connected)}); NVIDIA FLARE stops "
+                          "its server only after its clients",
+                          fix="the hospitals stop their clients (`systemctl stop fedauc-site`, or SIGTERM to `fedauc "
+                              "consortium start-site`), or stop the server at its machine (`systemctl stop "
+                              "fedauc-server`)") from None
+    except JobNotDone as err:
+        raise ConfigError(f"a job is running on the consortium ({err})",
+                          fix="wait for it to end, or abort it with the admin kit, then stop the server") from None
+    except TimeoutError as err:
+        raise ConfigError(f"the server did not stop: {err}", fix="read the server's log.txt in its workspace") from None
+    finally:
+        session.close()

@@ -1,0 +1,67 @@
+"""Run a consortium process (a hospital's NVFlare client) in the foreground and stop it cleanly.
+
+NVFlare's client (``client_train``) starts one process per job in a session of its own and does not stop
+them when it is itself signalled: SIGTERM to a plain ``subprocess.call`` left the job process running and
+connected to the server. Here the client runs in a session of its own, SIGTERM and SIGINT to this process
+are caught, and then the client and every process it started (found before any is signalled, since a job
+process whose parent died is no longer in the tree) get SIGTERM, and SIGKILL ``grace_s`` seconds later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import psutil
+
+
+def family(pid: int) -> list[psutil.Process]:
+    """Process ``pid`` and every process below it, the deepest first."""
+    try:
+        root = psutil.Process(pid)
+        return [*reversed(root.children(recursive=True)), root]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_family(members: list[psutil.Process], signum: int) -> None:
+    for member in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.send_signal(signum)
+
+
+def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
+    """SIGTERM process ``pid`` and all it started, SIGKILL what is left after ``grace_s``; the survivors
+    (none, unless a process ignores SIGKILL)."""
+    members = family(pid)
+    signal_family(members, signal.SIGTERM)
+    _, alive = psutil.wait_procs(members, timeout=grace_s)
+    signal_family(alive, signal.SIGKILL)
+    _, alive = psutil.wait_procs(alive, timeout=5.0)
+    return alive
+
+
+def run_until_stopped(command: list[str], env: dict[str, str], cwd: Path, grace_s: float = 15.0) -> int:
+    """Run ``command`` until it exits (its exit status) or this process is asked to stop by SIGTERM or
+    SIGINT (then 0, once it and everything it started have ended)."""
+    # Python delivers signals to the main thread only; elsewhere (a flow run's worker thread) the client
+    # stays in this process group, so that whatever stops the group stops it too.
+    catch = threading.current_thread() is threading.main_thread()
+    process = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=catch)
+    asked = threading.Event()
+    handlers = ({signum: signal.signal(signum, lambda *_: asked.set()) for signum in (signal.SIGTERM, signal.SIGINT)}
+                if catch else {})
+    try:
+        while process.poll() is None and not asked.wait(0.5):
+            pass
+        if process.poll() is not None:
+            return process.returncode
+        stop_family(process.pid, grace_s)
+        process.wait()
+        return 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

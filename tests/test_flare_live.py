@@ -1,0 +1,195 @@
+"""Operating a running consortium from the centre, on a real one on this machine (federated/flare/poc.py: kits
+from our provisioning, a server and three hospital clients as their own processes, mutual TLS), trainings
+submitted as the centre submits them (``fedauc train --flare-env prod --kit <admin kit>``, no shards here).
+One module, one consortium, the tests in order:
+
+(a) while a training runs MLflow already holds its first rounds' metrics (parent and child runs, RUNNING);
+a hospital killed (SIGKILL, its whole process tree) is named at the centre within 60 s of its death by its
+missing heartbeats, not by a collective's timeout (``--site-timeout`` is 300 s here); the FAILED runs keep
+every round's metrics logged before and say why (reason and site, as tags and in the description). The
+hospital is started again with ``fedauc consortium start-site``, ``fedauc train --resume`` continues every
+site from its own checkpoint under its own kit, and the model equals an uninterrupted in-process training
+of the same configuration; ``fedauc consortium status`` shows the running job's round and every site's
+fedauc version meanwhile.
+(b) SIGTERM to ``fedauc consortium start-site`` ends it and every process it started; ``fedauc consortium
+stop-server`` (no question asked) is refused while hospitals are connected (NVIDIA FLARE's rule), naming them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+import federated
+from federated.checkpoint import committed_rounds
+from federated.flare.operate import consortium_status
+from federated.flare.poc import LocalConsortium, connected_sites
+from federated.flare.resume import CHECKPOINTS
+from federated.flare.supervise import family
+from federated.sites import federation_config
+from pipelines.cli import app
+from pipelines.prefect_env import configure_prefect_env
+from pipelines.tracking import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
+from preprocessing.federation import load_federation
+
+# Prefect sets up its console logging once per process, on the stream stderr is at its first import: here,
+# not inside the first `fedauc train` a CliRunner captures.
+configure_prefect_env()
+from pipelines import flows  # noqa: E402,F401
+
+pytestmark = pytest.mark.slow
+
+SITES = ["barcelona", "new-york", "vienna"]
+ROUNDS = 16
+TRAINING = ["--algorithm", "codasca", "-p", "T0=4", "--rounds", str(ROUNDS), "--local-steps", "2", "--batch-size",
+            "16", "--eval-every", "2", "--run-name", "live"]
+# What `fedauc train` makes of TRAINING (its defaults: lr 0.1, small_resnet, seed 0).
+SETTINGS = dict(algorithm="codasca", params={"T0": 4}, rounds=ROUNDS, local_steps=2, batch_size=16, eval_every=2,
+                lr=0.1, network="small_resnet", seed=0, progress=False, loader_workers=0)
+
+
+@pytest.fixture(scope="module")
+def consortium(poc_slot, melanoma_shards, tmp_path_factory):
+    root, federation = melanoma_shards
+    patch = pytest.MonkeyPatch()
+    patch.setenv("OMP_NUM_THREADS", "1")  # every hospital computes like this one-thread test process
+    try:
+        with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
+            yield running
+    finally:
+        patch.undo()
+
+
+def _train_in_background(args: list[str]) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def train():
+        outcome["result"] = CliRunner().invoke(app, args)
+        outcome["ended"] = time.monotonic()
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _until(what: str, check, timeout_s: float, thread: threading.Thread | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        assert thread is None or thread.is_alive(), f"the training ended before {what}"
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _parent(client: MlflowClient):
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.fedauc_role = 'federated-training'", order_by=["attributes.start_time DESC"])
+    return runs[0] if runs else None
+
+
+def _steps(client: MlflowClient, run_id: str, metric: str) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, metric)]
+
+
+def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(consortium, melanoma_shards, tmp_path,
+                                                                               monkeypatch):
+    root, federation = melanoma_shards
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    empty = tmp_path / "no-shards-here"
+    empty.mkdir()
+    args = ["train", "--federation", str(federation), "--shards", str(empty), *TRAINING, "--checkpoint-dir",
+            str(tmp_path / "checkpoints" / "live"), "--backend", "flare", "--flare-env", "prod", "--kit",
+            str(consortium.kits.admin), "--flare-workspace", str(tmp_path / "flare")]
+    client = MlflowClient()
+
+    thread, outcome = _train_in_background(args)
+
+    def two_rounds_while_running():
+        parent = _parent(client)
+        if parent is None or parent.info.status != "RUNNING" or len(_steps(client, parent.info.run_id, "train_loss")) < 2:
+            return None
+        return parent
+
+    running = _until("two rounds in MLflow", two_rounds_while_running, 300, thread)
+    children = client.search_runs([running.info.experiment_id], f"tags.mlflow.parentRunId = '{running.info.run_id}'")
+    assert {c.info.status for c in children} == {"RUNNING"}
+    assert all(_steps(client, c.info.run_id, "bytes_sent") for c in children)
+
+    consortium.kill("new-york")
+    killed_at = time.monotonic()
+    thread.join(300)
+    result = outcome["result"]
+    assert result.exit_code == 1, result.output
+    message = next(line for line in result.output.splitlines() if line.startswith("error: "))
+    assert "site 'new-york' stopped answering" in message and "Traceback" not in result.output
+    assert f"round 2/{ROUNDS}: train loss " in result.output and "pooled valid AUC" in result.output
+    named_after_s = outcome["ended"] - killed_at
+    assert named_after_s < 60, named_after_s
+
+    failed = client.get_run(running.info.run_id)
+    logged = _steps(client, failed.info.run_id, "train_loss")
+    assert failed.info.status == "FAILED" and len(logged) >= 2
+    for run in [failed, *(client.get_run(c.info.run_id) for c in children)]:
+        assert run.info.status == "FAILED"
+        assert run.data.tags[FAILED_SITE_TAG] == "new-york"
+        assert "site 'new-york' stopped answering" in run.data.tags[FAILURE_TAG]
+        assert run.data.tags[DESCRIPTION_TAG].startswith("FAILED at site new-york: ")
+    # Each hospital checkpointed under its own kit, the centre nowhere.
+    assert not (tmp_path / "checkpoints").exists()
+    held = {site: committed_rounds(consortium.kits.sites[site] / CHECKPOINTS / "live") for site in SITES}
+    assert all(held.values())
+    common = min(max(rounds) for rounds in held.values())  # the last round every site completed
+
+    # The hospital comes back as a hospital starts: `fedauc consortium start-site`.
+    kit = consortium.kits.sites["new-york"]
+    consortium.launch("new-york", [sys.executable, "-m", "pipelines.cli", "consortium", "start-site", str(kit),
+                                   "--site-yaml", str(root / "new-york.yaml"), "--shards", str(root / "shards")], kit)
+    _until("new-york to reconnect", lambda: connected_sites(consortium.kits.admin) == SITES, 120)
+
+    thread, outcome = _train_in_background([*args, "--resume"])
+    status = _until("the running job in `consortium status`",
+                    lambda: next((s for s in [consortium_status(consortium.kits.admin)]
+                                  if s.jobs and s.jobs[0].rounds_done > 0), None), 300, thread)
+    assert [s.name for s in status.sites] == SITES and all(s.fedauc for s in status.sites)
+    assert status.jobs[0].sites == ["vienna", "barcelona", "new-york"]
+    thread.join(300)
+    assert outcome["result"].exit_code == 0, outcome["result"].output
+    resumed = _parent(client)
+    assert resumed.info.status == "FINISHED"
+    steps = _steps(client, resumed.info.run_id, "train_loss")
+    assert steps == list(range(common + 2, ROUNDS + 1))  # the rounds it ran (MLflow steps are 1-based rounds)
+
+    uninterrupted = tmp_path / "uninterrupted"
+    federated.train(federation_config(load_federation(federation), root / "shards",
+                                      {**SETTINGS, "checkpoint_dir": str(uninterrupted)}))
+    last = f"round_{ROUNDS - 1:06d}"
+    for index, site in enumerate(["vienna", "barcelona", "new-york"]):
+        got = torch.load(consortium.kits.sites[site] / CHECKPOINTS / "live" / last / f"site_{index}.pt",
+                         weights_only=True)["model"]
+        want = torch.load(uninterrupted / last / f"site_{index}.pt", weights_only=True)["model"]
+        worst = max((got[k].float() - v.float()).abs().max().item() for k, v in want.items())
+        assert worst <= 1e-5, (site, worst)
+
+
+# Last: it stops a hospital of the module's consortium.
+def test_start_site_stops_with_its_processes_and_stop_server_names_the_connected_sites(consortium):
+    started_as_hospital = consortium.processes["new-york"]  # `fedauc consortium start-site`, from the test above
+    members = family(started_as_hospital.pid)
+    assert len(members) >= 2  # fedauc, NVFlare's start script and client
+    started_as_hospital.send_signal(signal.SIGTERM)
+    assert started_as_hospital.wait(60) == 0
+    time.sleep(1)
+    assert [m.pid for m in members if m.is_running() and m.status() != "zombie"] == []
+
+    refused = CliRunner().invoke(app, ["consortium", "stop-server", "--kit", str(consortium.kits.admin)])
+    assert refused.exit_code == 1 and "still has connected hospitals (barcelona, " in refused.output
+    assert "Traceback" not in refused.output and consortium.processes["server"].poll() is None
