@@ -104,8 +104,9 @@ def table(title: str, rows: dict[str, list[dict]], columns=("auc", "pauc")) -> N
         print(f"{name:<28}" + "".join(f"{cell:>18}" for cell in cells))
 
 
-# The AUC-M runs keep the schedule their documented results were measured with (one constant-lr stage, weight
-# decay 1e-5; CoDA lr / 3 at T0), not the stagewise defaults of docs/algorithms.md section 12.
+# The AUC-M runs spell out the schedule their documented results were measured with (one constant-lr stage,
+# weight decay 1e-5; CoDA lr / 3 at T0), so that a change of the defaults (docs/algorithms.md section 12)
+# does not change them.
 ONE_STAGE = {"gamma": None, "stages": 1, "weight_decay": 1e-5}
 METHODS = {
     "fedavg (BCE)": ("fedavg", {}),

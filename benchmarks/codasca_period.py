@@ -66,8 +66,8 @@ def main() -> None:
             for seed in range(args.seeds):
                 sites = class_split_federation(args.sites, dim=32, n_train=1000, n_test_per_class=100,
                                                imratio=0.1, spread=args.spread, noise=1.0, seed=seed)
-                # The schedule its documented results (federated/README.md) were measured with: lr / 3 at each
-                # boundary and weight decay 1e-5, not the stagewise defaults of docs/algorithms.md section 12.
+                # The schedule its documented results (federated/README.md) were measured with, spelled out:
+                # lr / 3 at each boundary, weight decay 1e-5 (docs/algorithms.md section 12).
                 params = ({"T0": args.stage, "stage_restart": args.stage_restart} if args.stage else {"stages": 1}) | {
                     "lr_decay": 3.0, "weight_decay": 1e-5}
                 cfg = TrainConfig(algorithm=alg, params=params, sites=sites,

@@ -13,7 +13,7 @@ negatives anywhere keeps its alpha.
 from __future__ import annotations
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from federated.algorithms.base import Site
 from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
@@ -25,11 +25,13 @@ _CLASS_STATS = ("pos_sum", "pos_count", "neg_sum", "neg_count")
 
 
 class CoDAParams(CODAPlusParams):
+    stages: int = Field(default=2, ge=1)  # CoDA's alpha reset needs stages: two of T/2 unless T0 is given
+
     @model_validator(mode="after")
     def _needs_stages(self):
         if self.T0 is None and self.stages == 1:
             raise ValueError("CoDA resets alpha at stage boundaries: with one stage it is CODA+; set stages >= 2 "
-                             "(default 2) or T0")
+                             "(CoDA's default 2) or T0")
         return self
 
 
