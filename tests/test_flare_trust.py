@@ -146,3 +146,32 @@ def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, mela
     first = str(failed.value).splitlines()[0]
     assert re.search(rf"site '[a-z-]+' refuses the job: it was built by fedauc {re.escape(FOREIGN)}, this site "
                      rf"runs fedauc {re.escape(code_version())}", first), first
+
+
+@pytest.mark.slow
+def test_an_evaluation_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, melanoma_shards):
+    """The evaluation job's site half fails like training's: one redacted line, never NVFlare's traceback with
+    the site's paths (fails where ``site.evaluate`` raises)."""
+    import shutil
+
+    from federated.flare.evaluate import evaluate_flare
+    from federated.flare.job import FlareJobFailed
+    from federated.network import build_named
+    from federated.scoring import ModelToScore
+    from preprocessing.federation import load_federation
+
+    root, federation = melanoma_shards
+    for name in ("vienna", "barcelona", "new-york"):
+        shutil.copytree(root / "shards" / name, tmp_path / "shards" / name)
+    gone = tmp_path / "shards" / "barcelona" / "test" / "manifest.parquet"
+    gone.unlink()
+    shape = (3, 32, 32)
+    model = ModelToScore(label="1", network="linear", input_shape=shape, num_classes=1)
+    with pytest.raises(FlareJobFailed) as failed:
+        evaluate_flare([model], [build_named("linear", {}, shape, 1).state_dict()], load_federation(federation),
+                       tmp_path / "shards", "sim", tmp_path / "sim", None, bins=32, min_count=10, name="test-eval-failure")
+    message = str(failed.value)
+    assert "site 'barcelona' failed: DataError: " in message and "<path at the site>" in message, message
+    assert str(tmp_path / "shards") not in message and "Traceback" not in message
+    server_log = "".join(p.read_text(errors="replace") for p in (tmp_path / "sim").rglob("server/**/log.txt"))
+    assert "<path at the site>" in server_log and str(gone) not in server_log

@@ -25,6 +25,7 @@ import torch
 from federated.data import load_shard
 from federated.flare.job import check_flare_env, result_folder, submit_in_env
 from federated.flare.server import FAILURE_MARK, result_dir
+from federated.flare.site_failure import FAILED
 from federated.flare.spec import EvaluationRequest, FlareJob
 from federated.scoring import ModelToScore, Summary, score_site
 from preprocessing.errors import DataError
@@ -63,6 +64,9 @@ def serve_evaluation(spec: FlareJob) -> str:
     if results.failures:
         raise RuntimeError(FAILURE_MARK + "; ".join(
             f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in sorted(results.failures.items())))
+    failed = {site: result[FAILED] for site, result in returned.items() if FAILED in result}
+    if failed:  # each site's one line, paths already replaced there (site_failure.py)
+        raise RuntimeError(FAILURE_MARK + "; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())))
     out = result_dir()
 
     def plain(summary: dict) -> dict:

@@ -103,5 +103,9 @@ def _train(job: dict) -> dict:
 def evaluate(job: dict, weights: list) -> dict:
     """Score the models of the job (their weights: ``weights``, sent in this call) on this site's own valid and
     test splits (federated/flare/evaluate.py)."""
-    run = prelude(job)
-    return score_here(run.spec, run.name, run.shard_dir, weights)
+    try:
+        run = prelude(job)
+        return score_here(run.spec, run.name, run.shard_dir, weights)
+    except Exception as err:
+        # As in training: NVFlare would send the centre the traceback, with this site's paths in it.
+        return report_failure(collab.site_name, err)
