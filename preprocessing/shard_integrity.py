@@ -64,6 +64,11 @@ def check_shard_files(site_dir: str | Path, info: dict, full: bool = False) -> N
     site = info.get("site", site_dir.name)
     fix = f"re-run `fedauc preprocess <{site}'s site YAML> --out {site_dir.parent}` to write the site's shards again"
     counts, size, channels = info.get("counts", {}), info.get("image_size"), info.get("channels", 1)
+
+    def named(path: Path) -> str:
+        # The file inside the shard folder first: over NVIDIA FLARE the site's folder is redacted from what the
+        # centre reads (federated/flare/site_failure.py), the file's name in the shard layout is not.
+        return f"{path.relative_to(site_dir).as_posix()} (in {site_dir})"
     for split in SPLITS:
         path = site_dir / split / IMAGES_FILE
         if not path.is_file():
@@ -71,16 +76,16 @@ def check_shard_files(site_dir: str | Path, info: dict, full: bool = False) -> N
         try:
             shape, dtype, offset = _npy_layout(path)
         except (ValueError, OSError) as err:
-            raise DataError(f"site {site!r}: {path} is damaged: its header cannot be read ({err})", fix=fix) from None
+            raise DataError(f"site {site!r}: {named(path)} is damaged: its header cannot be read ({err})", fix=fix) from None
         expected = (counts.get(split, shape[0]), size, size, *(() if channels == 1 else (channels,)))
         if dtype != IMAGE_DTYPE or (size is not None and shape != expected):
-            raise DataError(f"site {site!r}: {path} holds {dtype} {shape}, shard.json promises {IMAGE_DTYPE} "
+            raise DataError(f"site {site!r}: {named(path)} holds {dtype} {shape}, shard.json promises {IMAGE_DTYPE} "
                             f"{expected}: the file was changed after preprocessing", fix=fix)
         needed = offset + int(np.prod(shape)) * dtype.itemsize
         actual = path.stat().st_size
         if actual != needed:
             what = "truncated" if actual < needed else "changed (longer than its header says)"
-            raise DataError(f"site {site!r}: {path} is {what}: {actual} bytes, its {shape} images need {needed}",
+            raise DataError(f"site {site!r}: {named(path)} is {what}: {actual} bytes, its {shape} images need {needed}",
                             fix=fix)
     for name, recorded in info.get("files", {}).items():
         path = site_dir / name
@@ -91,8 +96,8 @@ def check_shard_files(site_dir: str | Path, info: dict, full: bool = False) -> N
                             fix=fix)
         actual = path.stat().st_size
         if actual != recorded["bytes"]:
-            raise DataError(f"site {site!r}: {path} was {'truncated' if actual < recorded['bytes'] else 'changed'} "
+            raise DataError(f"site {site!r}: {named(path)} was {'truncated' if actual < recorded['bytes'] else 'changed'} "
                             f"after preprocessing: {actual} bytes, shard.json records {recorded['bytes']}", fix=fix)
         if full and _sha256(path) != recorded["sha256"]:
-            raise DataError(f"site {site!r}: {path} was changed after preprocessing: its content no longer "
+            raise DataError(f"site {site!r}: {named(path)} was changed after preprocessing: its content no longer "
                             "matches the SHA-256 in shard.json", fix=fix)

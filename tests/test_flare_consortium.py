@@ -49,7 +49,7 @@ def test_provision_writes_a_kit_per_participant_and_says_where_each_goes(consort
     admin = prod / "admin@fedauc.org"
     assert f"--backend flare --flare-env prod --kit {admin}" in summary and "ProdEnv" not in summary
     assert "**new**" not in summary and "Re-provisioned" not in summary  # the first time every kit is sent
-    assert "never the provisioning folder itself" in summary
+    assert f"**Never send `{prod.parent / 'state'}` anywhere: it stays with the project admin.**" in summary
 
 
 def test_re_provisioning_marks_the_one_kit_to_send(melanoma_shards, tmp_path):

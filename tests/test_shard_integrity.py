@@ -4,6 +4,7 @@ a truncated or changed file, by its site, its path and the fix, in-process and a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -46,7 +47,7 @@ def test_a_truncated_image_file_is_named_in_process_and_at_a_flare_site(shards, 
     with open(images, "r+b") as f:
         f.truncate(size - 100)
     fix = "re-run `fedauc preprocess <barcelona's site YAML>"
-    with pytest.raises(DataError, match=rf"site 'barcelona': {images} is truncated: {size - 100} bytes") as err:
+    with pytest.raises(DataError, match=rf"site 'barcelona': train/images.npy \(in {re.escape(str(images.parent.parent))}\) is truncated: {size - 100} bytes") as err:
         load_shard(root / "barcelona")
     assert fix in str(err.value)
     settings = dict(algorithm="fedavg", network="small_resnet", network_kwargs={"widths": [8, 16, 32]}, rounds=1,
@@ -55,7 +56,7 @@ def test_a_truncated_image_file_is_named_in_process_and_at_a_flare_site(shards, 
     cfg = federation_config(load_federation(federation), root, settings)
     with pytest.raises(DataError, match=r"site 'barcelona': .* is truncated"):
         federated.train(cfg)
-    with pytest.raises(FlareJobFailed, match=r"site 'barcelona'.*train/images.npy is truncated") as err:
+    with pytest.raises(FlareJobFailed, match=r"site 'barcelona'.*train/images.npy \(in <path at the site>\) is truncated") as err:
         run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-truncated")
     assert "mmap length" not in str(err.value)
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
@@ -67,16 +68,16 @@ def test_a_changed_file_is_named_by_its_size_header_or_hash(shards):
     manifest = site / "valid" / "manifest.parquet"
     original = manifest.read_bytes()
     manifest.write_bytes(original + b"x")
-    with pytest.raises(DataError, match=rf"site 'new-york': {manifest} was changed after preprocessing: "):
+    with pytest.raises(DataError, match=rf"site 'new-york': valid/manifest.parquet \(in {re.escape(str(site))}\) was changed after preprocessing: "):
         load_shard(site)
     manifest.write_bytes(original)
     images = site / "test" / "images.npy"
     array = np.load(images)
     np.save(images, array[:-1])  # one image fewer: a well-formed file with the wrong shape
-    with pytest.raises(DataError, match=rf"site 'new-york': {images} holds uint8 \({len(array) - 1}, "):
+    with pytest.raises(DataError, match=rf"site 'new-york': {images.relative_to(site).as_posix()} \(in {re.escape(str(site))}\) holds uint8 \({len(array) - 1}, "):
         check_shard_files(site, _info(site))
     np.save(images, array ^ 1)  # same size and header, other pixels: only the full check sees it
     check_shard_files(site, _info(site))
-    with pytest.raises(DataError, match=rf"site 'new-york': {images} was changed after preprocessing: its content "
+    with pytest.raises(DataError, match=rf"site 'new-york': {images.relative_to(site).as_posix()} \(in {re.escape(str(site))}\) was changed after preprocessing: its content "
                                         r"no longer matches the SHA-256 in shard.json"):
         check_shard_files(site, _info(site), full=True)
