@@ -48,10 +48,12 @@ pytestmark = pytest.mark.slow
 
 SITES = ["barcelona", "new-york", "vienna"]
 ROUNDS = 16
-TRAINING = ["--algorithm", "codasca", "-p", "T0=4", "--rounds", str(ROUNDS), "--local-steps", "2", "--batch-size",
+# Four local steps a round (T0 = 4: one a stage): on an idle machine two steps made a round so short (16 rounds in 38 s) that the job
+# ended before the centre's feed (a poll every 2 s through the admin kit) had logged two rounds of a running job.
+TRAINING = ["--algorithm", "codasca", "-p", "T0=4", "--rounds", str(ROUNDS), "--local-steps", "4", "--batch-size",
             "16", "--eval-every", "2", "--run-name", "live"]
 # What `fedauc train` makes of TRAINING (its defaults: lr 0.1, small_resnet, seed 0).
-SETTINGS = dict(algorithm="codasca", params={"T0": 4}, rounds=ROUNDS, local_steps=2, batch_size=16, eval_every=2,
+SETTINGS = dict(algorithm="codasca", params={"T0": 4}, rounds=ROUNDS, local_steps=4, batch_size=16, eval_every=2,
                 lr=0.1, network="small_resnet", seed=0, progress=False, loader_workers=0)
 
 
@@ -109,7 +111,9 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
     args = ["train", "--federation", str(federation), "--shards", str(empty), *TRAINING, "--checkpoint-dir",
             str(tmp_path / "checkpoints" / "live"), "--backend", "flare", "--flare-env", "prod", "--kit",
             str(consortium.kits.admin), "--flare-workspace", str(tmp_path / "flare")]
-    client = MlflowClient()
+    # Named, not from the environment: a test that ran before in this worker may have set mlflow's global URI,
+    # which an argument-less client prefers to MLFLOW_TRACKING_URI (the CLI's training writes to this store).
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
 
     thread, outcome = _train_in_background(args)
 
