@@ -23,6 +23,8 @@ import numpy as np
 from claims_plots import plot_curves
 from claims_runs import CLINICS, VALIDATION_SEED, Runner, Setting, build_pool, write_doc
 from claims_stats import cell, diff_cell, interval, paired, verdict
+from stagewise_defaults import NEW as STAGEWISE
+from stagewise_defaults import OLD as ONE_STAGE
 
 NAME = "long-b"
 BASELINE = "FedAvg (BCE)"
@@ -33,28 +35,27 @@ VALIDATION_SEEDS = (VALIDATION_SEED, VALIDATION_SEED + 1, VALIDATION_SEED + 2)
 VALIDATION_ITERATIONS = 512
 # Two candidates per method: the lr the short-budget run chose on validation ("learnable") and its
 # neighbour on the claims grid towards the other side a longer run may favour.
-CANDIDATES = {"FedAvg (BCE)": (0.3, 1.0), "CODASCA (AUC-M)": (0.3, 1.0), "FeDXL2 (KL-OPAUC)": (0.1, 0.3)}
+CANDIDATES = {"FedAvg (BCE)": (0.3, 1.0), "CODASCA (AUC-M)": (0.3, 1.0), "FeDXL2 (KL-OPAUC)": (0.1, 0.3),
+              "CODASCA, one stage": (0.3, 1.0)}
+STAGEWISE_NAME, ONE_STAGE_NAME = "CODASCA (AUC-M)", "CODASCA, one stage"
+
+# The methods and their parameters. CODASCA's are its defaults (LibAUC's stagewise recipe, T0 derived from
+# each run's length), spelled out so that the cached runs' keys say what was trained; its former defaults,
+# one constant-lr stage, test at this budget what the stagewise defaults were measured against at shorter ones.
+METHODS = {"FedAvg (BCE)": ("fedavg", {}), STAGEWISE_NAME: ("codasca", STAGEWISE), "FeDXL2 (KL-OPAUC)": ("fedxl2", {}),
+           ONE_STAGE_NAME: ("codasca", ONE_STAGE)}
 
 
-def stagewise(iterations: int, local_steps: int) -> dict:
-    """CODASCA's stagewise recipe for a run of ``iterations``: two stages (T0 = T/2, a multiple of I),
-    lr / 10 at the boundary and weight decay 1e-4 (LibAUC's recipe; docs/algorithms.md section 12)."""
-    return {"T0": max(local_steps, iterations // 2 // local_steps * local_steps), "lr_decay": 10.0,
-            "weight_decay": 1e-4}
-
-
-def methods(iterations: int, local_steps: int) -> dict[str, tuple[str, dict]]:
-    return {"FedAvg (BCE)": ("fedavg", {}), "CODASCA (AUC-M)": ("codasca", stagewise(iterations, local_steps)),
-            "FeDXL2 (KL-OPAUC)": ("fedxl2", {})}
-
-
-def choose_lrs(validation: Runner, seeds: tuple[int, ...]) -> tuple[dict[str, float], list[str]]:
+def choose_lrs(validation: Runner, seeds: tuple[int, ...], jobs: int = 1) -> tuple[dict[str, float], list[str]]:
     """Each method's candidate with the best mean validation AUC over ``seeds``, and the table of them."""
-    s = validation.setting
     rates = (RATE,) * len(CLINICS)
+    if jobs > 1:
+        validation.run_many([((alg, params, lr, rates, seed), {})
+                             for name, (alg, params) in METHODS.items()
+                             for lr in CANDIDATES[name] for seed in seeds], jobs)
     lines = [f"| method | lr | validation AUC per seed ({', '.join(map(str, seeds))}) | mean |", "|---|---:|---|---|"]
     chosen = {}
-    for name, (alg, params) in methods(s.iterations, s.local_steps).items():
+    for name, (alg, params) in METHODS.items():
         means = {}
         for lr in CANDIDATES[name]:
             scores = [validation.run(alg, params, lr, rates, seed)["auc"] for seed in seeds]
@@ -92,9 +93,15 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
         d = paired(values, runs[BASELINE][:len(values)])
         verdicts[f"{name} vs FedAvg at {RATE:.0%}, T = {s.iterations}"] = v = verdict(d)
         lines.append(row + f" {diff_cell(d)} | **{v}** |")
+    stagewise, one_stage = runs[STAGEWISE_NAME], runs[ONE_STAGE_NAME]
+    if stagewise and one_stage:
+        d = paired(stagewise, one_stage)
+        verdicts[f"{STAGEWISE_NAME} stagewise vs one stage, T = {s.iterations}"] = v = verdict(d)
+        lines += ["", f"CODASCA's stagewise defaults minus one constant-lr stage (paired over {len(d)} seeds, each at "
+                      f"its own validated lr): {diff_cell(d)}, verdict on \"stagewise is better\": **{v}**."]
     lines += ["", f"{s.scored.capitalize()} test AUC along the run (mean over the finished seeds):", ""]
     iterations = [it for it, _ in runs[BASELINE][0]["curve"]] if n else []
-    marks = sorted({iterations[min(len(iterations) - 1, round(q * len(iterations)) - 1)] for q in (0.125, 0.25, 0.5, 0.75, 1.0)})
+    marks = sorted({iterations[min(len(iterations) - 1, round(q * len(iterations)) - 1)] for q in (0.125, 0.25, 1 / 3, 0.5, 0.75, 1.0)})
     lines += ["| method | " + " | ".join(f"t = {t}" for t in marks) + " |", "|---|" + "---:|" * len(marks)]
     for name, values in runs.items():
         if values:
@@ -108,8 +115,9 @@ def report(runner: Runner, lrs: dict[str, float], runs: dict[str, list[dict]], v
 
 
 def run_long(setting: Setting, validation_iterations: int, validation_seeds: tuple[int, ...], work: Path,
-             doc: Path, from_cache: bool = False) -> dict[str, str]:
-    """Choose the lrs, then train the reported seeds one at a time, rewriting ``doc`` after each seed.
+             doc: Path, from_cache: bool = False, jobs: int = 1) -> dict[str, str]:
+    """Choose the lrs, then train the reported seeds, rewriting ``doc`` after each seed (with ``jobs`` > 1, the
+    runs train on that many processes first, seed by seed, and the doc is written after them).
     ``from_cache``: train nothing, write the tables of the runs stored so far (a stopped run's)."""
     work.mkdir(parents=True, exist_ok=True)
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -117,14 +125,18 @@ def run_long(setting: Setting, validation_iterations: int, validation_seeds: tup
     pool = build_pool(work, setting)
     path = work / f"runs-{NAME}.jsonl"
     validation = replace(setting, iterations=validation_iterations, eval_points=1)
-    lrs, validation_lines = choose_lrs(Runner(pool, validation, path, doc.parent, NAME), validation_seeds)
+    validation_runner = Runner(pool, validation, path, doc.parent, NAME, cached_only=from_cache)
+    lrs, validation_lines = choose_lrs(validation_runner, validation_seeds, jobs)
     print(f"lrs {lrs} after {time.perf_counter() - started:.0f} s", flush=True)
     runner = Runner(pool, setting, path, doc.parent, NAME, cached_only=from_cache)
     runs = {name: [] for name in lrs}
     rates = (RATE,) * len(CLINICS)
+    if jobs > 1:
+        runner.run_many([((alg, params, lrs[name], rates, seed), {}) for seed in setting.seeds
+                         for name, (alg, params) in METHODS.items()], jobs)
     verdicts = {}
     for i, seed in enumerate(setting.seeds):
-        for name, (alg, params) in methods(setting.iterations, setting.local_steps).items():
+        for name, (alg, params) in METHODS.items():
             record = runner.run(alg, params, lrs[name], rates, seed)
             # A seed counts for a method once its earlier seeds and FedAvg's same seed do: paired, in order.
             if record is not None and len(runs[name]) == i and len(runs[BASELINE]) == i + (name != BASELINE):
@@ -146,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-seeds", type=int, nargs="+", default=list(VALIDATION_SEEDS),
                         help=f"seeds >= {VALIDATION_SEED}: scored on the valid splits, never reported")
     parser.add_argument("--seeds", type=int, default=len(LONG.seeds), help="reported seeds (0, 1, ...)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes training runs side by side (one per core)")
     parser.add_argument("--from-cache", action="store_true",
                         help="train nothing: write the tables of the runs stored so far (a stopped run's)")
     parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: the pool and runs-long-b.jsonl")
@@ -155,5 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.validation_seeds) < VALIDATION_SEED:
         parser.error(f"--validation-seeds must be >= {VALIDATION_SEED}: lower seeds are the reported ones")
     setting = replace(LONG, iterations=args.iterations, seeds=tuple(range(args.seeds)))
-    run_long(setting, args.validation_iterations, tuple(args.validation_seeds), args.work, args.doc, args.from_cache)
+    run_long(setting, args.validation_iterations, tuple(args.validation_seeds), args.work, args.doc, args.from_cache,
+             args.jobs)
     return 0

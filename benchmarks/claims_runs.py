@@ -6,16 +6,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from federated import TensorSite, TrainConfig, train
+from federated.registry import get_algorithm
 from preprocessing.records import MELANOMA_DISEASES
 from preprocessing.scan import scan_site
 from preprocessing.shard_format import read_split
@@ -69,9 +73,11 @@ QUICK = Setting(pool=600, n_train=200, iterations=96, periods=(1, 4), rates=(0.0
 
 @dataclass
 class Pool:
-    """Per clinic and split: uint8 images (N, H, W, 3) and labels (N,)."""
+    """Per clinic and split: uint8 images (N, H, W, 3) and labels (N,), and the file they were read from
+    (``Runner.run_many``'s worker processes read it again)."""
 
     splits: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+    cache: Path | None = None
 
 
 def build_pool(work: Path, setting: Setting, workers: int = 2) -> Pool:
@@ -94,9 +100,13 @@ def build_pool(work: Path, setting: Setting, workers: int = 2) -> Pool:
         tmp = cache.with_suffix(".tmp.npz")
         np.savez(tmp, **arrays)
         tmp.rename(cache)
+    return load_pool(cache)
+
+
+def load_pool(cache: Path) -> Pool:
     with np.load(cache) as data:
         return Pool({p: {s: (data[f"{p}/{s}/x"], data[f"{p}/{s}/y"]) for s in ("train", "valid", "test")}
-                     for p, _ in CLINICS})
+                     for p, _ in CLINICS}, cache)
 
 
 def federation(pool: Pool, rates: tuple[float, ...], n_train: int, seed: int, flip: float = 0.0) -> list[TensorSite]:
@@ -127,6 +137,38 @@ def federation(pool: Pool, rates: tuple[float, ...], n_train: int, seed: int, fl
 # --------------------------------------------------------------------------- runs
 
 
+def train_record(pool: Pool, setting: Setting, spec: dict) -> dict:
+    """Train the run ``spec`` (``Runner.spec``) and return its stored record: final scores and the curve."""
+    s = setting
+    rounds = s.iterations // spec["I"]
+    sites = federation(pool, tuple(spec["rates"]), s.n_train, spec["seed"], spec["flip"])
+    config = TrainConfig(algorithm=spec["algorithm"], params=spec["params"], sites=sites, network="small_resnet",
+                         network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=spec["I"], lr=spec["lr"],
+                         seed=spec["seed"], eval_every=max(1, rounds // s.eval_points),
+                         guarantee_positives=spec["guarantee_positives"], warmup_rounds=spec["warmup_rounds"],
+                         prior=spec.get("prior", "global"), loader_workers=0, progress=False)
+    started = time.perf_counter()
+    history = train(config).history
+    curve = [(h["iteration"], h["metrics"][f"test/{s.score}/auc_macro"]) for h in history if "metrics" in h]
+    last = history[-1]["metrics"]
+    return {**spec, "auc": last[f"test/{s.score}/auc_macro"], "pauc": last[f"test/{s.score}/pauc_fpr0.3_mcclish_macro"],
+            "curve": curve, "auc_pooled": last["test/pooled/auc_macro"],
+            "auc_sites": last["test/macro_over_sites/auc_macro"], "seconds": time.perf_counter() - started}
+
+
+_worker_pool: Pool | None = None  # a run_many worker's copy of the pool, read once per process
+
+
+def _start_worker(cache: Path) -> None:
+    global _worker_pool
+    torch.set_num_threads(1)
+    _worker_pool = load_pool(cache)
+
+
+def _train_in_worker(setting: Setting, spec: dict) -> dict:
+    return train_record(_worker_pool, setting, spec)
+
+
 @dataclass
 class Runner:
     """Runs one configuration on one federation, or returns its stored result (``runs.jsonl``)."""
@@ -146,39 +188,56 @@ class Runner:
                     record = json.loads(line)
                     self.done[record["key"]] = record
 
-    def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, local_steps: int | None = None,
-            flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True, prior: str = "global") -> dict | None:
+    def spec(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int,
+             local_steps: int | None = None, flip: float = 0.0, warmup_rounds: int = 0, guarantee_positives: bool = True,
+             prior: str = "global") -> dict:
+        """What one run is, as stored: its key is the hash of everything but the key. ``resolved`` is the
+        algorithm's parameters with its defaults filled in, so that a run stored under other defaults is
+        not taken for this one."""
         s = self.setting
-        I = local_steps or s.local_steps
-        rounds = s.iterations // I
-        spec = {"algorithm": algorithm, "params": params, "lr": lr, "rates": list(rates), "seed": seed, "I": I,
-                "flip": flip, "warmup_rounds": warmup_rounds, "guarantee_positives": guarantee_positives,
-                "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
+        resolved = get_algorithm(algorithm).Params(**params).model_dump(mode="json")
+        spec = {"algorithm": algorithm, "params": params, "resolved": resolved, "lr": lr, "rates": list(rates), "seed": seed,
+                "I": local_steps or s.local_steps, "flip": flip, "warmup_rounds": warmup_rounds,
+                "guarantee_positives": guarantee_positives, "setting": [s.pool, s.size, s.n_train, s.iterations, list(s.widths)]}
         if prior != "global":  # only when set: the stored runs' keys stay valid
             spec["prior"] = prior
         if s.score != "pooled":
             spec["score"] = s.score
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-        if key in self.done:
-            return self.done[key]
+        return {"key": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16], **spec}
+
+    def run(self, algorithm: str, params: dict, lr: float, rates: tuple[float, ...], seed: int, **kw) -> dict | None:
+        spec = self.spec(algorithm, params, lr, rates, seed, **kw)
+        if spec["key"] in self.done:
+            return self.done[spec["key"]]
         if self.cached_only:
             return None
-        sites = federation(self.pool, rates, s.n_train, seed, flip)
-        config = TrainConfig(algorithm=algorithm, params=params, sites=sites, network="small_resnet",
-                             network_kwargs={"widths": s.widths}, rounds=rounds, local_steps=I, lr=lr, seed=seed,
-                             eval_every=max(1, rounds // s.eval_points), guarantee_positives=guarantee_positives,
-                             warmup_rounds=warmup_rounds, prior=prior, loader_workers=0, progress=False)
-        started = time.perf_counter()
-        history = train(config).history
-        curve = [(h["iteration"], h["metrics"][f"test/{s.score}/auc_macro"]) for h in history if "metrics" in h]
-        last = history[-1]["metrics"]
-        record = {"key": key, **spec, "auc": last[f"test/{s.score}/auc_macro"],
-                  "pauc": last[f"test/{s.score}/pauc_fpr0.3_mcclish_macro"], "curve": curve,
-                  "auc_pooled": last["test/pooled/auc_macro"], "auc_sites": last["test/macro_over_sites/auc_macro"],
-                  "seconds": time.perf_counter() - started}
+        return self._store(train_record(self.pool, self.setting, spec))
+
+    def run_many(self, calls: list[tuple[tuple, dict]], jobs: int) -> None:
+        """Train the runs ``calls`` (``run``'s arguments: (args, kwargs)) not stored yet on ``jobs`` processes
+        of one torch thread each, storing each as it finishes; ``run`` then reads them back. The small
+        network is latency-bound, so one process per core beats more threads in one process."""
+        specs = {}
+        for args, kw in calls:
+            spec = self.spec(*args, **kw)
+            if spec["key"] not in self.done:
+                specs[spec["key"]] = spec
+        if self.cached_only or not specs:
+            return
+        if self.pool.cache is None:
+            raise ValueError("run_many's processes read the pool from its file: build it with build_pool")
+        context = multiprocessing.get_context("spawn")  # fork after torch has started threads can deadlock
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(self.pool.cache,)) as ex:
+            running = [ex.submit(_train_in_worker, self.setting, spec) for spec in specs.values()]
+            for done in as_completed(running):
+                record = self._store(done.result())
+                print(f"  {record['algorithm']} lr {record['lr']} seed {record['seed']}: AUC {record['auc']:.3f} "
+                      f"({record['seconds']:.0f} s)", flush=True)
+
+    def _store(self, record: dict) -> dict:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        self.done[key] = record
+        self.done[record["key"]] = record
         return record
 
     def figure(self, kind: str) -> Path:

@@ -134,18 +134,23 @@ def test_the_long_budget_mode_chooses_lrs_on_validation_seeds_and_writes_curves_
                         score="macro_over_sites")
     doc = tmp_path / "docs" / "result.md"
     verdicts = long_budget.run_long(tiny, 4, (100, 101), work, doc)
-    assert set(verdicts.values()) <= {"reproduced", "not reproduced", "inconclusive"} and len(verdicts) == 2
+    assert set(verdicts.values()) <= {"reproduced", "not reproduced", "inconclusive"} and len(verdicts) == 4
+    assert "CODASCA (AUC-M) stagewise vs one stage, T = 8" in verdicts
     records = [json.loads(line) for line in (work / "runs-long-b.jsonl").read_text().splitlines()]
     validation = [r for r in records if r["seed"] >= 100]
     reported = [r for r in records if r["seed"] < 100]
     # Every candidate lr of every method on every validation seed, at the shorter validation budget.
     assert len(validation) == sum(map(len, long_budget.CANDIDATES.values())) * 2
     assert {r["setting"][3] for r in validation} == {4} and {r["setting"][3] for r in reported} == {8}
-    assert len(reported) == 3 * 2 and all(len(r["curve"]) == 2 for r in reported)
-    # CODASCA's stagewise recipe is derived from each run's own length: two stages of T/2.
-    assert {r["params"]["T0"] for r in records if r["algorithm"] == "codasca"} == {4}
-    for name, (alg, _) in long_budget.methods(8, 4).items():
-        chosen = {r["lr"] for r in reported if r["algorithm"] == alg}
+    assert len(reported) == len(long_budget.METHODS) * 2 and all(len(r["curve"]) == 2 for r in reported)
+    # CODASCA trains its defaults, spelled out so that the cached runs' keys say what was trained, beside its
+    # former one-stage defaults.
+    from federated.algorithms.codasca import CODASCAParams
+    assert {json.dumps(r["params"], sort_keys=True) for r in records if r["algorithm"] == "codasca"} == {
+        json.dumps(p, sort_keys=True) for p in (stagewise_defaults.NEW, stagewise_defaults.OLD)}
+    assert CODASCAParams(**stagewise_defaults.NEW) == CODASCAParams()
+    for name, (alg, params) in long_budget.METHODS.items():
+        chosen = {r["lr"] for r in reported if r["algorithm"] == alg and r["params"] == params}
         assert len(chosen) == 1 and chosen <= set(long_budget.CANDIDATES[name])
     text = doc.read_text()
     assert "2 of 2 seeds finished" in text and "**" in text and "t = 8" in text
@@ -167,14 +172,60 @@ def test_the_long_budget_mode_chooses_lrs_on_validation_seeds_and_writes_curves_
     assert [line.split(" | ")[2] for line in text.splitlines() if line.startswith("| FeDXL2") and "**" in line] == ["1"]
 
 
-def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr(tmp_path, work):
-    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0, 1), eval_points=1,
+def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr_and_budget(tmp_path, work):
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0, 1), eval_points=2,
                         score="macro_over_sites")
-    runner = runs.Runner(runs.build_pool(work, tiny), tiny, tmp_path / "runs.jsonl", tmp_path, "tiny")
-    body, verdicts = stagewise_defaults.measure(runner)
-    assert len(verdicts) == sum(len(case[3]) for case in stagewise_defaults.CASES)
+    pool = runs.build_pool(work, tiny)
+    runners = [runs.Runner(pool, dataclasses.replace(tiny, iterations=T), tmp_path / "runs.jsonl", tmp_path, "tiny")
+               for T in (8, 16)]
+    body, verdicts = stagewise_defaults.measure(runners, jobs=2)
+    assert len(verdicts) == 2 * sum(len(case[3]) for case in stagewise_defaults.CASES)
     records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 2 * len(verdicts)  # both schedules, both seeds
     assert {json.dumps(r["params"], sort_keys=True) for r in records} == {
         json.dumps(p, sort_keys=True) for p in (stagewise_defaults.OLD, stagewise_defaults.NEW)}
-    assert body.count("\n| CODASCA") == len(verdicts)
+    rows = [line for line in body.splitlines() if line.startswith("| CODASCA")]
+    assert [row.split(" | ")[1] for row in rows] == ["8", "8", "16", "16"]
+    # The last column: how far the runs end below their best evaluation, never negative.
+    assert all(float(x) >= 0 for row in rows for x in row.rstrip(" |").split(" | ")[-1].split(" / "))
+
+
+def test_runs_trained_side_by_side_store_what_one_process_trains(tmp_path, work):
+    """``--jobs``: run_many's worker processes give each run the record a sequential run gives (same
+    seed, same AUC and curve), each stored once, and a rerun trains nothing."""
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0, 1), eval_points=2,
+                        score="macro_over_sites")
+    pool = runs.build_pool(work, tiny)
+    calls = [(("fedavg", {}, 0.3, (0.2,) * 3, seed), {}) for seed in (0, 1)] + [
+        (("codasca", {"stages": 2}, 0.3, (0.2,) * 3, 0), {})]
+    parallel = runs.Runner(pool, tiny, tmp_path / "parallel.jsonl", tmp_path, "p")
+    parallel.run_many(calls, jobs=2)
+    stored = [json.loads(line) for line in (tmp_path / "parallel.jsonl").read_text().splitlines()]
+    assert len(stored) == 3
+    sequential = runs.Runner(pool, tiny, tmp_path / "sequential.jsonl", tmp_path, "s")
+    for args, kw in calls:
+        expected = sequential.run(*args, **kw)
+        got = parallel.run(*args, **kw)  # read back, not trained again
+        assert got["key"] == expected["key"]
+        assert got["auc"] == pytest.approx(expected["auc"], abs=1e-6)
+        assert [a for _, a in got["curve"]] == pytest.approx([a for _, a in expected["curve"]], abs=1e-6)
+    reread = runs.Runner(pool, tiny, tmp_path / "parallel.jsonl", tmp_path, "p")
+    reread.run_many(calls, jobs=2)
+    assert len((tmp_path / "parallel.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_run_stored_under_other_defaults_is_not_taken_for_this_one(tmp_path, work, monkeypatch):
+    """The run's key holds the algorithm's parameters with its defaults filled in: after a change of
+    defaults, a cached ``codasca {}`` run trained under the old ones is trained again, not reused."""
+    from federated.algorithms.codasca import CODASCAParams
+
+    tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0,), eval_points=1)
+    runner = runs.Runner(runs.build_pool(work, tiny), tiny, tmp_path / "runs.jsonl", tmp_path, "t")
+    now = runner.spec("codasca", {}, 0.3, (0.2,) * 3, 0)
+    assert now["resolved"] == CODASCAParams().model_dump(mode="json")
+
+    class OneStage(CODASCAParams):
+        stages: int = 1
+
+    monkeypatch.setattr(runs, "get_algorithm", lambda name: type("Algorithm", (), {"Params": OneStage}))
+    assert runner.spec("codasca", {}, 0.3, (0.2,) * 3, 0)["key"] != now["key"]

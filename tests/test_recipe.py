@@ -93,13 +93,17 @@ def test_a_derived_stage_trains_as_the_same_t0_given_explicitly():
     assert any(not torch.equal(one.global_state[n], v) for n, v in explicit.global_state.items())
 
 
-@pytest.mark.parametrize(("algorithm", "stage_length"), [("codaplus", None), ("codasca", None), ("coda", 8)])
-def test_the_defaults_are_one_stage_for_codaplus_and_codasca_and_two_for_coda(algorithm, stage_length):
-    """The stagewise recipe measured worse on the claims pool (docs/claims.md "Stagewise defaults"), so
-    CODA+ and CODASCA keep one constant-lr stage; CoDA, whose alpha reset needs stages, derives two."""
+@pytest.mark.parametrize("algorithm", ["codaplus", "codasca", "coda"])
+def test_the_auc_m_family_trains_libaucs_stagewise_recipe_by_default(algorithm):
+    """Two stages of T/2, lr / 10 at the boundary, weight decay 1e-4, the iterate carrying on (docs/claims.md
+    "Stagewise defaults")."""
     engine = Engine(_config(algorithm=algorithm, params={}, rounds=8, local_steps=2))
-    assert engine.algorithm.stage_length == stage_length
-    assert (engine.algorithm.p.lr_decay, engine.algorithm.p.weight_decay) == (3.0, 1e-5)
+    assert engine.algorithm.stage_length == 8
+    p = engine.algorithm.p
+    assert (p.lr_decay, p.weight_decay, p.stage_restart) == (10.0, 1e-4, False)
+    assert engine.algorithm.stage_lr(engine.sites[0]) == pytest.approx(engine.config.lr)
+    engine.sites[0].iteration = 8
+    assert engine.algorithm.stage_lr(engine.sites[0]) == pytest.approx(engine.config.lr / 10)
 
 
 def test_coda_refuses_a_single_stage():

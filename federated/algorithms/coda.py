@@ -13,7 +13,7 @@ negatives anywhere keeps its alpha.
 from __future__ import annotations
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from federated.algorithms.base import Site
 from federated.algorithms.codaplus import CODAPlus, CODAPlusParams
@@ -25,8 +25,7 @@ _CLASS_STATS = ("pos_sum", "pos_count", "neg_sum", "neg_count")
 
 
 class CoDAParams(CODAPlusParams):
-    stages: int = Field(default=2, ge=1)  # CoDA's alpha reset needs stages: two of T/2 unless T0 is given
-
+    # CoDA's alpha reset needs stages: CODA+'s default two of T/2, or a given T0.
     @model_validator(mode="after")
     def _needs_stages(self):
         if self.T0 is None and self.stages == 1:

@@ -12,7 +12,7 @@ Round end:
     v_bar <- mean_k v_k;  v <- v_prev + eta_g (v_bar - v_prev)     (same for alpha; v_prev = the global
                                                                     model after the previous round)
 eta_g = 1 is plain averaging (the authors' code default). With c = c_k = 0 the first round is CODA+.
-Stages as CODA+; with ``stage_restart`` (default) a stage is a fresh run of the paper's inner algorithm
+Stages as CODA+; with ``stage_restart`` (not the default) a stage is a fresh run of the paper's inner algorithm
 from the previous stage's mean iterate, so c = c_k = 0 again and its first round is again CODA+'s.
 A site sends v, alpha and c_k: twice CODA+'s bytes.
 Recipe (docs/algorithms.md section 12): LibAUC's cross-entropy warm-up is ``TrainConfig.warmup_rounds``
