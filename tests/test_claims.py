@@ -188,6 +188,13 @@ def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr_and
     assert [row.split(" | ")[1] for row in rows] == ["8", "8", "16", "16"]
     # The last column: how far the runs end below their best evaluation, never negative.
     assert all(float(x) >= 0 for row in rows for x in row.rstrip(" |").split(" | ")[-1].split(" / "))
+    # The choice among schedules: every candidate on every validation seed, the new defaults among them.
+    choice = stagewise_defaults.choose(runners[1], jobs=2)
+    table = [line for line in choice if line.startswith("| ") and not line.startswith("| schedule")]
+    assert len(table) == len(stagewise_defaults.candidates(16, 4)) and any("the new defaults" in r for r in table)
+    chosen = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()][len(records):]
+    assert {r["seed"] for r in chosen} == set(stagewise_defaults.CHOICE_SEEDS)
+    assert stagewise_defaults.NEW in stagewise_defaults.candidates(16, 4).values()
 
 
 def test_runs_trained_side_by_side_store_what_one_process_trains(tmp_path, work):
