@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from pipelines.cli.application import flows
-from pipelines.cli.training import FlareEnv, TrainBackend
+from pipelines.cli.training import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend
 
 
 def evaluate_command(
@@ -19,13 +19,9 @@ def evaluate_command(
     backend: TrainBackend = typer.Option("inprocess", "--backend",
                                          help="inprocess: every site's shards are here and scored in this process; "
                                               "flare: an NVIDIA FLARE job scores them at the sites."),
-    flare_env: FlareEnv = typer.Option("sim", "--flare-env",
-                                       help="With --backend flare: sim (NVFlare's simulator, the sites here), poc "
-                                            "(a consortium started here for the job) or prod (the running consortium "
-                                            "--kit reaches)."),
-    flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
-                                        help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
-    kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit."),
+    flare_env: FlareEnv = FLARE_ENV,
+    flare_workspace: str = FLARE_WORKSPACE,
+    kit: str = ADMIN_KIT,
 ) -> None:
     """Registered models (default: the champion) on every site's valid and test splits, pooled (the Prefect flow
     evaluate); several --model-version are scored in one evaluation and compared in one table."""

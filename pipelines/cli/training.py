@@ -27,6 +27,17 @@ class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
     prod = "prod"
 
 
+# Where a FLARE job runs, shared by `fedauc train` and `fedauc evaluate` so that both say it alike.
+FLARE_ENV = typer.Option("sim", "--flare-env",
+                         help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
+                              "poc = a provisioned consortium (mutual TLS) started here for this job; "
+                              "prod = the running consortium the --kit admin kit reaches.")
+FLARE_WORKSPACE = typer.Option("flare_workspace", "--flare-workspace",
+                               help="With --backend flare: the NVFlare job's workspace (its logs stay here).")
+ADMIN_KIT = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
+                         "(the admin@... folder of `fedauc consortium provision`).")
+
+
 def train_command(
     federation: str = typer.Option(..., "--federation", help="A federation YAML, e.g. sites/demo/chest.yaml."),
     algorithm: str = typer.Option(..., "--algorithm", help="A registered algorithm, e.g. codasca."),
@@ -48,14 +59,9 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
     backend: TrainBackend = typer.Option("inprocess", "--backend",
                                 help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
-    flare_env: FlareEnv = typer.Option("sim", "--flare-env",
-                                  help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
-                                       "poc = a provisioned consortium (mutual TLS) started here for this job; "
-                                       "prod = the running consortium the --kit admin kit reaches."),
-    flare_workspace: str = typer.Option("flare_workspace", "--flare-workspace",
-                                        help="With --backend flare: the NVFlare job's workspace (its logs stay here)."),
-    kit: str = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
-                            "(the admin@... folder of `fedauc consortium provision`)."),
+    flare_env: FlareEnv = FLARE_ENV,
+    flare_workspace: str = FLARE_WORKSPACE,
+    kit: str = ADMIN_KIT,
     site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
                                        help="With --backend flare: seconds the sites wait for a silent site at a "
                                             "communication before the job fails naming it."),
