@@ -32,6 +32,15 @@ def test_both_tasks_train_fedavg_beside_an_auc_method():
         assert any(not issubclass(algorithm, FedAvg) for algorithm in algorithms), federation.name
 
 
+def test_codasca_trains_the_schedule_its_demo_lrs_were_chosen_under_whatever_the_defaults():
+    """docs/sweeps.md "Demo learning rates": one decay at T0 = 160 by 3, weight decay 1e-5, restarting from
+    the stage mean. The algorithm's defaults have moved since (docs/algorithms.md section 12); the demo must not."""
+    for _, _, algorithm, params, _ in DEMO_TRAININGS:
+        if algorithm == "codasca":
+            p = get_algorithm(algorithm).Params(**params)
+            assert (p.T0, p.lr_decay, p.weight_decay, p.stage_restart) == (160, 3.0, 1e-5, True)
+
+
 def test_the_pooled_melanoma_test_holds_at_least_40_positives(tmp_path):
     # The labels and patients alone (no image): the splits are drawn by patient from these, as the demo's
     # preprocessing draws them.
