@@ -13,6 +13,7 @@ configure_prefect_env()
 
 from prefect import Flow  # noqa: E402
 
+from pipelines.demo import DEMO_SCHEDULE  # noqa: E402
 from preprocessing.federation import load_federation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,3 +70,5 @@ def test_training_configs_are_valid_train_configs():
         for config in configs:
             validated = TrainConfig.model_validate({**config, "sites": stand_in_sites})
             get_algorithm(validated.algorithm).Params(**validated.params)
+            if validated.algorithm == "codasca" and "config" in parameters:  # its demo lr goes with the schedule it was chosen under
+                assert validated.params == DEMO_SCHEDULE, deployment["name"]
