@@ -1,12 +1,13 @@
 """Claim (b) at a long budget (docs/claims.md, "Claim (b) at a long budget"): FedAvg (BCE), CODASCA and
 FeDXL2 with every site at 2 % positives, trained long enough for BCE to overfit its few positives.
 
-    .venv/bin/python benchmarks/claims.py --long [--iterations 2048] [--validation-iterations 512]
-        [--validation-seeds 100 101 102] [--seeds 5] [--work DIR] [--doc docs/claims.md]
+    .venv/bin/python benchmarks/claims.py --long [--iterations 8192] [--validation-iterations 8192]
+        [--validation-seeds 100 101 102] [--seeds 5] [--jobs 2] [--work DIR] [--doc docs/claims.md]
 
 Each method's lr is the one of its candidates with the best mean validation AUC over several validation
 seeds (100 and up: their own federation draws, scored on the clinics' valid splits, never reported),
-trained at ``--validation-iterations`` (shorter than the reported runs, to fit the machine). The reported
+trained at ``--validation-iterations`` (by default the reported runs' budget: the lr a run prefers depends
+on its length, docs/claims.md). The defaults are the run docs/claims.md reports. The reported
 seeds then train at ``--iterations`` with evaluations along the run (the learning curves); verdicts are
 the paired-difference verdicts of benchmarks/claims.py. Runs are cached in ``--work`` as everywhere else,
 and the doc is rewritten after every seed, so a stopped run leaves the tables of the seeds it finished.
@@ -29,10 +30,10 @@ from stagewise_defaults import OLD as ONE_STAGE
 NAME = "long-b"
 BASELINE = "FedAvg (BCE)"
 RATE = 0.02
-LONG = Setting(pool=3000, n_train=1000, iterations=2048, rates=(RATE,), seeds=(0, 1, 2, 3, 4), eval_points=16,
+LONG = Setting(pool=3000, n_train=1000, iterations=8192, rates=(RATE,), seeds=(0, 1, 2, 3, 4), eval_points=16,
                score="macro_over_sites")
 VALIDATION_SEEDS = (VALIDATION_SEED, VALIDATION_SEED + 1, VALIDATION_SEED + 2)
-VALIDATION_ITERATIONS = 512
+VALIDATION_ITERATIONS = 8192
 # Two candidates per method: the lr the short-budget run chose on validation ("learnable") and its
 # neighbour on the claims grid towards the other side a longer run may favour.
 CANDIDATES = {"FedAvg (BCE)": (0.3, 1.0), "CODASCA (AUC-M)": (0.3, 1.0), "FeDXL2 (KL-OPAUC)": (0.1, 0.3),

@@ -59,7 +59,7 @@ def candidates(iterations: int, local_steps: int) -> dict[str, dict]:
 
 
 def choose(runner: Runner, jobs: int = 1) -> list[str]:
-    """The validation table of the candidate schedules (the best mean is the new defaults')."""
+    """The validation table of the candidate schedules, from which the new defaults were chosen (best mean)."""
     s = runner.setting
     rates = CASES[0][2]
     schedules = candidates(s.iterations, s.local_steps)
