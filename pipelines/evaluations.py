@@ -106,7 +106,7 @@ def score_models(federation: Federation, models: list[tuple[ModelToScore, dict[s
                     for name, d in zip(names, dirs)]
         hashes = {name: shard_content_hash(d) for name, d in zip(names, dirs)}
     else:
-        from federated.flare.evaluate import evaluate_flare
+        from federated.flare.evaluate_centre import evaluate_flare
 
         per_site, hashes = evaluate_flare(specs, states, federation, shards_root, flare["env"], Path(flare["workspace"]),
                                           flare.get("kit"), BINS, MIN_COUNT)

@@ -10,6 +10,8 @@ two modules still cannot be read or changed one without the other.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,3 +141,16 @@ def test_the_graph_sees_function_level_relative_and_from_package_imports(tmp_pat
     assert describe(cycles(graph)) == "pkg.a -> pkg.sub.c -> pkg.b -> pkg.a"
     (package / "b.py").write_text("from pkg.sub import helper\n")
     assert cycles(import_graph(tmp_path, ("pkg",))) == []
+
+
+def test_the_flare_modules_import_at_a_hospital_without_mlflow_or_prefect():
+    """A hospital installs fedauc to run its NVFlare client: every module of federated/flare/ imports with
+    MLflow and Prefect absent (an import of either fails at once here)."""
+    names = sorted(name for name in modules(ROOT, ("federated",)) if name.startswith("federated.flare"))
+    script = ("import importlib, sys\n"
+              "sys.modules.update({'mlflow': None, 'prefect': None, 'pipelines': None})\n"
+              f"for name in {names!r}:\n"
+              "    importlib.import_module(name)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(names) > 20

@@ -19,7 +19,7 @@ from nvflare.collab import collab
 
 from federated.engine import Engine
 from federated.flare.backend import FlareBackend
-from federated.flare.evaluate import score_here
+from federated.flare.evaluate_site import score_here
 from federated.flare.heartbeat import Heartbeat
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.live import HEARTBEAT_S
