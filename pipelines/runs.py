@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from federated import ShardSite, TrainConfig, get_algorithm, train
 from federated.algorithms.centralized import centralize
 from federated.data import to_model_input
 from federated.sites import site_report
+from federated.version import code_version
 from pipelines import tracking
 from pipelines.champion import SELECTION_METRIC, register_candidate
 from pipelines.tables import markdown_table
@@ -66,18 +66,6 @@ def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
                         fix=f"run `fedauc preprocess <site.yaml> --out {shards_root}` for each of those sites first, "
                             "or point --shards at where they were written")
     return dirs
-
-
-def code_version() -> str:
-    """The git commit of the running code, with '+dirty' when the work tree has changes."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def training_params(config: TrainConfig, federation: Federation) -> dict[str, str]:
