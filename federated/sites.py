@@ -1,7 +1,12 @@
-"""A federation's sites as training sites: one named ``ShardSite`` per hospital, checked against the federation.
+"""A training's sites: their names, their shards checked against the federation, and what each reports.
 
-Every launcher builds its config here (in-process training, ``torchrun``, NVFlare), so a site's name, its
-shard folder and the check that its shards fit the federation (task, diseases) are decided once.
+Where a site's shards are read (this machine in-process and under torchrun; the hospital over NVIDIA
+FLARE), ``check_shard`` decides whether they fit the federation (task, diseases), naming the site;
+``site_names`` / ``site_index`` name a config's sites without reading data (another machine's shards are
+not here). ``site_report`` is what the centre records of a site's data, computed at the site (shard hash,
+QC summary as its sharing policy allows, model input); ``check_site_reports`` checks the reports that came
+back against the federation and ``check_model_inputs`` that every site trains the same model input.
+``federation_config`` builds a config on every site's shards under one folder (the tests and benchmarks).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_an_evaluation_site_failure_reaches_the_centre_as_one_line_without_paths
     the site's paths (fails where ``site.evaluate`` raises)."""
     import shutil
 
-    from federated.flare.evaluate import evaluate_flare
+    from federated.flare.evaluate_centre import evaluate_flare
     from federated.flare.job import FlareJobFailed
     from federated.network import build_named
     from federated.scoring import ModelToScore
