@@ -19,8 +19,8 @@ from federated.flare.lockdown import STORES
 from federated.flare.poc import ADMIN, LocalConsortium, admin_session
 from federated.flare.protocol import JOB_PROP
 from federated.flare.provision import project, provision
-from federated.flare.version import code_version
 from federated.sites import federation_config
+from federated.version import code_version
 from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow
