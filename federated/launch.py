@@ -70,6 +70,10 @@ class _Launcher(BaseModel):
     def check(self) -> None:
         """Raise (a ``ConfigError`` saying the fix) where this launcher cannot run as set."""
 
+    def recorded(self, config: TrainConfig) -> TrainConfig:
+        """``config`` as this launcher trains it, its sites still the federation's: what MLflow records."""
+        return config
+
     def check_algorithm(self, algorithm: str) -> None:
         """Raise where ``algorithm`` cannot run here."""
 
@@ -103,6 +107,11 @@ class InProcess(_Launcher):
 
     def pools(self, algorithm: str) -> bool:
         return get_algorithm(algorithm).pools_sites
+
+    def recorded(self, config: TrainConfig) -> TrainConfig:
+        from federated.algorithms.centralized import pooled
+
+        return pooled(config) if self.pools(config.algorithm) else config
 
     def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
               callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:

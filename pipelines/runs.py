@@ -177,10 +177,11 @@ def train_tracked(
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
     # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
-    params = {**training_params(config, federation), **launcher.params()}
+    recorded = launcher.recorded(config)
+    params = {**training_params(recorded, federation), **launcher.params()}
     with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
         mlflow.log_params(params)
-        mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
+        mlflow.log_dict(json.loads(recorded.model_dump_json()), "config.json")
         # A pooled training (centralized: one site holding every site's data) has no per-site rounds: its
         # one site's records go to the parent only.
         logger = RoundLogger(client, parent.info.run_id, [] if pooled else child_ids)

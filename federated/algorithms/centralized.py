@@ -35,8 +35,14 @@ def _concat(parts: list) -> np.ndarray | torch.Tensor:
     return np.concatenate([np.asarray(p) for p in parts])
 
 
+def pooled(config: TrainConfig) -> TrainConfig:
+    """The run as it pools ``config``'s K sites, its sites still named: the algorithm ``centralized`` and a
+    batch of K x B rows, so that an iteration sees what a federated one sees (what the run records)."""
+    return config.model_copy(update={"algorithm": "centralized", "batch_size": config.batch_size * len(config.sites)})
+
+
 def centralize(config: TrainConfig) -> TrainConfig:
-    """The same run with every site's splits concatenated into one in-memory site (loads all data)."""
+    """:func:`pooled` with every site's splits concatenated into one in-memory site (loads all data)."""
     datas = load_sites(config.sites, list(range(len(config.sites))))
     splits = {}
     for split in ("train", "valid", "test"):
@@ -44,5 +50,4 @@ def centralize(config: TrainConfig) -> TrainConfig:
         if present:
             splits[split] = (_concat([p.images for p in present]), np.concatenate([p.labels for p in present]))
     site = TensorSite(name="centralized", diseases=datas[0].diseases, **splits)
-    return config.model_copy(update={"algorithm": "centralized", "sites": [site],
-                                     "batch_size": config.batch_size * len(datas)})
+    return pooled(config).model_copy(update={"sites": [site]})
