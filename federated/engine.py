@@ -38,6 +38,7 @@ from federated.network import (
     training_device,
     training_forward,
 )
+from federated.privacy import site as privacy
 from federated.registry import get_algorithm
 from federated.secure_aggregation import RING_BYTES, SecureBackend
 from federated.sites import site_names
@@ -101,6 +102,8 @@ class Engine:
         self.secure = SecureBackend(backend, [d.name for d in self.datas]) if config.secure_aggregation else None
         self.backend = backend = self.secure or backend
         self.input_shape = model_input_shape(self.datas[0])
+        # Before anything leaves a site: each site's budget admits the job or refuses it (federated/privacy).
+        self.privacy = privacy.admit_sites(config, self.datas, backend.local_sites, self.input_shape)
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
@@ -110,6 +113,7 @@ class Engine:
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
                       zip(backend.local_sites, self.datas, self.weights, local_priors)]
+        privacy.attach(self.sites, self.privacy)
         self.spec = {**model_state_spec(self.sites[0].model, config.bn_stats),
                      **self.algorithm.state_spec(self.sites[0])}
         for site in self.sites:
@@ -297,6 +301,8 @@ class Engine:
                         total += loss
                         site.iteration += 1
                     losses.append(torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())]))
+            if self.privacy:
+                losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr)
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
             check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
