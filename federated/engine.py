@@ -56,6 +56,7 @@ class TrainResult:
     num_classes: int
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
+    privacy: dict[str, dict] = field(default_factory=dict)  # under DP, site -> its epsilons (federated/privacy)
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -102,8 +103,7 @@ class Engine:
         self.secure = SecureBackend(backend, [d.name for d in self.datas]) if config.secure_aggregation else None
         self.backend = backend = self.secure or backend
         self.input_shape = model_input_shape(self.datas[0])
-        # Before anything leaves a site: each site's budget admits the job or refuses it (federated/privacy).
-        self.privacy = privacy.admit_sites(config, self.datas, backend.local_sites, self.input_shape)
+        self.privacy = privacy.admit_sites(config, self.datas, backend.local_sites, self.input_shape)  # before any release
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
@@ -301,8 +301,7 @@ class Engine:
                         total += loss
                         site.iteration += 1
                     losses.append(torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())]))
-            if self.privacy:
-                losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr)
+            losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr) if self.privacy else losses
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
             check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
@@ -352,8 +351,8 @@ class Engine:
             bar.close()
         gm = self.global_model()
         state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
-        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
-                           {s.index: s.state for s in self.sites}, test_histograms)
+        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes, {s.index: s.state for s in
+                           self.sites}, test_histograms, {p.name: p.epsilon for p in self.privacy or ()})
 
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:

@@ -28,6 +28,7 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
     consortium) and ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters.
     Returns the federation and its shards folder."""
     from federated import ShardSite, TrainConfig, get_algorithm
+    from federated.privacy.policy import check_dp_job
     from pipelines.runs import site_shard_dirs
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
@@ -43,6 +44,8 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
         problems = validation_problems("training config", err)
         raise ConfigError("\n".join(str(p) for p in problems),
                           fix="see `fedauc train --help`; hyperparameters per algorithm: federated/algorithms/") from None
+    # What DP does not cover is refused here too, before a job starts (each site checks again, and its budget).
+    check_dp_job(validated.algorithm, validated.dp, validated.guarantee_positives)
     return federation, root
 
 

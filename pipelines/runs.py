@@ -220,6 +220,7 @@ def train_tracked(
                                  Path(kit) if kit else None, [logger], name=run_name)
             reports = result.site_reports
         mlflow.log_params(site_params(reports))
+        log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
         model = result.model().eval()
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
@@ -254,6 +255,18 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
                                      f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
+
+
+def log_privacy(client, names: list[str], child_ids: list[str], privacy: dict[str, dict | None]) -> None:
+    """Each site's privacy spending under DP, on its own run: the job's epsilon, the site's spent and remaining
+    epsilon (remaining absent where the site has no budget) at the site's delta."""
+    for name, run_id in zip(names, child_ids):
+        spent = privacy.get(name)
+        if not spent:
+            continue
+        for key in ("epsilon_job", "epsilon_spent", "epsilon_remaining", "delta"):
+            if spent.get(key) is not None:
+                client.log_metric(run_id, f"privacy/{key}", float(spent[key]))
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:

@@ -88,6 +88,7 @@ def _train(job: dict) -> dict:
         # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
         result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
+        report["privacy"] = result.privacy.get(name)  # what the job spent of its budget (aggregate numbers)
     except Exception as err:
         # The server hears at once (the other sites stop waiting), in one line that names no path.
         return report_failure(name, err)

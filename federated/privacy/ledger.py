@@ -90,9 +90,12 @@ class Ledger:
         return any(e.job == job for e in self.entries)
 
 
-def set_budget(shard_dir: str | Path, budget: SiteBudget | None) -> Path:
-    """Record the site YAML's budget in the site's ledger (``fedauc preprocess``); its entries stay."""
+def set_budget(shard_dir: str | Path, budget: SiteBudget | None) -> Path | None:
+    """Record the site YAML's budget in the site's ledger (``fedauc preprocess``); its entries stay. A site
+    without a budget and without a ledger gets none."""
     ledger = Ledger.load(ledger_path(shard_dir))
+    if budget is None and ledger.budget is None and not ledger.entries:
+        return None
     ledger.budget = budget
     ledger.save()
     return ledger.path

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from preprocessing.errors import ConfigError
+from preprocessing.sites import PrivacyBudget
 
 # The algorithms whose local step is a sum of per-sample terms once the global state is fixed: their gradient is
 # privatized by per-sample clipping and Gaussian noise (federated/privacy/sgd.py). DP-SGD for the cross-entropy
@@ -50,13 +51,8 @@ class PrivacyRefused(ConfigError):
     """A site (or the job) refuses a training under its privacy budget or under DP; the message is one line."""
 
 
-class SiteBudget(BaseModel):
-    """A hospital's privacy budget for its data (its site YAML's ``privacy:``): the (epsilon, delta) that every
-    training on its records together may spend, as its own accountant composes them."""
-
-    model_config = ConfigDict(extra="forbid")
-    epsilon: float = Field(gt=0)
-    delta: float = Field(gt=0, lt=1)
+# The site YAML's ``privacy:`` block, as the ledger keeps it.
+SiteBudget = PrivacyBudget
 
 
 class DPConfig(BaseModel):
@@ -84,7 +80,7 @@ class DPConfig(BaseModel):
         return self
 
 
-def check_dp_job(algorithm: str, dp: DPConfig | None, guarantee_positives: bool, robust: str) -> None:
+def check_dp_job(algorithm: str, dp: DPConfig | None, guarantee_positives: bool) -> None:
     """Refuse, in one line, a DP job that the DP analysis does not cover (before any site is asked)."""
     if dp is None:
         return

@@ -80,7 +80,7 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
                                      f"{ledger.budget.epsilon:g}, delta {ledger.budget.delta:g}) and the job trains "
                                      "without DP (fedauc train --dp --noise-multiplier S --max-grad-norm C)")
         return None
-    check_dp_job(config.algorithm, dp, config.guarantee_positives, config.robust_aggregation)
+    check_dp_job(config.algorithm, dp, config.guarantee_positives)
     check_network(config.network, build_model(config, input_shape, len(datas[0].diseases)))
     from opacus.accountants.utils import get_noise_multiplier
 
