@@ -51,6 +51,13 @@ class PrivacyRefused(ConfigError):
     """A site (or the job) refuses a training under its privacy budget or under DP; the message is one line."""
 
 
+def refuse_release(site: str, budget: PrivacyBudget | None, what: str) -> None:
+    """A site with a budget releases nothing that no accountant counts: refuse ``what`` in one line."""
+    if budget is not None:
+        raise PrivacyRefused(f"site {site!r} refuses {what}: it has a privacy budget (epsilon {budget.epsilon:g}, "
+                             f"delta {budget.delta:g}) and {what} is released without differential privacy")
+
+
 # The site YAML's ``privacy:`` block, as the ledger keeps it.
 SiteBudget = PrivacyBudget
 
