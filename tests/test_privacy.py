@@ -190,3 +190,22 @@ def test_with_dp_the_server_receives_no_per_site_loss(tmp_path):
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
         assert "loss_reference" not in record
         assert all(math.isfinite(v) for v in record["update_norm"]["model"])
+
+
+def test_a_resumed_training_is_not_charged_again(tmp_path):
+    budget = {"epsilon": 8, "delta": 1e-5}
+    cfg = _config(tmp_path, budgets=(budget, budget), checkpoint_dir=str(tmp_path / "ckpt"))
+    federated.train(cfg)
+    result = federated.train({**cfg, "resume": True})
+    assert len(Ledger.load(tmp_path / "site0.privacy-ledger.json").entries) == 1
+    assert result.privacy["synthetic0"]["epsilon_spent"] == pytest.approx(result.privacy["synthetic0"]["epsilon_job"])
+
+
+def test_the_site_yaml_declares_its_budget():
+    from preprocessing.sites import SiteConfig
+
+    site = {"name": "vienna", "format": "siim-isic-2020", "root": "/data/isic", "task": "melanoma"}
+    assert SiteConfig.model_validate(site).privacy is None
+    assert SiteConfig.model_validate({**site, "privacy": {"epsilon": 3, "delta": 1e-5}}).privacy.epsilon == 3
+    with pytest.raises(ValueError, match=r"privacy\.epsilon"):
+        SiteConfig.model_validate({**site, "privacy": {"epsilon": 0, "delta": 1e-5}})
