@@ -7,7 +7,7 @@ with few training records in many dimensions, so that the model without DP overf
 something to find. Each epsilon is the sites' target (``--target-epsilon``: each site's sigma from its sampling rate
 and delta 1e-5, Opacus's RDP accountant). Seeds: the data's task and the run's; intervals: 95 % t over seeds.
 
-    .venv/bin/python benchmarks/privacy.py [--seeds 5] [--rounds 60]
+    .venv/bin/python benchmarks/privacy.py [--seeds 5] [--rounds 60] [--records 50] [--features 400]
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--records", type=int, default=SITE["n_train"], help="training records a site")
+    parser.add_argument("--features", type=int, default=SITE["shape"][0])
     args = parser.parse_args()
+    SITE.update(n_train=args.records, shape=(args.features,))
     torch.set_num_threads(int(os.environ.get("FEDAUC_BENCH_THREADS", "1")))
     rows = ["| method | epsilon (target) | epsilon spent | pooled test AUC | attack AUC (site 0) |", "|---|---:|---:|---|---|"]
     for name, (algorithm, params, lr) in METHODS.items():
@@ -118,7 +121,7 @@ def main() -> None:
           f"{platform.processor() or platform.machine()}: batch gradient {plain * 1e3:.1f} ms, per-sample "
           f"(torch.func vmap) clipped and noised {private * 1e3:.1f} ms: {private / plain:.2f}x")
     print(f"Setting: {SITES} sites x {SITE['n_train']} training records, {SITE['shape'][0]} features, positive rate "
-          f"{SITE['pos_rate']:.0%}, linear model, {args.rounds} rounds x I = 4, batch 12 (q = 0.2), "
+          f"{SITE['pos_rate']:.0%}, linear model, {args.rounds} rounds x I = 4, batch 12 (q = {12 / args.records:.3g}), "
           f"{args.seeds} seeds, delta 1e-5, C = 1")
 
 

@@ -36,8 +36,8 @@ DP_REFUSALS: dict[str, str] = {
     "coda": "its stage statistics are per-class sums of the site's own scores, released without noise",
     "localscgdam": "its compositional estimator carries per-site moving averages of data-dependent values across "
                    "steps; no DP analysis of it is implemented",
-    "localsgdam": "its gradients are taken at extrapolated points through a functional forward that the "
-                  "per-sample clipping does not cover yet",
+    "localsgdam": "its gradient estimator (LocalSCGDAM's, with rho = 0) is not routed through the per-sample "
+                  "clipping yet",
     "fedsgda_plus": "its gradients are taken at extrapolated points through a functional forward that the "
                     "per-sample clipping does not cover yet",
     "fedsgda_m": "its gradients are taken at extrapolated points through a functional forward that the "
