@@ -257,6 +257,21 @@ class Engine:
         return self.site_fingerprints
 
     # --- the loop -----------------------------------------------------------------------------
+    def local_round(self, site: Site, update: SiteUpdate) -> torch.Tensor:
+        """Site ``site``'s I local steps under its own RNG stream; its (mean, first) loss of the round, on the
+        device (read back with the round's one per-site gather)."""
+        cfg = self.config
+        update.restart(self._tensors(site))
+        with site.rng(), local_steps(cfg, site.model) as step_begins:
+            total, first = torch.zeros((), device=self.device), None
+            for batch in site.loader.batches(cfg.local_steps):
+                step_begins()
+                loss = self.algorithm.local_step(site, batch)
+                first = loss.detach().clone() if first is None else first  # a copy: the loss may be a reused buffer
+                total += loss
+                site.iteration += 1
+        return torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())])
+
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
         cfg = self.config
         history: list[dict] = []
@@ -282,18 +297,7 @@ class Engine:
             t0 = time.perf_counter()
             if self.secure:
                 self.secure.round = r
-            losses = []
-            for site, update in zip(self.sites, self.updates):
-                update.restart(self._tensors(site))
-                with site.rng(), local_steps(cfg, site.model) as step_begins:
-                    total, first = torch.zeros((), device=self.device), None
-                    for batch in site.loader.batches(cfg.local_steps):
-                        step_begins()
-                        loss = self.algorithm.local_step(site, batch)
-                        first = loss.detach().clone() if first is None else first  # a copy: the loss may be a reused buffer
-                        total += loss
-                        site.iteration += 1
-                    losses.append(torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())]))
+            losses = [self.local_round(site, update) for site, update in zip(self.sites, self.updates)]
             losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr) if self.privacy else losses
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
