@@ -33,6 +33,8 @@ from federated.launch import InProcess, Launcher
 from federated.schema import (
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    PRIVACY_METRICS,
+    PRIVACY_PREFIX,
     ROLE_TAG,
     SELECTION_METRIC,
     SITE,
@@ -224,9 +226,9 @@ def log_privacy(client, names: list[str], child_ids: list[str], privacy: dict[st
         spent = privacy.get(name)
         if not spent:
             continue
-        for key in ("epsilon_job", "epsilon_spent", "epsilon_remaining", "delta"):
+        for key in PRIVACY_METRICS:
             if spent.get(key) is not None:
-                client.log_metric(run_id, f"privacy/{key}", float(spent[key]))
+                client.log_metric(run_id, PRIVACY_PREFIX + key, float(spent[key]))
 
 
 def training_summary(run: TrainingRun) -> dict:

@@ -74,3 +74,22 @@ def test_a_dp_flare_run_with_secure_aggregation_equals_the_in_process_one(tmp_pa
     monkeypatch.setenv(NOISE_SEED_ENV, "8")
     other = federated.train(cfg)
     assert any(not torch.equal(other.global_state[k], v) for k, v in local.global_state.items())
+
+
+def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import runs
+
+    federation, shards, _ = budgets([50.0, 40.0, 30.0])
+    settings = _config(federation, shards).model_dump(mode="json", exclude={"sites"})
+    run = runs.train_tracked(federation, shards, settings, run_name="dp-recorded")
+    client = MlflowClient()
+    children = client.search_runs([client.get_run(run.run_id).info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{run.run_id}'")
+    by_site = {r.data.tags["site"]: r.data.metrics for r in children}
+    for name, budget in zip(["vienna", "barcelona", "new-york"], [50.0, 40.0, 30.0]):
+        metrics = by_site[name]
+        assert 0 < metrics["privacy/epsilon_spent"] == pytest.approx(metrics["privacy/epsilon_job"])
+        assert metrics["privacy/epsilon_remaining"] == pytest.approx(budget - metrics["privacy/epsilon_spent"])
+        assert metrics["privacy/delta"] == pytest.approx(1e-5)
