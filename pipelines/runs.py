@@ -106,6 +106,9 @@ class RoundLogger:
             {"bytes_sent": float(sent), "bytes_received": float(received), "train_loss": loss}
             for sent, received, loss in zip(record["bytes_sent"], record["bytes_received"], record["site_losses"])
         ]
+        if math.isnan(record["train_loss"]):  # under differential privacy the sites withhold their losses
+            for metrics in (parent, *children):
+                del metrics["train_loss"]
         for key in ("update_norm", "update_norm_rel"):  # federated/health.py: per group, per site
             for group, values in record[key].items():
                 for metrics, value in zip(children, values):

@@ -16,9 +16,9 @@ from torch import nn
 import federated
 from federated.algorithms.fedavg import FedAvg
 from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path, set_budget
-from federated.privacy.policy import PrivacyRefused, SiteBudget
+from federated.privacy.policy import DP_EXTRA_STEPS, DP_METHODS, PrivacyRefused, SiteBudget
 from federated.privacy.sgd import clip_per_sample, noised_sum, per_sample_gradients, private_gradients
-from models.objectives import auc_margin_loss, masked_bce_with_logits
+from models.objectives import auc_margin_loss, auc_square_loss, masked_bce_with_logits
 
 SITE = {"kind": "synthetic", "n_train": 200, "n_test": 100, "shape": [6], "pos_rate": 0.2, "signal": 2.0}
 DP = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
@@ -209,3 +209,30 @@ def test_the_site_yaml_declares_its_budget():
     assert SiteConfig.model_validate({**site, "privacy": {"epsilon": 3, "delta": 1e-5}}).privacy.epsilon == 3
     with pytest.raises(ValueError, match=r"privacy\.epsilon"):
         SiteConfig.model_validate({**site, "privacy": {"epsilon": 0, "delta": 1e-5}})
+
+
+@pytest.mark.parametrize("algorithm", sorted(DP_METHODS))
+def test_every_dp_algorithm_trains_and_is_charged_each_step_it_takes(tmp_path, algorithm):
+    budget = {"epsilon": 20, "delta": 1e-5}
+    result = federated.train(_config(tmp_path, algorithm=algorithm, budgets=(budget, None)))
+    assert all(torch.isfinite(v).all() for v in result.global_state.values())
+    (entry,) = Ledger.load(tmp_path / "site0.privacy-ledger.json").entries
+    assert entry.steps == 3 * 2 + DP_EXTRA_STEPS.get(algorithm, 0)
+    assert result.privacy["synthetic1"]["epsilon_remaining"] is None  # no budget there, still reported
+
+
+def test_localsgdam_per_record_loss_is_the_auc_square_loss_term():
+    from federated.algorithms.localsgdam import LocalSGDAM
+
+    torch.manual_seed(0)
+    model = nn.Linear(6, 2)
+    x, y, mask = torch.randn(12, 6), torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 6), torch.ones(12, 2)
+    site = type("S", (), {"prior": torch.tensor([0.3, 0.6])})()
+    algo = LocalSGDAM.__new__(LocalSGDAM)
+    a, b, alpha = torch.tensor([0.6, 0.5]), torch.tensor([0.2, 0.3]), torch.tensor([0.1, 0.4])
+    _, private = private_gradients(model, x, y, mask, lambda z, yy, m, ex: algo.sample_loss(site, z, yy, m, ex),
+                                   [a, b, alpha], 1e6, 1e-12, 12, torch.Generator().manual_seed(0))
+    leaves = [t.clone().requires_grad_() for t in (a, b, alpha)]
+    loss = auc_square_loss(torch.sigmoid(model(x)), y, *leaves, site.prior, mask=mask)
+    for p, e in zip(private, torch.autograd.grad(loss, [*model.parameters(), *leaves])):
+        torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)

@@ -23,8 +23,11 @@ from preprocessing.sites import PrivacyBudget
 # family; DP-SGDA for the AUC-margin family, where (w, a, b) and alpha are one clipped vector per sample.
 DP_METHODS: dict[str, str] = {
     "fedavg": "DP-SGD", "fedprox": "DP-SGD", "scaffold": "DP-SGD", "localsgdm": "DP-SGD",
-    "codaplus": "DP-SGDA", "codasca": "DP-SGDA",
+    "codaplus": "DP-SGDA", "codasca": "DP-SGDA", "localsgdam": "DP-SGDA",
 }
+# Local steps an algorithm takes beyond rounds x I, each a release the ledger counts: LocalSGDAM's initial
+# estimate draws its own minibatch (docs/algorithms.md section 6).
+DP_EXTRA_STEPS: dict[str, int] = {"localsgdam": 1}
 
 _PAIRWISE = ("its loss pairs each record with other records' scores and it gathers per-sample scores (score "
              "pools): one record moves many terms and leaves the site in the clear, so per-sample clipping bounds "
@@ -36,8 +39,6 @@ DP_REFUSALS: dict[str, str] = {
     "coda": "its stage statistics are per-class sums of the site's own scores, released without noise",
     "localscgdam": "its compositional estimator carries per-site moving averages of data-dependent values across "
                    "steps; no DP analysis of it is implemented",
-    "localsgdam": "its gradient estimator (LocalSCGDAM's, with rho = 0) is not routed through the per-sample "
-                  "clipping yet",
     "fedsgda_plus": "its gradients are taken at extrapolated points through a functional forward that the "
                     "per-sample clipping does not cover yet",
     "fedsgda_m": "its gradients are taken at extrapolated points through a functional forward that the "

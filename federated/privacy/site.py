@@ -27,7 +27,7 @@ from federated.data import Batch, SiteData
 from federated.health import TrainingDiverged, lower_lr_fix
 from federated.network import build_model
 from federated.privacy.ledger import Entry, Ledger, admit, epsilon
-from federated.privacy.policy import PrivacyRefused, check_dp_job, check_network
+from federated.privacy.policy import DP_EXTRA_STEPS, PrivacyRefused, check_dp_job, check_network
 from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
 
 NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
@@ -86,7 +86,7 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
     check_network(config.network, build_model(config, input_shape, len(datas[0].diseases)))
     from opacus.accountants.utils import get_noise_multiplier
 
-    key, steps = job_key(config), config.rounds * config.local_steps
+    key, steps = job_key(config), config.rounds * config.local_steps + DP_EXTRA_STEPS.get(config.algorithm, 0)
     out, charges = [], []
     for data, ledger in zip(datas, ledgers):
         n = len(data.train)
