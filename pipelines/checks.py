@@ -34,6 +34,8 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     launcher.check_algorithm(config["algorithm"])
+    # What DP does not cover is refused before any shard is read (each site checks again, with its budget).
+    check_dp_job(config["algorithm"], config.get("dp"), config.get("guarantee_positives", False))
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
     try:
@@ -43,8 +45,6 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
         problems = validation_problems("training config", err)
         raise ConfigError("\n".join(str(p) for p in problems),
                           fix="see `fedauc train --help`; hyperparameters per algorithm: federated/algorithms/") from None
-    # What DP does not cover is refused here too, before a job starts (each site checks again, and its budget).
-    check_dp_job(validated.algorithm, validated.dp, validated.guarantee_positives)
     return federation, root
 
 

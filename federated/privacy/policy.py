@@ -88,9 +88,10 @@ class DPConfig(BaseModel):
         return self
 
 
-def check_dp_job(algorithm: str, dp: DPConfig | None, guarantee_positives: bool) -> None:
-    """Refuse, in one line, a DP job that the DP analysis does not cover (before any site is asked)."""
-    if dp is None:
+def check_dp_job(algorithm: str, dp: DPConfig | dict | None, guarantee_positives: bool) -> None:
+    """Refuse, in one line, a DP job (``dp``: its settings, None or {} without DP) that the DP analysis does not
+    cover."""
+    if not dp:
         return
     if algorithm not in DP_METHODS:
         why = DP_REFUSALS.get(algorithm, "it has no DP analysis")

@@ -117,6 +117,9 @@ def train_command(
               "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value}
     if backend.value != "inprocess":
         config["timeout_s"] = site_timeout
+    if dp and (noise_multiplier is None) == (target_epsilon is None):
+        typer.echo("--dp needs one of --noise-multiplier and --target-epsilon", err=True)
+        raise typer.Exit(code=2)
     if dp:
         config["dp"] = {"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
                         "max_grad_norm": max_grad_norm}
