@@ -110,7 +110,7 @@ class Engine:
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
                  for d in self.datas]
         self.transport.mean_(flags, [1.0 / transport.num_sites] * len(flags))
-        self.has_eval_data = bool(flags[0][0] > 0) and config.dp is None  # DP: the sites release no evaluation
+        self.has_eval_data = bool(flags[0][0] > 0) and (config.dp is None or config.dp.eval_noise_multiplier is not None)
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
                       zip(transport.local_sites, self.datas, self.weights, local_priors)]

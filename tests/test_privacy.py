@@ -8,6 +8,7 @@ import math
 import os
 import stat
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
@@ -190,6 +191,31 @@ def test_with_dp_the_server_receives_no_per_site_loss(tmp_path):
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
         assert "loss_reference" not in record
         assert all(math.isfinite(v) for v in record["update_norm"]["model"])
+        assert "metrics" not in record  # no evaluation is released without its own noise
+
+
+def test_evaluation_histograms_are_released_with_counted_noise_and_no_per_site_metric(tmp_path):
+    budget = {"epsilon": 50, "delta": 1e-5}
+    dp = {**DP, "eval_noise_multiplier": 2.0}
+    records = []
+    federated.train(_config(tmp_path, dp=dp, budgets=(budget, None), eval_every=2), callbacks=[records.append])
+    evaluated = [r for r in records if "metrics" in r]
+    assert [r["round"] for r in evaluated] == [1, 2]
+    for record in evaluated:
+        assert 0.0 <= record["metrics"]["test/pooled/auc_macro"] <= 1.0
+        assert not [k for k in record["metrics"] if "/site/" in k]
+    entries = Ledger.load(tmp_path / "site0.privacy-ledger.json").entries
+    assert [(e.what, e.noise_multiplier, e.sample_rate, e.steps) for e in entries] == [
+        ("training", 1.0, 0.1, 6), ("evaluation", 2.0, 1.0, 2)]
+    # The noise: N(0, (2 sqrt(C))^2) on every bin, floored at 0 (half of the bins stay 0, the rest half-normal).
+    from federated.privacy.site import SitePrivacy
+
+    release = SitePrivacy("s", 1.0, 1.0, 0.1, 1.0, 0, {}, 2.0, torch.Generator().manual_seed(0))
+    report, hist = release.release_summary(np.zeros((4, 6)), np.zeros((4, 2, 20_000)))
+    assert np.isnan(report).all()
+    positive = hist[hist > 0]
+    assert len(positive) / hist.size == pytest.approx(0.5, abs=0.01)
+    assert positive.mean() == pytest.approx(2.0 * 2 * math.sqrt(2 / math.pi), rel=0.02)
 
 
 def test_a_resumed_training_is_not_charged_again(tmp_path):

@@ -79,6 +79,10 @@ class DPConfig(BaseModel):
     # labels; records), which leave before the training as without DP: a DP job declares them public (published
     # prevalences), and they are not counted in the ledger (docs/privacy.md section 2).
     prior: Literal["public"] = "public"
+    # The evaluations during training: None, none (the sites release no evaluation); a number sigma_e, each site
+    # releases its valid and test score histograms with N(0, (sigma_e sqrt(C))^2) on every bin (one record moves
+    # one bin per disease by 1) and no per-site metric; each evaluation is charged to its ledger.
+    eval_noise_multiplier: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_noise(self) -> DPConfig:

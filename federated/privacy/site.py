@@ -18,6 +18,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -54,13 +55,29 @@ class SitePrivacy:
     expected_batch: float
     seed: int
     epsilon: dict  # epsilon_job, epsilon_spent, epsilon_remaining (None: the site has no budget), delta
+    eval_noise_multiplier: float | None = None  # None: the site releases no evaluation
     generator: torch.Generator | None = None
+
+    def release_summary(self, report: np.ndarray, histograms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An evaluation's summary of a split as DP lets it leave: no per-site report (NaN rows, as a site without
+        the split sends) and the score histograms with Gaussian noise, floored at 0 (post-processing)."""
+        if np.isnan(report[:, 0]).all():  # no such split here: no record to protect
+            return report, histograms
+        std = self.eval_noise_multiplier * float(histograms.shape[0]) ** 0.5
+        noise = torch.normal(0.0, std, histograms.shape, generator=self.generator, device=self.generator.device)
+        return np.full_like(report, np.nan), np.clip(histograms + noise.double().cpu().numpy(), 0.0, None)
 
     def gradients(self, site: Site, batch: Batch, sample_loss: SampleLoss, extras: list[Tensor]
                   ) -> tuple[Tensor, list[Tensor]]:
         """(loss, privatized gradients of the network's parameters then of ``extras``) of one local step."""
         return private_gradients(site.model, batch.x, batch.y, batch.mask, sample_loss, extras, self.max_grad_norm,
                                  self.noise_multiplier, self.expected_batch, self.generator)
+
+
+def evaluation_rounds(config: TrainConfig) -> int:
+    """How many evaluations the engine runs in a training (every ``eval_every`` rounds and after the last)."""
+    every = config.eval_every
+    return sum(1 for r in range(config.rounds) if r == config.rounds - 1 or (every and (r + 1) % every == 0))
 
 
 def job_key(config: TrainConfig) -> str:
@@ -95,6 +112,9 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
         sigma = dp.noise_multiplier or get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=delta,
                                                             sample_rate=q, steps=steps, accountant=dp.accountant)
         job = [Entry(key, "training", sigma, q, steps)]
+        evaluations = evaluation_rounds(config)
+        if dp.eval_noise_multiplier is not None and evaluations:
+            job.append(Entry(key, "evaluation", dp.eval_noise_multiplier, 1.0, evaluations))
         if ledger.budget is None:
             spent = epsilon(job, delta, dp.accountant)
             report = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
@@ -106,7 +126,8 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
             report = admit(data.name, ledger, job, dp.accountant)
             charges.append((ledger, job))
         out.append(SitePrivacy(data.name, sigma, dp.max_grad_norm, q, min(config.batch_size, n),
-                               site_seed(data.name, config.resume), {**report, "delta": delta}))
+                               site_seed(data.name, config.resume), {**report, "delta": delta},
+                               dp.eval_noise_multiplier))
     for ledger, job in charges:  # every site of this process agreed: now charge them
         ledger.entries.extend(job)
         ledger.save()

@@ -91,6 +91,10 @@ def train_command(
                                         help="With --dp: C, the L2 bound of one record's gradient."),
     target_epsilon: float = typer.Option(None, "--target-epsilon", min=0.0,
                                          help="With --dp: each site picks the sigma that spends this epsilon there."),
+    eval_noise_multiplier: float = typer.Option(
+        None, "--eval-noise-multiplier", min=0.0,
+        help="With --dp: evaluate during training, each site releasing its score histograms with this noise "
+             "multiplier (counted in its ledger) and no per-site metric; without it a DP training evaluates nothing."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -122,9 +126,9 @@ def train_command(
         raise typer.Exit(code=2)
     if dp:
         config["dp"] = {"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
-                        "max_grad_norm": max_grad_norm}
-    elif noise_multiplier is not None or target_epsilon is not None:
-        typer.echo("--noise-multiplier and --target-epsilon need --dp", err=True)
+                        "max_grad_norm": max_grad_norm, "eval_noise_multiplier": eval_noise_multiplier}
+    elif noise_multiplier is not None or target_epsilon is not None or eval_noise_multiplier is not None:
+        typer.echo("--noise-multiplier, --target-epsilon and --eval-noise-multiplier need --dp", err=True)
         raise typer.Exit(code=2)
     from pipelines.checks import check_training
 
