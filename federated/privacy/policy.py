@@ -66,7 +66,7 @@ SiteBudget = PrivacyBudget
 class DPConfig(BaseModel):
     """A training's DP settings (``fedauc train --dp``). Either ``noise_multiplier`` (sigma: the noise's standard
     deviation is sigma x max_grad_norm) or ``target_epsilon`` (each site derives its own sigma from its sampling
-    rate and delta, so that the job spends that epsilon there)."""
+    rate and delta, so that the training's steps spend that epsilon there; noised evaluations add to it)."""
 
     model_config = ConfigDict(extra="forbid")
     noise_multiplier: float | None = Field(default=None, gt=0)
