@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from federated.aggregation import RULES
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from federated.privacy.ledger import ledger_path
+from federated.privacy.policy import DPConfig
 from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
 
@@ -34,6 +36,10 @@ class ShardSite(BaseModel):
         """What identifies the site's data (checkpoints refuse other data): the shard's content hash."""
         return shard_content_hash(self.path)
 
+    def privacy_ledger(self) -> Path:
+        """The site's privacy ledger (federated/privacy/ledger.py): beside its shard folder."""
+        return ledger_path(self.path)
+
 
 class SyntheticSite(BaseModel):
     """Gaussian multi-label data generated from seeds (tests, benchmarks, torchrun)."""
@@ -49,6 +55,10 @@ class SyntheticSite(BaseModel):
     signal: float = 1.0
     task_seed: int = 0
     site_seed: int | None = None  # default: task_seed + 1000 + site index
+    ledger: Path | None = None  # its privacy ledger (federated/privacy/ledger.py); None: no budget
+
+    def privacy_ledger(self) -> Path | None:
+        return self.ledger
 
     def load(self, index: int) -> SiteData:
         seed = self.task_seed + 1000 + index if self.site_seed is None else self.site_seed
@@ -58,7 +68,7 @@ class SyntheticSite(BaseModel):
 
     def fingerprint(self, index: int) -> str:
         """The generator's parameters and the site's index determine its data."""
-        return hashlib.sha256(f"{self.model_dump_json()}#{index}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.model_dump_json(exclude={'ledger'})}#{index}".encode()).hexdigest()
 
 
 class TensorSite(BaseModel):
@@ -71,6 +81,10 @@ class TensorSite(BaseModel):
     train: tuple[Any, Any]
     valid: tuple[Any, Any] | None = None
     test: tuple[Any, Any] | None = None
+    ledger: Path | None = None  # its privacy ledger (federated/privacy/ledger.py); None: no budget
+
+    def privacy_ledger(self) -> Path | None:
+        return self.ledger
 
     def load(self, index: int) -> SiteData:
         splits = {}
@@ -148,6 +162,9 @@ class TrainConfig(BaseModel):
     # Pairwise-masked secure aggregation of every mean and sum (federated/secure_aggregation.py): whoever
     # combines (the FLARE server) receives ring elements uniform whatever a site's values, and decodes only sums.
     secure_aggregation: bool = False
+    # Differential privacy at every site (federated/privacy/, docs/privacy.md); None: none, refused by a site
+    # that has a privacy budget.
+    dp: DPConfig | None = None
     prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
     # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:

@@ -38,6 +38,7 @@ from federated.network import (
     training_device,
     training_forward,
 )
+from federated.privacy import site as privacy
 from federated.registry import get_algorithm
 from federated.schema import RoundRecord
 from federated.secure_aggregation import RING_BYTES, SecureTransport
@@ -57,6 +58,7 @@ class TrainResult:
     num_classes: int
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
+    privacy: dict[str, dict] = field(default_factory=dict)  # under DP, site -> its epsilons (federated/privacy)
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -102,15 +104,17 @@ class Engine:
         self.secure = SecureTransport(transport, [d.name for d in self.datas]) if config.secure_aggregation else None
         self.transport = transport = self.secure or transport
         self.input_shape = model_input_shape(self.datas[0])
+        self.privacy = privacy.admit_sites(config, self.datas, transport.local_sites, self.input_shape)  # before any release
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
                  for d in self.datas]
         self.transport.mean_(flags, [1.0 / transport.num_sites] * len(flags))
-        self.has_eval_data = bool(flags[0][0] > 0)
+        self.has_eval_data = bool(flags[0][0] > 0) and (config.dp is None or config.dp.eval_noise_multiplier is not None)
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
                       zip(transport.local_sites, self.datas, self.weights, local_priors)]
+        privacy.attach(self.sites, self.privacy)
         self.spec = {**model_state_spec(self.sites[0].model, config.bn_stats),
                      **self.algorithm.state_spec(self.sites[0])}
         for site in self.sites:
@@ -295,6 +299,7 @@ class Engine:
             if self.secure:
                 self.secure.round = r
             losses = [self.local_round(site, update) for site, update in zip(self.sites, self.updates)]
+            losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr) if self.privacy else losses
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
             check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
@@ -343,8 +348,8 @@ class Engine:
             bar.close()
         gm = self.global_model()
         state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
-        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
-                           {s.index: s.state for s in self.sites}, test_histograms)
+        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes, {s.index: s.state for s in
+                           self.sites}, test_histograms, {p.name: p.epsilon for p in self.privacy or ()})
 
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:

@@ -249,6 +249,8 @@ def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationCont
         for site in sites:
             report, hist = split_summary(site_model(model, site, bn_stats), site.data.splits.get(split), C, bins,
                                          min_count, fed.device, fed.amp, fed.channels_last)
+            if site.privacy is not None:  # differential privacy: noised histograms only (federated/privacy/site.py)
+                report, hist = site.privacy.release_summary(report, hist)
             reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
             histograms.append(torch.from_numpy(hist).to(fed.device))
         gathered = transport.gather(reports)
@@ -265,7 +267,7 @@ def _add_split(out: Evaluation, split: str, reports: np.ndarray, histograms: np.
                diseases: list[str], min_count: int) -> None:
     """``combine`` one split's gathered reports (K, C, 3 + M) and summed histograms into ``out``, prefixed
     ``<split>/``; nothing when no site holds the split."""
-    if np.isnan(reports[:, :, _N_POS]).all():
+    if np.isnan(reports[:, :, _N_POS]).all() and not histograms.any():  # DP sites send histograms only
         return
     metrics, suppressed = combine(reports, histograms, site_ids, diseases, min_count)
     out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})

@@ -120,6 +120,7 @@ class HealthMonitor:
         self.divergence_factor = config.divergence_factor
         self.outlier_factor = config.outlier_factor
         self.first_losses: list[float] | None = None
+        self.losses_withheld = config.dp is not None
 
     def resume(self, history: list[dict]) -> None:
         """Take the first losses of a resumed run from its history."""
@@ -138,7 +139,10 @@ class HealthMonitor:
         losses, first_step_losses = per_site[:, 3].tolist(), per_site[:, 4].tolist()
         norms = per_site[:, 5:].tolist()
         where = f"round {round_index}"
-        bad = [k for k, v in enumerate(losses) if not math.isfinite(v)]
+        # Under differential privacy the sites withhold their losses (NaN) and check them themselves
+        # (federated/privacy/site.py withhold_losses).
+        withheld = self.losses_withheld
+        bad = [] if withheld else [k for k, v in enumerate(losses) if not math.isfinite(v)]
         if bad:
             raise TrainingDiverged(f"site(s) {_names(self.site_names, bad)}, {where}: the training loss is "
                                    f"{losses[bad[0]]} (the training diverged)", fix=self._fix(bad))
@@ -149,9 +153,11 @@ class HealthMonitor:
                 raise TrainingDiverged(f"site(s) {_names(self.site_names, bad)}, {where}: its update to {what} is "
                                        "not finite (NaN or infinite)", fix=self._fix(bad))
         health: dict = {}
-        if self.first_losses is None:
+        if withheld:
+            losses = [math.nan] * len(losses)
+        elif self.first_losses is None:
             self.first_losses = health["loss_reference"] = list(first_step_losses)
-        limits = [self.divergence_factor * max(abs(first), LOSS_FLOOR) for first in self.first_losses]
+        limits = [] if withheld else [self.divergence_factor * max(abs(first), LOSS_FLOOR) for first in self.first_losses]
         bad = [k for k, (v, limit) in enumerate(zip(losses, limits)) if abs(v) > limit]
         if bad:
             k = bad[0]

@@ -25,7 +25,7 @@ class RoundRecord(TypedDict, total=False):
     train_loss: float  # mean over sites of each site's mean local loss
     seconds: float
     lr: float
-    site_losses: list[float]  # federated/health.py
+    site_losses: list[float]  # federated/health.py; NaN under differential privacy (the sites withhold them)
     update_norm: dict[str, list[float]]  # per group, per site
     update_norm_rel: dict[str, list[float]]
     outliers: list[dict]
@@ -63,6 +63,12 @@ class MetricKey:
 
     def __str__(self) -> str:
         return f"{self.split}/{self.scope_name}/{self.metric}"
+
+
+# Under differential privacy, on each site's run: what the training spent of the site's budget (federated/privacy),
+# logged as ``privacy/<name>``; epsilon_remaining only where the site has a budget.
+PRIVACY_PREFIX = "privacy/"
+PRIVACY_METRICS = ("epsilon_job", "epsilon_spent", "epsilon_remaining", "delta")
 
 
 # --- MLflow tags -----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ Nothing is downloaded at run time: pretrained weights come only from a local fil
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,19 +29,29 @@ from torch import Tensor, nn
 # ---------------------------------------------------------------------------------------------------
 
 
-class ResidualBlock(nn.Module):
-    """Two 3x3 conv-BN layers with an identity (or 1x1 conv-BN projection) shortcut (He et al. 2016)."""
+def norm_layer(channels: int, norm: str) -> nn.Module:
+    """BatchNorm, or GroupNorm (Wu and He 2018: per-sample statistics, so that differential privacy's
+    per-sample gradients exist, federated/privacy) in groups of up to 8."""
+    if norm == "batch":
+        return nn.BatchNorm2d(channels)
+    if norm == "group":
+        return nn.GroupNorm(math.gcd(8, channels), channels)
+    raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}")
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int):
+
+class ResidualBlock(nn.Module):
+    """Two 3x3 conv-norm layers with an identity (or 1x1 conv-norm projection) shortcut (He et al. 2016)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, norm: str = "batch"):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.bn1 = norm_layer(out_channels, norm)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.bn2 = norm_layer(out_channels, norm)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
             self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+                                          norm_layer(out_channels, norm))
 
     def forward(self, x: Tensor) -> Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -55,13 +66,15 @@ class SmallResNet(nn.Module):
     in the tens of milliseconds per image.
     """
 
-    def __init__(self, num_classes: int, in_channels: int = 1, widths: tuple[int, ...] = (16, 32, 64, 128)):
+    def __init__(self, num_classes: int, in_channels: int = 1, widths: tuple[int, ...] = (16, 32, 64, 128),
+                 norm: str = "batch"):
         super().__init__()
         if len(widths) < 2:
             raise ValueError(f"widths needs a stem width and at least one stage width, got {widths}")
         self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, stride=2, padding=1, bias=False),
-                                  nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True))
-        self.stages = nn.Sequential(*(ResidualBlock(c_in, c_out, stride=2) for c_in, c_out in zip(widths, widths[1:])))
+                                  norm_layer(widths[0], norm), nn.ReLU(inplace=True))
+        self.stages = nn.Sequential(*(ResidualBlock(c_in, c_out, stride=2, norm=norm)
+                                      for c_in, c_out in zip(widths, widths[1:])))
         self.head = nn.Linear(widths[-1], num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -90,6 +103,12 @@ NETWORKS: dict[str, Callable[..., nn.Module]] = {
     "densenet121": _densenet121,
     "resnet18": _resnet18,
     "small_resnet": _small_resnet,
+    # GroupNorm variants, the networks that train under differential privacy (BatchNorm mixes a batch's records).
+    # MONAI's ResNet keeps BatchNorm in its downsampling shortcuts whatever its norm: no resnet18 variant.
+    "densenet121_gn": lambda num_classes, in_channels, **kw: _densenet121(num_classes, in_channels,
+                                                                          norm=("group", {"num_groups": 8}), **kw),
+    "small_resnet_gn": lambda num_classes, in_channels, **kw: _small_resnet(num_classes, in_channels,
+                                                                            norm="group", **kw),
 }
 
 

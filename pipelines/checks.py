@@ -29,10 +29,13 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
     site's shards where this machine reads them (``federated.sites.federation_config``: the same check every
     launcher's training makes). Returns the federation and its shards folder."""
     from federated import get_algorithm
+    from federated.privacy.policy import check_dp_job
     from federated.sites import federation_config
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     launcher.check_algorithm(config["algorithm"])
+    # What DP does not cover is refused before any shard is read (each site checks again, with its budget).
+    check_dp_job(config["algorithm"], config.get("dp"), config.get("guarantee_positives", False))
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
     try:

@@ -15,6 +15,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from federated.privacy.ledger import set_budget
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
     build_report,
@@ -67,6 +68,8 @@ def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
     labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
     summary = write_shards(config, result, str(out_dir), workers)
+    # The site's privacy budget goes into its ledger beside the shards, where every training on them reads it.
+    set_budget(summary.site_dir, config.privacy)
     paths = report(config, summary)
     return {
         "site": summary.site,

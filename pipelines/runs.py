@@ -32,6 +32,8 @@ from federated.launch import InProcess, Launcher
 from federated.schema import (
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    PRIVACY_METRICS,
+    PRIVACY_PREFIX,
     ROLE_TAG,
     SELECTION_METRIC,
     SITE,
@@ -104,6 +106,9 @@ class RoundLogger:
             {"bytes_sent": float(sent), "bytes_received": float(received), "train_loss": loss}
             for sent, received, loss in zip(record["bytes_sent"], record["bytes_received"], record["site_losses"])
         ]
+        if math.isnan(record["train_loss"]):  # under differential privacy the sites withhold their losses
+            for metrics in (parent, *children):
+                del metrics["train_loss"]
         for key in ("update_norm", "update_norm_rel"):  # federated/health.py: per group, per site
             for group, values in record[key].items():
                 for metrics, value in zip(children, values):
@@ -188,6 +193,7 @@ def train_tracked(
         trained = launcher.train(config, federation, shards_root, [logger], name=run_name)
         result, reports = trained.result, trained.site_reports
         mlflow.log_params(site_params(reports))
+        log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
         mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
@@ -215,6 +221,18 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
                                      f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
+
+
+def log_privacy(client, names: list[str], child_ids: list[str], privacy: dict[str, dict | None]) -> None:
+    """Each site's privacy spending under DP, on its own run: the job's epsilon, the site's spent and remaining
+    epsilon (remaining absent where the site has no budget) at the site's delta."""
+    for name, run_id in zip(names, child_ids):
+        spent = privacy.get(name)
+        if not spent:
+            continue
+        for key in PRIVACY_METRICS:
+            if spent.get(key) is not None:
+                client.log_metric(run_id, PRIVACY_PREFIX + key, float(spent[key]))
 
 
 def training_summary(run: TrainingRun) -> dict:

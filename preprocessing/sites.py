@@ -78,6 +78,15 @@ class SharingPolicy(BaseModel):
     min_count: int = Field(10, ge=1)
 
 
+class PrivacyBudget(BaseModel):
+    """``privacy: {epsilon, delta}``: what every training on this site's records together may spend (its ledger,
+    beside its shards, composes them; federated/privacy/ledger.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
 class SiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -93,6 +102,9 @@ class SiteConfig(BaseModel):
     decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
     sharing: SharingPolicy = Field(default_factory=SharingPolicy)
+    # The hospital's differential-privacy budget for its records (docs/privacy.md): every training on them
+    # together may spend at most this (epsilon, delta), enforced at the site; none: trainings without DP, as before.
+    privacy: PrivacyBudget | None = None
     # fedauc code versions (federated/flare/version.py) besides its own whose FLARE jobs this site runs.
     allowed_code_versions: list[str] = Field(default_factory=list)
 

@@ -44,3 +44,14 @@ def test_centralized_is_refused_over_flare():
     config = TrainConfig(algorithm="centralized", rounds=1, sites=[SyntheticSite(n_train=8)] * 4)  # a flow that skips the CLI
     with pytest.raises(ConfigError, match="moves patient data"):
         train_flare(config, load_federation("sites/demo/chest.yaml"), None, "sim", Path("unused"))
+
+
+def test_train_refuses_what_dp_does_not_cover_before_reading_shards():
+    result = runner.invoke(app, ["train", "--federation", "sites/demo/chest.yaml", "--algorithm", "fedxl2", "--dp",
+                                 "--noise-multiplier", "1.0"])
+    assert result.exit_code == 1
+    assert "error: algorithm 'fedxl2' is refused under DP: its loss pairs each record" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["train", "--federation", "sites/demo/chest.yaml", "--algorithm", "codasca", "--dp"])
+    assert result.exit_code == 2
+    assert "--dp needs one of --noise-multiplier and --target-epsilon" in result.output

@@ -127,3 +127,23 @@ def test_a_diverging_round_stops_every_process_naming_the_round(tmp_path):
     assert proc.stderr.count("fedauc distributed: site(s) 'synthetic0', 'synthetic1', round 0: the training loss") == 2
     assert "lower the learning rate (--lr, now 1e+09)" in proc.stderr
     assert "Traceback" not in proc.stderr.split("fedauc distributed:")[0]
+
+
+def test_dp_under_torchrun_gives_the_in_process_model_and_charges_each_site(tmp_path, monkeypatch):
+    """Differential privacy (federated/privacy) is the engine's, whatever the transport: with the sites' own noise
+    seeds fixed, two processes give the in-process model, and each process charges its own site's ledger."""
+    from federated.privacy.ledger import Ledger
+    from federated.privacy.policy import SiteBudget
+    from federated.privacy.site import NOISE_SEED_ENV
+
+    monkeypatch.setenv(NOISE_SEED_ENV, "3")
+    ledgers = [tmp_path / f"site{k}.privacy-ledger.json" for k in range(2)]
+    for path in ledgers:
+        Ledger(path, SiteBudget(epsilon=30, delta=1e-5)).save()
+    base = _config(network="linear", guarantee_positives=False, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0})
+    cfg = base.model_copy(update={"sites": [s.model_copy(update={"ledger": path}) for s, path in zip(base.sites, ledgers)]})
+    dist_result = _torchrun(tmp_path, cfg)
+    local = federated.train(cfg)
+    for k, v in local.global_state.items():
+        torch.testing.assert_close(dist_result["global_state"][k], v, rtol=1e-5, atol=1e-6)
+    assert [len(Ledger.load(path).entries) for path in ledgers] == [2, 2]

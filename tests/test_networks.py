@@ -176,4 +176,4 @@ def test_resnet18_loads_torchvision_named_weights():
             assert torch.equal(state[k], tv[k]), k
     for k, before in head_before.items():
         assert torch.equal(state[k], before), k
-    assert set(NETWORKS) == {"densenet121", "resnet18", "small_resnet"}
+    assert set(NETWORKS) == {"densenet121", "resnet18", "small_resnet", "densenet121_gn", "small_resnet_gn"}

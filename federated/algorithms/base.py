@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -71,6 +71,8 @@ class Site:
     # What the training steps call: torch.compile's wrapper of ``model`` (same parameters and state_dict) when
     # the config compiles the network; None: the network itself.
     forward: nn.Module | None = None
+    # Under DP (federated/privacy/site.py SitePrivacy): what privatizes this site's gradients; None without DP.
+    privacy: Any = None
 
     def parameter_names(self) -> list[str]:
         if self.param_names is None:
@@ -158,6 +160,18 @@ class Algorithm:
         # A copy even when already float32: under CUDA graphs the network's output buffer is overwritten by the
         # next replay, and algorithms keep scores across steps (score pools, moving averages).
         return out.to(torch.float32, copy=True).reshape(len(x), -1)
+
+    def sample_loss(self, site: Site, logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                    extras: list[torch.Tensor]) -> torch.Tensor:
+        """One record's loss (``logits``, ``y``, ``mask``: (C,)), for the algorithms that run under DP: their batch
+        loss is the batch mean of it (federated/privacy/policy.py DP_METHODS)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-record loss: it does not run under DP")
+
+    def private_gradients(self, site: Site, batch: Batch, extras: list[torch.Tensor] = ()):
+        """Under DP: (loss, the privatized gradients of the network's parameters, then of ``extras``) of the step,
+        which the algorithm reads in place of its batch gradients (federated/privacy/sgd.py)."""
+        return site.privacy.gradients(site, batch, lambda z, y, m, ex: self.sample_loss(site, z, y, m, ex),
+                                      list(extras))
 
     @staticmethod
     def params(site: Site) -> list[torch.Tensor]:

@@ -34,7 +34,13 @@ from federated.algorithms.base import Algorithm, Site
 from federated.data import Batch
 from federated.registry import register
 from federated.state import Comm
-from models.objectives import auc_margin_dual_direction, auc_margin_loss, clamp_alpha, defined_diseases
+from models.objectives import (
+    auc_margin_dual_direction,
+    auc_margin_loss,
+    auc_margin_terms,
+    clamp_alpha,
+    defined_diseases,
+)
 
 
 class CODAPlusParams(BaseModel):
@@ -119,7 +125,9 @@ class CODAPlus(Algorithm):
 
     # --- one local step -----------------------------------------------------------------------
     def scores(self, site: Site, batch: Batch) -> torch.Tensor:
-        logits = self.logits(site, batch)
+        return self.score_of(self.logits(site, batch))
+
+    def score_of(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits) if self.p.score == "sigmoid" else logits
 
     def primal_direction(self, site: Site, v: list[torch.Tensor], g: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -137,12 +145,20 @@ class CODAPlus(Algorithm):
         """(loss, raw gradient of the primal v = (w, a, b), stochastic alpha gradient, (C,) 1 for the
         diseases with both classes in the batch) of the AUC-M loss."""
         st = site.state
+        if site.privacy is not None:  # DP-SGDA: (w, a, b, alpha) clipped together per record, every disease stepped
+            loss, grads = self.private_gradients(site, batch, [st["a"], st["b"], st["alpha"]])
+            return loss, grads[:-1], grads[-1], torch.ones_like(st["alpha"])
         a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
         loss = auc_margin_loss(self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin,
                                mask=batch.mask)
         grads = torch.autograd.grad(loss, self.params(site) + [a, b, alpha], allow_unused=True,
                                     materialize_grads=True)
         return loss.detach(), list(grads[:-1]), grads[-1], defined_diseases(batch.y, batch.mask).to(alpha.dtype)
+
+    def sample_loss(self, site, logits, y, mask, extras):
+        a, b, alpha = extras
+        s = self.score_of(logits)
+        return auc_margin_terms(s, y * mask, (1 - y) * mask, a, b, alpha, site.prior, self.p.margin).sum() / len(s)
 
     def dual_direction(self, site: Site, g_alpha: torch.Tensor, defined: torch.Tensor) -> torch.Tensor:
         """d_alpha at the current (already updated) a, b: closed form or the stochastic gradient."""

@@ -10,6 +10,7 @@ over the batch's known labels, then mean over diseases).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from federated.algorithms.base import Algorithm, Site
@@ -37,10 +38,17 @@ class FedAvg(Algorithm):
             return torch._foreach_add(grads, self.params(site), alpha=self.p.weight_decay)
         return grads
 
+    def sample_loss(self, site, logits, y, mask, extras):
+        return (F.binary_cross_entropy_with_logits(logits, y, reduction="none") * mask).sum() / len(logits)
+
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
-        self.zero_grad(site)
-        loss = self.loss(site, batch)
-        loss.backward()
+        if site.privacy is not None:
+            loss, grads = self.private_gradients(site, batch)
+        else:
+            self.zero_grad(site)
+            loss = self.loss(site, batch)
+            loss.backward()
+            grads = self.grads(site)
         with torch.no_grad():
-            torch._foreach_add_(self.params(site), self.direction(site, self.grads(site)), alpha=-self.fed.lr)
+            torch._foreach_add_(self.params(site), self.direction(site, grads), alpha=-self.fed.lr)
         return loss.detach()

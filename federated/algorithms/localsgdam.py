@@ -10,10 +10,13 @@ at x updates the BN running statistics.
 
 from __future__ import annotations
 
+import torch
+
 from federated.algorithms.base import Site
 from federated.algorithms.localscgdam import LocalSCGDAM, LocalSGDAMParams
 from federated.data import Batch
 from federated.registry import register
+from models.objectives import auc_square_terms
 
 
 @register
@@ -30,3 +33,19 @@ class LocalSGDAM(LocalSCGDAM):
 
     def forward_at(self, site: Site, weights, batch: Batch):
         return self.logits(site, batch)  # the model's own forward at x: updates BN running statistics
+
+    def sample_loss(self, site, logits, y, mask, extras):
+        a, b, alpha = extras
+        s = torch.sigmoid(logits)
+        return auc_square_terms(s, y * mask, (1 - y) * mask, a, b, alpha, site.prior).sum() / len(s)
+
+    def estimate(self, site: Site, batch: Batch, first: bool) -> torch.Tensor:
+        if site.privacy is None:
+            return super().estimate(site, batch, first)
+        # DP-SGDA: the gradients of (w, a, b) and alpha clipped together per record, noised, then the momenta.
+        st = site.state
+        loss, z = self.private_gradients(site, batch, [st["a"], st["b"], st["alpha"]])
+        with torch.no_grad():
+            torch._foreach_lerp_(self.group(site, "u"), z[:-1], 1.0 if first else self.p.beta_x)
+            st["v"].lerp_(z[-1], 1.0 if first else self.p.beta_y)
+        return loss

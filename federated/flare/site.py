@@ -29,6 +29,8 @@ from federated.flare.site_failure import report_failure
 from federated.flare.spec import FlareJob, local_site
 from federated.flare.version import check_code_version
 from federated.network import training_device
+from federated.privacy.ledger import Ledger, ledger_path
+from federated.privacy.policy import refuse_release
 from federated.sites import check_model_inputs, site_report
 from preprocessing.sites import SharingPolicy
 
@@ -88,6 +90,7 @@ def _train(job: dict) -> dict:
         # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
         result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
+        report["privacy"] = result.privacy.get(name)  # what the job spent of its budget (aggregate numbers)
     except Exception as err:
         # The server hears at once (the other sites stop waiting), in one line that names no path.
         return report_failure(name, err)
@@ -105,6 +108,7 @@ def evaluate(job: dict, weights: list) -> dict:
     test splits (federated/flare/evaluate_site.py)."""
     try:
         run = prelude(job)
+        refuse_release(run.name, Ledger.load(ledger_path(run.shard_dir)).budget, "an evaluation")
         return score_here(run.spec, run.name, run.shard_dir, weights)
     except Exception as err:
         # As in training: NVFlare would send the centre the traceback, with this site's paths in it.

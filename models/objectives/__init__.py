@@ -32,7 +32,15 @@ defined in the batch; ``"sum"`` adds them; ``"none"`` returns the (C,) vector of
 """
 
 from models.objectives.batch import Reduction, defined_diseases
-from models.objectives.minmax import ALPHA_MAX, auc_margin_dual_direction, auc_margin_loss, auc_square_loss, clamp_alpha
+from models.objectives.minmax import (
+    ALPHA_MAX,
+    auc_margin_dual_direction,
+    auc_margin_loss,
+    auc_margin_terms,
+    auc_square_loss,
+    auc_square_terms,
+    clamp_alpha,
+)
 from models.objectives.pairwise import DEFAULT_TEMPERATURE, SURROGATES, Surrogate, get_surrogate, pairwise_auc_loss
 from models.objectives.partial_auc import (
     CVaROPAUCLoss,
@@ -48,7 +56,7 @@ from models.objectives.ratio import RATIO_CAP, masked_bce_with_logits, ratio_los
 
 __all__ = [
     "ALPHA_MAX", "DEFAULT_TEMPERATURE", "RATIO_CAP", "SURROGATES", "CVaROPAUCLoss", "KLOPAUCLoss", "KLTPAUCLoss",
-    "Reduction", "Surrogate", "auc_margin_dual_direction", "auc_margin_loss", "auc_square_loss", "clamp_alpha",
+    "Reduction", "Surrogate", "auc_margin_dual_direction", "auc_margin_loss", "auc_margin_terms", "auc_square_loss", "auc_square_terms", "clamp_alpha",
     "cvar_opauc_surrogate", "cvar_threshold_gradient", "defined_diseases", "get_surrogate", "kl_opauc_ema",
     "kl_opauc_inner_mean", "kl_opauc_surrogate", "masked_bce_with_logits", "pairwise_auc_loss", "ratio_loss",
     "ratio_positive_weight",

@@ -41,11 +41,16 @@ def auc_square_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
     The prior is passed explicitly (the global prior in a federation, section 0), never the batch ratio.
     """
     batch, p, a, b, alpha = _min_max_inputs(scores, labels, mask, prior, a, b, alpha)
-    s = batch.scores
-    per_sample = ((1 - p) * (s - a) ** 2 * batch.pos + p * (s - b) ** 2 * batch.neg
-                  + 2 * (1 + alpha) * (p * s * batch.neg - (1 - p) * s * batch.pos)
-                  - p * (1 - p) * alpha ** 2)
+    per_sample = auc_square_terms(batch.scores, batch.pos, batch.neg, a, b, alpha, p)
     return reduce_terms(masked_batch_mean(per_sample, batch), reduction)
+
+
+def auc_square_terms(s: Tensor, pos: Tensor, neg: Tensor, a: Tensor, b: Tensor, alpha: Tensor, p: Tensor) -> Tensor:
+    """The AUC square term of each sample and disease (``pos``, ``neg``: 1 where the label is a present positive,
+    negative); unchecked, so that it runs under ``torch.func.vmap`` (DP's per-sample gradients)."""
+    return ((1 - p) * (s - a) ** 2 * pos + p * (s - b) ** 2 * neg
+            + 2 * (1 + alpha) * (p * s * neg - (1 - p) * s * pos)
+            - p * (1 - p) * alpha ** 2)
 
 
 def auc_margin_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha: Tensor,
@@ -61,11 +66,17 @@ def auc_margin_loss(scores: Tensor, labels: Tensor, a: Tensor, b: Tensor, alpha:
     closed-form direction the authors' code ascends is :func:`auc_margin_dual_direction`.
     """
     batch, p, a, b, alpha = _min_max_inputs(scores, labels, mask, prior, a, b, alpha)
-    s = batch.scores
-    per_sample = ((1 - p) * (s - a) ** 2 * batch.pos + p * (s - b) ** 2 * batch.neg
-                  + 2 * alpha * (p * (1 - p) * margin + p * s * batch.neg - (1 - p) * s * batch.pos)
-                  - p * (1 - p) * alpha ** 2)
+    per_sample = auc_margin_terms(batch.scores, batch.pos, batch.neg, a, b, alpha, p, margin)
     return reduce_terms(masked_batch_mean(per_sample, batch), reduction)
+
+
+def auc_margin_terms(s: Tensor, pos: Tensor, neg: Tensor, a: Tensor, b: Tensor, alpha: Tensor, p: Tensor,
+                     margin: float) -> Tensor:
+    """The AUC-M term of each sample and disease (``pos``, ``neg``: 1 where the label is a present positive,
+    negative); unchecked, so that it runs under ``torch.func.vmap`` (DP's per-sample gradients)."""
+    return ((1 - p) * (s - a) ** 2 * pos + p * (s - b) ** 2 * neg
+            + 2 * alpha * (p * (1 - p) * margin + p * s * neg - (1 - p) * s * pos)
+            - p * (1 - p) * alpha ** 2)
 
 
 def auc_margin_dual_direction(a: Tensor, b: Tensor, alpha: Tensor, margin: float = 1.0) -> Tensor:

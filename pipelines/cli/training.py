@@ -82,6 +82,19 @@ def train_command(
         help="How a round's model updates combine: mean (weighted), or the coordinate-wise median or trimmed mean "
              "over sites, which outvotes one broken site (federated/aggregation.py: when it helps, its cost); "
              "not with --secure-aggregation."),
+    dp: bool = typer.Option(False, "--dp", help="Differential privacy at every site (docs/privacy.md): Poisson "
+                            "sampling, per-sample clipping and Gaussian noise at each local step, charged to each "
+                            "site's privacy budget; needs --noise-multiplier or --target-epsilon."),
+    noise_multiplier: float = typer.Option(None, "--noise-multiplier", min=0.0,
+                                           help="With --dp: sigma; the noise's std is sigma x --max-grad-norm."),
+    max_grad_norm: float = typer.Option(1.0, "--max-grad-norm", min=0.0,
+                                        help="With --dp: C, the L2 bound of one record's gradient."),
+    target_epsilon: float = typer.Option(None, "--target-epsilon", min=0.0,
+                                         help="With --dp: each site picks the sigma that spends this epsilon there."),
+    eval_noise_multiplier: float = typer.Option(
+        None, "--eval-noise-multiplier", min=0.0,
+        help="With --dp: evaluate during training, each site releasing its score histograms with this noise "
+             "multiplier (counted in its ledger) and no per-site metric; without it a DP training evaluates nothing."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
@@ -108,6 +121,15 @@ def train_command(
               "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value}
     if backend.value != "inprocess":
         config["timeout_s"] = site_timeout
+    if dp and (noise_multiplier is None) == (target_epsilon is None):
+        typer.echo("--dp needs one of --noise-multiplier and --target-epsilon", err=True)
+        raise typer.Exit(code=2)
+    if dp:
+        config["dp"] = {"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
+                        "max_grad_norm": max_grad_norm, "eval_noise_multiplier": eval_noise_multiplier}
+    elif noise_multiplier is not None or target_epsilon is not None or eval_noise_multiplier is not None:
+        typer.echo("--noise-multiplier, --target-epsilon and --eval-noise-multiplier need --dp", err=True)
+        raise typer.Exit(code=2)
     from pipelines.checks import check_training
 
     _, shards_root = check_training(federation, shards, config, launcher)

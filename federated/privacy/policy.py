@@ -1,0 +1,120 @@
+"""What a training's differential privacy is (``DPConfig``), what a hospital allows (``SiteBudget``) and what
+is refused under DP, each in one line (docs/privacy.md).
+
+The unit of privacy is one record of a site's training split (one image with its labels; splits are by patient,
+so a patient's images are in one split). The guarantee is (epsilon, delta) record-level DP of everything the
+site releases in a training, by the Gaussian mechanism on Poisson-subsampled per-sample-clipped gradients
+(Abadi et al., "Deep Learning with Differential Privacy", CCS 2016; for the min-max AUC losses DP-SGDA, Yang et
+al., "Differentially Private SGDA for Minimax Problems", UAI 2022), composed by Opacus's accountant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from preprocessing.errors import ConfigError
+from preprocessing.sites import PrivacyBudget
+
+# The algorithms whose local step is a sum of per-sample terms once the global state is fixed: their gradient is
+# privatized by per-sample clipping and Gaussian noise (federated/privacy/sgd.py). DP-SGD for the cross-entropy
+# family; DP-SGDA for the AUC-margin family, where (w, a, b) and alpha are one clipped vector per sample.
+DP_METHODS: dict[str, str] = {
+    "fedavg": "DP-SGD", "fedprox": "DP-SGD", "scaffold": "DP-SGD", "localsgdm": "DP-SGD",
+    "codaplus": "DP-SGDA", "codasca": "DP-SGDA", "localsgdam": "DP-SGDA",
+}
+# Local steps an algorithm takes beyond rounds x I, each a release the ledger counts: LocalSGDAM's initial
+# estimate draws its own minibatch (docs/algorithms.md section 6).
+DP_EXTRA_STEPS: dict[str, int] = {"localsgdam": 1}
+
+_PAIRWISE = ("its loss pairs each record with other records' scores and it gathers per-sample scores (score "
+             "pools): one record moves many terms and leaves the site in the clear, so per-sample clipping bounds "
+             "nothing")
+# Why each other algorithm is refused under DP (docs/privacy.md section 3).
+DP_REFUSALS: dict[str, str] = {
+    "fedxl1": _PAIRWISE, "fedxl2": _PAIRWISE, "localpair": _PAIRWISE,
+    "centralized": "it pools every site's records at one place, which DP at the site cannot cover",
+    "coda": "its stage statistics are per-class sums of the site's own scores, released without noise",
+    "localscgdam": "its compositional estimator carries per-site moving averages of data-dependent values across "
+                   "steps; no DP analysis of it is implemented",
+    "fedsgda_plus": "its gradients are taken at extrapolated points through a functional forward that the "
+                    "per-sample clipping does not cover yet",
+    "fedsgda_m": "its gradients are taken at extrapolated points through a functional forward that the "
+                 "per-sample clipping does not cover yet",
+    "localsgdm_rl": "its ratio loss weights positives by the federation's class counts, which it does not "
+                    "release with noise",
+}
+
+
+class PrivacyRefused(ConfigError):
+    """A site (or the job) refuses a training under its privacy budget or under DP; the message is one line."""
+
+
+def refuse_release(site: str, budget: PrivacyBudget | None, what: str) -> None:
+    """A site with a budget releases nothing that no accountant counts: refuse ``what`` in one line."""
+    if budget is not None:
+        raise PrivacyRefused(f"site {site!r} refuses {what}: it has a privacy budget (epsilon {budget.epsilon:g}, "
+                             f"delta {budget.delta:g}) and {what} is released without differential privacy")
+
+
+# The site YAML's ``privacy:`` block, as the ledger keeps it.
+SiteBudget = PrivacyBudget
+
+
+class DPConfig(BaseModel):
+    """A training's DP settings (``fedauc train --dp``). Either ``noise_multiplier`` (sigma: the noise's standard
+    deviation is sigma x max_grad_norm) or ``target_epsilon`` (each site derives its own sigma from its sampling
+    rate and delta, so that the training's steps spend that epsilon there; noised evaluations add to it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    noise_multiplier: float | None = Field(default=None, gt=0)
+    target_epsilon: float | None = Field(default=None, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)  # C: the L2 bound of one record's gradient
+    # delta where a site has no budget (a site with one uses its own)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    accountant: Literal["rdp", "prv"] = "rdp"
+    # The class prior p of the AUC losses comes from every site's label counts (per disease: positives, known
+    # labels; records), which leave before the training as without DP: a DP job declares them public (published
+    # prevalences), and they are not counted in the ledger (docs/privacy.md section 2).
+    prior: Literal["public"] = "public"
+    # The evaluations during training: None, none (the sites release no evaluation); a number sigma_e, each site
+    # releases its valid and test score histograms with N(0, (sigma_e sqrt(C))^2) on every bin (one record moves
+    # one bin per disease by 1) and no per-site metric; each evaluation is charged to its ledger.
+    eval_noise_multiplier: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> DPConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("DP needs exactly one of noise_multiplier (--noise-multiplier) and target_epsilon "
+                             "(--target-epsilon)")
+        return self
+
+
+def check_dp_job(algorithm: str, dp: DPConfig | dict | None, guarantee_positives: bool) -> None:
+    """Refuse, in one line, a DP job (``dp``: its settings, None or {} without DP) that the DP analysis does not
+    cover."""
+    if not dp:
+        return
+    if algorithm not in DP_METHODS:
+        why = DP_REFUSALS.get(algorithm, "it has no DP analysis")
+        raise PrivacyRefused(f"algorithm {algorithm!r} is refused under DP: {why}; under DP use one of "
+                             f"{', '.join(sorted(DP_METHODS))}")
+    if guarantee_positives:
+        raise PrivacyRefused("guarantee_positives is refused under DP: it puts chosen positives in every batch, "
+                             "and the accountant assumes Poisson sampling (each record in a batch with probability q)")
+
+
+def batch_norm_layers(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def check_network(network: str, model: nn.Module) -> None:
+    """BatchNorm mixes the records of a batch (and its running statistics are released unclipped): refused."""
+    layers = batch_norm_layers(model)
+    if layers:
+        raise PrivacyRefused(f"network {network!r} is refused under DP: its BatchNorm layers ({layers[0]}, ... "
+                             f"{len(layers)} in all) mix the records of a batch, so per-sample clipping bounds no "
+                             "one record's influence; use a GroupNorm network (--network small_resnet_gn or "
+                             "densenet121_gn) or --network linear")

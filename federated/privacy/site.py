@@ -1,0 +1,160 @@
+"""DP at a site, as the engine runs it (federated/engine.py calls ``admit_sites`` before anything leaves the
+site, then ``attach`` once the sites are built).
+
+Before a training, each site of this process computes what the job will spend at its own data (rounds x local
+steps at its sampling rate q = batch / records, the noise multiplier) and refuses, in one line, a job over its
+budget or a job without DP where it has a budget; the ledger is charged for the whole job up front (a training
+that stops early has released its first rounds already). A resumed training is not charged again.
+
+The noise and the Poisson sampling draw from a generator the site seeds itself: from the operating system's
+entropy, or from ``FEDAUC_DP_NOISE_SEED`` in the site process's environment (an audit's reproduction: the centre
+never chooses it, since whoever knows the noise can subtract it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from federated.algorithms.base import Site
+from federated.config import TrainConfig
+from federated.data import Batch, SiteData
+from federated.health import TrainingDiverged, lower_lr_fix
+from federated.network import build_model
+from federated.privacy.ledger import Entry, Ledger, admit, epsilon
+from federated.privacy.policy import DP_EXTRA_STEPS, PrivacyRefused, check_dp_job, check_network
+from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
+
+NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
+
+
+def site_seed(name: str, resumed: bool = False) -> int:
+    """The site's own seed of its noise and sampling (module docstring). A resumed training always draws fresh
+    entropy: a fixed seed would repeat the noise of rounds already sent, and the difference of two releases with
+    the same noise is a difference of gradients without any."""
+    fixed = os.environ.get(NOISE_SEED_ENV)
+    if fixed is None or resumed:
+        return secrets.randbits(62)
+    return int.from_bytes(hashlib.sha256(f"{fixed}#{name}".encode()).digest()[:8], "little") >> 2
+
+
+@dataclass
+class SitePrivacy:
+    """One site's DP for one training: its noise multiplier and sampling rate, its own generator, what it spends."""
+
+    name: str
+    noise_multiplier: float
+    max_grad_norm: float
+    sample_rate: float
+    expected_batch: float
+    seed: int
+    epsilon: dict  # epsilon_job, epsilon_spent, epsilon_remaining (None: the site has no budget), delta
+    eval_noise_multiplier: float | None = None  # None: the site releases no evaluation
+    generator: torch.Generator | None = None
+
+    def release_summary(self, report: np.ndarray, histograms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An evaluation's summary of a split as DP lets it leave: no per-site report (NaN rows, as a site without
+        the split sends) and the score histograms with Gaussian noise, floored at 0 (post-processing)."""
+        if np.isnan(report[:, 0]).all():  # no such split here: no record to protect
+            return report, histograms
+        std = self.eval_noise_multiplier * float(histograms.shape[0]) ** 0.5
+        noise = torch.normal(0.0, std, histograms.shape, generator=self.generator, device=self.generator.device)
+        return np.full_like(report, np.nan), np.clip(histograms + noise.double().cpu().numpy(), 0.0, None)
+
+    def gradients(self, site: Site, batch: Batch, sample_loss: SampleLoss, extras: list[Tensor]
+                  ) -> tuple[Tensor, list[Tensor]]:
+        """(loss, privatized gradients of the network's parameters then of ``extras``) of one local step."""
+        return private_gradients(site.model, batch.x, batch.y, batch.mask, sample_loss, extras, self.max_grad_norm,
+                                 self.noise_multiplier, self.expected_batch, self.generator)
+
+
+def evaluation_rounds(config: TrainConfig) -> int:
+    """How many evaluations the engine runs in a training (every ``eval_every`` rounds and after the last)."""
+    every = config.eval_every
+    return sum(1 for r in range(config.rounds) if r == config.rounds - 1 or (every and (r + 1) % every == 0))
+
+
+def job_key(config: TrainConfig) -> str:
+    """What identifies a training across a resume: its config without the resume switch and display settings."""
+    text = config.model_dump_json(exclude={"resume", "progress", "sites", "loader_workers", "timeout_s"})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
+                input_shape: tuple[int, ...]) -> list[SitePrivacy] | None:
+    """Each site's check of the job against its ledger (module docstring); raises ``PrivacyRefused`` naming the
+    first site that refuses, before any ledger is charged. None: a training without DP (at no budgeted site)."""
+    ledgers = [Ledger.load(config.sites[k].privacy_ledger()) for k in indices]
+    dp = config.dp
+    if dp is None:
+        for data, ledger in zip(datas, ledgers):
+            if ledger.budget is not None:
+                raise PrivacyRefused(f"site {data.name!r} refuses the job: it has a privacy budget (epsilon "
+                                     f"{ledger.budget.epsilon:g}, delta {ledger.budget.delta:g}) and the job trains "
+                                     "without DP (fedauc train --dp --noise-multiplier S --max-grad-norm C)")
+        return None
+    check_dp_job(config.algorithm, dp, config.guarantee_positives)
+    check_network(config.network, build_model(config, input_shape, len(datas[0].diseases)))
+    from opacus.accountants.utils import get_noise_multiplier
+
+    key, steps = job_key(config), config.rounds * config.local_steps + DP_EXTRA_STEPS.get(config.algorithm, 0)
+    out, charges = [], []
+    for data, ledger in zip(datas, ledgers):
+        n = len(data.train)
+        q = min(config.batch_size, n) / n
+        delta = dp.delta if ledger.budget is None else ledger.budget.delta
+        sigma = dp.noise_multiplier or get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=delta,
+                                                            sample_rate=q, steps=steps, accountant=dp.accountant)
+        job = [Entry(key, "training", sigma, q, steps)]
+        evaluations = evaluation_rounds(config)
+        if dp.eval_noise_multiplier is not None and evaluations:
+            job.append(Entry(key, "evaluation", dp.eval_noise_multiplier, 1.0, evaluations))
+        if ledger.budget is None:
+            spent = epsilon(job, delta, dp.accountant)
+            report = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
+        elif config.resume and ledger.charged(key):
+            spent = ledger.spent(delta, dp.accountant)
+            report = {"epsilon_job": epsilon(job, delta, dp.accountant), "epsilon_spent": spent,
+                      "epsilon_remaining": ledger.budget.epsilon - spent}
+        else:
+            report = admit(data.name, ledger, job, dp.accountant)
+            charges.append((ledger, job))
+        out.append(SitePrivacy(data.name, sigma, dp.max_grad_norm, q, min(config.batch_size, n),
+                               site_seed(data.name, config.resume), {**report, "delta": delta},
+                               dp.eval_noise_multiplier))
+    for ledger, job in charges:  # every site of this process agreed: now charge them
+        ledger.entries.extend(job)
+        ledger.save()
+    return out
+
+
+def withhold_losses(losses: list[Tensor], privacy: list[SitePrivacy], round_index: int, lr: float) -> list[Tensor]:
+    """Under DP a site's loss is computed from its records without noise: each site checks its own here (a
+    non-finite loss stops the training naming the site) and sends NaN in its place (federated/health.py reads
+    NaN as withheld). The update norms it sends are of its privatized update, so they stay."""
+    out = []
+    for loss, p in zip(losses, privacy):
+        if not bool(torch.isfinite(loss).all()):
+            raise TrainingDiverged(f"site(s) {p.name!r}, round {round_index}: the training loss is not finite (the "
+                                   "training diverged)", fix=lower_lr_fix(lr, repr(p.name)))
+        out.append(torch.full_like(loss, float("nan")))
+    return out
+
+
+def attach(sites: list[Site], privacy: list[SitePrivacy] | None) -> None:
+    """Give each site its DP: its Poisson sampler and noise generator, both from its own seed."""
+    for site, p in zip(sites or (), privacy or ()):
+        device = site.loader.device
+        p.generator = torch.Generator(device=device).manual_seed(p.seed)
+        old = site.loader
+        site.loader = PoissonLoader(old, seed=p.seed + 1)
+        if old._pool is not None:
+            old._pool.shutdown(wait=False)
+        site.privacy = p
+

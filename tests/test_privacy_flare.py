@@ -1,0 +1,96 @@
+"""Privacy budgets over NVIDIA FLARE's simulator: the site process refuses a job over its budget and the centre
+hears one line; a DP training with secure aggregation gives the in-process model when the sites fix their own
+noise seeds, and each site's ledger is charged the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import federated
+from federated.flare.job import train_flare
+from federated.privacy.ledger import Ledger, ledger_path
+from federated.privacy.policy import SiteBudget
+from federated.privacy.site import NOISE_SEED_ENV
+from federated.sites import federation_config
+from preprocessing.federation import load_federation
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def budgets(melanoma_shards):
+    """Write each clinic's budget beside its shards for one test, and take the ledgers away after it (the shards
+    are shared with the session's other tests, which train without DP)."""
+    root, federation_yaml = melanoma_shards
+    federation = load_federation(federation_yaml)
+    paths = [ledger_path(root / "shards" / site.name) for site in federation.sites]
+
+    def write(epsilons):
+        for path, eps in zip(paths, epsilons):
+            Ledger(path, SiteBudget(epsilon=eps, delta=1e-5)).save()
+        return federation, root / "shards", paths
+
+    yield write
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _config(federation, shards, **extra):
+    settings = dict(algorithm="codasca", params={"T0": 4}, network="small_resnet_gn",
+                    network_kwargs={"widths": [4, 8]}, rounds=2, local_steps=2, batch_size=16, lr=0.5, eval_every=0,
+                    progress=False, loader_workers=0, timeout_s=60, device="cpu",
+                    dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0}, **extra)
+    return federation_config(federation, shards, settings)
+
+
+def test_a_site_over_its_budget_refuses_over_the_simulator(tmp_path, budgets):
+    federation, shards, paths = budgets([50.0, 0.05, 50.0])
+    with pytest.raises(Exception) as err:
+        train_flare(_config(federation, shards), federation, shards, "sim", tmp_path / "sim", name="test-dp-refused")
+    line = str(err.value).splitlines()[0]
+    assert "site 'barcelona' refuses the job: it would spend epsilon " in line
+    assert "over the site's budget of 0.05 (remaining 0.05)" in line
+    assert "<path at the site>" not in line
+    assert Ledger.load(paths[1]).entries == []
+
+
+def test_a_dp_flare_run_with_secure_aggregation_equals_the_in_process_one(tmp_path, budgets, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the site processes compute like this one-thread process
+    monkeypatch.setenv(NOISE_SEED_ENV, "7")  # each site's own seed, in its own process's environment
+    federation, shards, paths = budgets([50.0, 50.0, 50.0])
+    cfg = _config(federation, shards, secure_aggregation=True)
+    flare = train_flare(cfg, federation, shards, "sim", tmp_path / "sim", name="test-dp")
+    local = federated.train(cfg)
+    worst = max((flare.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
+    assert worst <= 1e-5
+    by_site = {r["site"]: r["privacy"] for r in flare.site_reports}
+    for name, spent in local.privacy.items():
+        assert by_site[name]["epsilon_job"] == pytest.approx(spent["epsilon_job"])
+        assert by_site[name]["epsilon_remaining"] > spent["epsilon_remaining"]  # the second run spent more
+    for path in paths:  # both trainings charged at every site
+        assert len(Ledger.load(path).entries) == 2
+    # The noise is the site's own: another seed there gives another model.
+    monkeypatch.setenv(NOISE_SEED_ENV, "8")
+    other = federated.train(cfg)
+    assert any(not torch.equal(other.global_state[k], v) for k, v in local.global_state.items())
+
+
+def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import runs
+
+    federation, shards, _ = budgets([50.0, 40.0, 30.0])
+    settings = _config(federation, shards).model_dump(mode="json", exclude={"sites"})
+    run = runs.train_tracked(federation, shards, settings, run_name="dp-recorded")
+    client = MlflowClient()
+    children = client.search_runs([client.get_run(run.run_id).info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{run.run_id}'")
+    by_site = {r.data.tags["site"]: r.data.metrics for r in children}
+    for name, budget in zip(["vienna", "barcelona", "new-york"], [50.0, 40.0, 30.0]):
+        metrics = by_site[name]
+        assert 0 < metrics["privacy/epsilon_spent"] == pytest.approx(metrics["privacy/epsilon_job"])
+        assert metrics["privacy/epsilon_remaining"] == pytest.approx(budget - metrics["privacy/epsilon_spent"])
+        assert metrics["privacy/delta"] == pytest.approx(1e-5)
+        assert "train_loss" not in metrics  # withheld by the sites, not logged as NaN
