@@ -55,6 +55,7 @@ class TrainResult:
     num_classes: int
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
+    valid_histograms: np.ndarray | None = None  # likewise; None from a training over NVIDIA FLARE
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -277,7 +278,7 @@ class Engine:
 
             bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
         initial = ([0] * len(self.sites), [0] * len(self.sites))
-        test_histograms = None
+        test_histograms = valid_histograms = None
         if start_round == 0 and self.algorithm.initial_gather:
             initial = self.communicate((Comm.GATHER,))
             self.each_site(self.algorithm.round_end)
@@ -330,7 +331,7 @@ class Engine:
                       "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health}
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
-                test_histograms = evaluated.test_histograms
+                test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
@@ -347,7 +348,7 @@ class Engine:
         gm = self.global_model()
         state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
         return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
-                           {s.index: s.state for s in self.sites}, test_histograms)
+                           {s.index: s.state for s in self.sites}, test_histograms, valid_histograms)
 
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:

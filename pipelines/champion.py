@@ -20,11 +20,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import torch
 
 from federated import TrainConfig
+from federated.flare.version import code_version
 from federated.scoring import ModelToScore
 from pipelines import evaluations, tracking
+from pipelines.hospital import thresholds
+from pipelines.hospital.contract import contract_for
 from preprocessing.federation import Federation
 
 SELECTION_METRIC = "valid/pooled/auc_macro"
@@ -32,21 +36,33 @@ SELECTION_METRIC = "valid/pooled/auc_macro"
 
 def register_candidate(model: torch.nn.Module, federation: Federation, config: TrainConfig, input_shape: tuple[int, ...],
                        num_classes: int, own_score: float, collapsed: list[str], reports: list[dict], input_example,
-                       shards_root: Path | None, flare: dict | None) -> tuple[str, bool]:
+                       shards_root: Path | None, flare: dict | None,
+                       valid_histograms: np.ndarray | None = None) -> tuple[str, bool]:
     """Register ``model`` (trained on ``federation``, whose sites reported ``reports``) in the active training
     run and move the champion alias if it wins on equal terms (a ``collapsed`` one never does: see
-    ``tracking.register_model``). Returns (version, promoted)."""
+    ``tracking.register_model``). Returns (version, promoted).
+
+    The model is registered with its contract (``pipelines.hospital.contract``) and its operating points, read
+    from ``valid_histograms`` (the training's last evaluation, pooled over sites) or, where the training did
+    not return them (over NVIDIA FLARE; BatchNorm statistics kept local, where that evaluation scored the
+    sites' own models), from an evaluation of the registered model itself."""
     hashes = {report["site"]: report["shard_hash"] for report in reports}
     evaluation = evaluations.fingerprint(hashes)
 
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
         return evaluations.score_models(federation, models, shards_root, flare)
 
-    if config.bn_stats == "local":
+    if config.bn_stats == "local" or valid_histograms is None:
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
-        own_score = score([(candidate, model.state_dict())])[0].evaluation.metrics.get(SELECTION_METRIC, float("nan"))
-        mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+        scored = score([(candidate, model.state_dict())])[0].evaluation
+        valid_histograms = scored.valid_histograms
+        if config.bn_stats == "local":
+            own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
+            mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+    points = None if valid_histograms is None else thresholds.from_histograms(
+        valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
+    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
 
     def score_champion(version: str) -> float:
         mlflow.set_tag("champion_check.version", version)
@@ -64,4 +80,4 @@ def register_candidate(model: torch.nn.Module, federation: Federation, config: T
         return value
 
     return tracking.register_model(model, federation.task, input_example, own_score, collapsed, evaluation,
-                                   score_champion)
+                                   score_champion, contract)

@@ -231,7 +231,7 @@ def train_tracked(
                                                final.get(SELECTION_METRIC, float("nan")), collapsed, reports,
                                                synthetic_input_example(result.input_shape),
                                                None if flare is not None and flare["env"] == "prod" else Path(shards_root),
-                                               flare)
+                                               flare, result.valid_histograms)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
