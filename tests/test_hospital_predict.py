@@ -160,3 +160,53 @@ def test_thresholds_recalibrate_at_a_hospital_and_predict_says_it_uses_them(stor
     threshold = points["points"]["Melanoma"]["sens90"]["threshold"]
     assert (table["Melanoma"] == (table["p_Melanoma"] >= threshold)).all()
     assert set(table["operating_point"]) == {"sens90"}
+
+
+def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(store, tmp_path):
+    from PIL import Image
+
+    from pipelines.hospital import drift
+    from preprocessing.sites import SharingPolicy
+
+    spec, state = evaluations.model_to_score("melanoma", "1")
+    valid = load_shard(store / "shards" / "vienna").splits["valid"]
+    reference = predict_scores(spec.build(state), valid.images, torch.device("cpu")).astype(np.float64)
+    same = _predict(store / "vienna.yaml", "--split", "valid", "--out", tmp_path / "same.csv", "--workers", "0")
+    # A shifted site: the same lesions photographed under a strong blue cast, darker (new camera, new light).
+    shifted_dir = tmp_path / "shifted"
+    shifted_dir.mkdir()
+    for i, tile in enumerate(valid.images):
+        cast = (tile.astype(np.float32) * [0.35, 0.45, 1.0]).clip(0, 255).astype(np.uint8)
+        Image.fromarray(cast).save(shifted_dir / f"{i}.png")
+    shifted = _predict(shifted_dir, "--task", "melanoma", "--out", tmp_path / "shifted.csv", "--workers", "0")
+    sharing = SharingPolicy(min_count=5)
+    near = drift.aggregates(same.to_dict("records"), reference, ["Melanoma"], sharing)
+    far = drift.aggregates(shifted.to_dict("records"), reference, ["Melanoma"], sharing)
+    assert drift.psi(near["histograms"]["Melanoma"], near["reference"]["Melanoma"]) < 0.01
+    assert drift.psi(far["histograms"]["Melanoma"], far["reference"]["Melanoma"]) > drift.PSI_WARNING
+    text = json.dumps(far)
+    assert "vienna" not in text and "/" not in text.replace("refused/", "").replace("histograms/", "").replace("reference/", "")
+    assert far["scored"] == len(valid)
+
+    warnings = drift.record("melanoma", "shifted-clinic", MODEL, "1", far)
+    assert len(warnings) == 1 and warnings[0].startswith("drift: site shifted-clinic, Melanoma: PSI")
+    assert drift.record("melanoma", "vienna", MODEL, "1", near) == []
+    (run,) = mlflow.search_runs(experiment_names=["melanoma"], output_format="list",
+                                filter_string="tags.fedauc_role = 'hospital-scoring' and tags.site = 'shifted-clinic'")
+    assert run.data.metrics["psi/Melanoma"] > drift.PSI_WARNING and run.data.tags["model_version"] == "1"
+    assert "drift_shifted-clinic.png" in [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)]
+
+
+def test_small_counts_are_suppressed_in_what_leaves():
+    from pipelines.hospital import drift
+    from preprocessing.sites import SharingPolicy
+
+    reference = np.linspace(0, 1, 60)[:, None]  # quintile edges 0.2, 0.4, 0.6, 0.8
+    rows = [{"status": "scored", "reason": "", "p_A": 0.05} for _ in range(12)]
+    rows += [{"status": "scored", "reason": "", "p_A": 0.95}] * 3 + [{"status": "refused", "reason": "too_large"}] * 2
+    out = drift.aggregates(rows, reference, ["A"], SharingPolicy(min_count=10))
+    assert out["scored"] == 15 and out["refused"] == {"too_large": 0}
+    assert out["histograms"]["A"] == [12, 0, 0, 0, 0] and out["reference"]["A"] == [12, 12, 12, 12, 12]
+    assert "histograms/A/4" in out["suppressed"] and "refused/too_large" in out["suppressed"]
+    assert drift.aggregates(rows[:4], reference, ["A"], SharingPolicy(min_count=10))["histograms"] == {}
+    assert drift.aggregates(rows, reference[:40], ["A"], SharingPolicy(min_count=10))["histograms"] == {}
