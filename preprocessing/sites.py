@@ -78,6 +78,19 @@ class SharingPolicy(BaseModel):
     min_count: int = Field(10, ge=1)
 
 
+class PacsSettings(BaseModel):
+    """``pacs:``: the hospital's DICOMweb PACS that the champion's scoring job reads and writes
+    (pipelines/hospital/pacs.py). The password is never written here: ``password_env`` names the environment
+    variable that holds it. Read only at the hospital; no part of it is in what a site reports."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str  # the DICOMweb root, e.g. http://pacs.local:8042/dicom-web
+    username: str | None = None
+    password_env: str = "FEDAUC_PACS_PASSWORD"
+    lookback_days: int = Field(1, ge=0)  # studies dated this many days before the last run are looked at again
+    timeout_s: float = Field(60.0, gt=0)
+
+
 class SiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -93,6 +106,7 @@ class SiteConfig(BaseModel):
     decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
     sharing: SharingPolicy = Field(default_factory=SharingPolicy)
+    pacs: PacsSettings | None = None
     # fedauc code versions (federated/flare/version.py) besides its own whose FLARE jobs this site runs.
     allowed_code_versions: list[str] = Field(default_factory=list)
 

@@ -18,11 +18,14 @@ import numpy as np
 import pydicom
 import pytest
 import requests
+import yaml
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
+from typer.testing import CliRunner
 
 from federated.network import build_named
 from pipelines import tracking
+from pipelines.cli import app
 from pipelines.hospital import pacs, report, thresholds
 from pipelines.hospital.batch import choose_points, load_registered
 from pipelines.hospital.contract import ModelContract
@@ -30,6 +33,7 @@ from pipelines.hospital.predict import Item, score_items
 from pipelines.runs import synthetic_input_example
 
 pytestmark = pytest.mark.slow
+runner = CliRunner()
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 USER, PASSWORD = "hospital", "s3cret-pacs"
 
@@ -185,8 +189,20 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     errors = [line for line in (checked.stdout + checked.stderr).splitlines() if line.startswith("Error")]
     assert errors == [], "\n".join(errors)
 
-    # A second run finds the same studies and scores none of them again.
-    second = pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source, state)
-    assert (second.studies_reported, second.studies_skipped) == (0, second.studies_found)
+    # The scheduled job (`fedauc pacs`): PACS and user from the site YAML, the password from the environment;
+    # it finds the same studies and scores none of them again, and only aggregates go to the centre.
+    site = tmp_path / "hospital.yaml"
+    site.write_text(yaml.safe_dump({"name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray",
+                                    "image_size": 32, "min_image_size": 16, "sharing": {"min_count": 1},
+                                    "pacs": {"url": f"{orthanc}/dicom-web", "username": USER,
+                                             "password_env": "TEST_PACS_PASSWORD"}}))
+    result = runner.invoke(app, ["pacs", str(site), "--model", "models:/fedauc-chest-xray/1",
+                                 "--shards", str(tmp_path / "shards")])
+    assert result.exit_code == 0, result.output
+    assert "0 reported" in result.output and PASSWORD not in result.output
+    (run,) = mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
+                                filter_string="tags.fedauc_role = 'hospital-scoring'")
+    sent = json.dumps(mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/scoring_aggregates.json"))
+    assert generated not in sent and "incoming" not in sent and PASSWORD not in sent and USER not in sent
     assert len([ds for ds in (pydicom.dcmread(pydicom.filebase.DicomBytesIO(p)) for p in web.retrieve_study(generated))
                 if ds.Modality == "SR"]) == 1

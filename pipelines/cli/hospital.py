@@ -83,3 +83,20 @@ def thresholds_command(
                                                 f"spec {p.specificity:.2f})" for name, p in by_point.items()))
     for disease, reason in points.undefined.items():
         typer.echo(f"  {disease}: none ({reason})")
+
+
+def pacs_command(
+    site: Path = typer.Argument(..., help="The hospital's site YAML (its pacs: block, or FEDAUC_PACS_URL)."),
+    model: str = MODEL,
+    shards: str = typer.Option(None, "--shards", help="Where the site's shards are (its validation split is the "
+                               "drift reference; the job's state and the hospital's operating points live there)."),
+    operating_point: str = typer.Option("youden", "--operating-point", help="sens90, sens95 or youden."),
+) -> None:
+    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; the run's aggregate
+    counts and histograms go to the centre's MLflow (what the scheduled deployment runs)."""
+    from pipelines import tracking
+    from pipelines.hospital import job
+    from pipelines.onboarding import shards_root
+
+    tracking.configure()
+    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo)

@@ -30,26 +30,14 @@ from pathlib import Path
 
 import pydicom
 import requests
-from pydantic import BaseModel, ConfigDict
 
 from pipelines.hospital import report
 from pipelines.hospital.predict import SCORED, Item, Scorer, decisions, score_items
 from preprocessing.errors import ConfigError
+from preprocessing.sites import PacsSettings
 
 URL_ENV, USER_ENV, PASSWORD_ENV = "FEDAUC_PACS_URL", "FEDAUC_PACS_USERNAME", "FEDAUC_PACS_PASSWORD"
 _DICOM = "application/dicom"
-
-
-class PacsSettings(BaseModel):
-    """``pacs:`` in a site YAML. ``password_env`` names the environment variable that holds the password
-    (a password written in the YAML itself is refused: the YAML is shared more widely than a secret)."""
-
-    model_config = ConfigDict(extra="forbid")
-    url: str  # the DICOMweb root, e.g. http://pacs.local:8042/dicom-web
-    username: str | None = None
-    password_env: str = PASSWORD_ENV
-    lookback_days: int = 1
-    timeout_s: float = 60.0
 
 
 def settings_from(site_pacs: PacsSettings | None) -> tuple[PacsSettings, tuple[str, str] | None]:
@@ -58,7 +46,7 @@ def settings_from(site_pacs: PacsSettings | None) -> tuple[PacsSettings, tuple[s
     if settings is None:
         if not os.environ.get(URL_ENV):
             raise ConfigError("no PACS to score from", fix=f"give the site YAML a pacs: block or set {URL_ENV}")
-        settings = PacsSettings(url=os.environ[URL_ENV], username=os.environ.get(USER_ENV))
+        settings = PacsSettings(url=os.environ[URL_ENV], username=os.environ.get(USER_ENV), password_env=PASSWORD_ENV)
     auth = None
     if settings.username:
         password = os.environ.get(settings.password_env)
