@@ -210,3 +210,47 @@ def test_small_counts_are_suppressed_in_what_leaves():
     assert "histograms/A/4" in out["suppressed"] and "refused/too_large" in out["suppressed"]
     assert drift.aggregates(rows[:4], reference, ["A"], SharingPolicy(min_count=10))["histograms"] == {}
     assert drift.aggregates(rows, reference[:40], ["A"], SharingPolicy(min_count=10))["histograms"] == {}
+
+
+def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, store, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import requests
+
+    files = sorted((store / "data" / "vienna").rglob("*.dcm"))[:2] + sorted((store / "data" / "barcelona").rglob("*.jpg"))[:1]
+    expected = _predict(*files, "--task", "melanoma", "--out", tmp_path / "p.csv", "--workers", "0")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}/1",
+                               "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "-w", "1"],
+                              # mlflow starts uvicorn by name: the environment's bin folder on PATH, as when it is active
+                              env={**os.environ, "MLFLOW_TRACKING_URI": registered[2],
+                                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(0.5)
+        payload = {"dataframe_split": {"columns": ["bytes"],
+                                       "data": [[base64.b64encode(f.read_bytes()).decode()] for f in files]}}
+        response = requests.post(f"http://127.0.0.1:{port}/invocations", json=payload, timeout=60)
+        assert response.ok, response.text
+        answer = pd.DataFrame(response.json()["predictions"])
+        assert list(answer["status"]) == ["scored"] * 3
+        np.testing.assert_allclose(answer["p_Melanoma"], expected["p_Melanoma"], atol=1e-6)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)

@@ -78,7 +78,7 @@ class DicomWeb:
         return [entry["0020000D"]["Value"][0] for entry in (response.json() if response.content else [])]
 
     def has_series(self, study: str, description: str) -> bool:
-        # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.12 matches none).
+        # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.10 matches none).
         response = self._get(f"/studies/{study}/series", "application/dicom+json",
                              {"Modality": "SR", "includefield": "0008103E"})
         series = response.json() if response.content else []
