@@ -24,13 +24,13 @@ from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from federated.network import build_named
-from pipelines import tracking
+from pipelines import registry
+from pipelines.champion import synthetic_input_example
 from pipelines.cli import app
 from pipelines.hospital import pacs, report, thresholds
 from pipelines.hospital.batch import choose_points, load_registered
 from pipelines.hospital.contract import ModelContract
 from pipelines.hospital.predict import Item, score_items
-from pipelines.runs import synthetic_input_example
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -93,7 +93,7 @@ def chest_model(tmp_path_factory):
         model = build_named("small_resnet", {}, (1, 32, 32), len(diseases))
         mlflow.set_experiment("chest-xray")
         with mlflow.start_run():
-            tracking.register_model(model, "chest-xray", synthetic_input_example((1, 32, 32)), 0.5, contract=contract)
+            registry.register_model(model, "chest-xray", synthetic_input_example((1, 32, 32)), 0.5, contract=contract)
     return uri
 
 

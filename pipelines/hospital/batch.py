@@ -24,6 +24,7 @@ from mlflow import MlflowClient
 
 from federated.data import load_shard
 from federated.predict import predict_scores
+from federated.schema import CHAMPION_ALIAS, registered_model_name
 from models.metrics.histograms import score_histograms
 from pipelines.hospital import thresholds as op
 from pipelines.hospital.flavor import load_scorer
@@ -40,8 +41,6 @@ from pipelines.hospital.predict import (
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.sites import SiteConfig, load_site
 
-CHAMPION_ALIAS = "champion"
-
 
 def resolve_model(uri: str | None, task: str | None) -> tuple[str, str, str]:
     """(name, version, ``models:/name/version``) of ``uri`` (``models:/name/version`` or ``models:/name@alias``),
@@ -50,7 +49,7 @@ def resolve_model(uri: str | None, task: str | None) -> tuple[str, str, str]:
         if task is None:
             raise ConfigError("no model and no task to take the champion of",
                               fix="pass --model models:/fedauc-<task>@champion, --task, or a site YAML")
-        uri = f"models:/fedauc-{task}@{CHAMPION_ALIAS}"
+        uri = f"models:/{registered_model_name(task)}@{CHAMPION_ALIAS}"
     if not uri.startswith("models:/"):
         raise ConfigError(f"--model {uri!r} is not a models:/ URI", fix="pass models:/<name>/<version> or models:/<name>@<alias>")
     rest = uri.removeprefix("models:/")
