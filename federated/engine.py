@@ -57,7 +57,7 @@ class TrainResult:
     num_classes: int
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
-    valid_histograms: np.ndarray | None = None  # likewise; None from a training over NVIDIA FLARE
+    valid_histograms: np.ndarray | None = None  # likewise (the registered model's operating points)
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""

@@ -44,9 +44,9 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     here where it has none), so promotion only compares. Returns (version, promoted).
 
     The model is registered with its contract (``pipelines.hospital.contract``) and its operating points, read
-    from the training's last evaluation's pooled validation histograms or, where the training did not return
-    them (over NVIDIA FLARE; BatchNorm statistics kept local, where that evaluation scored the sites' own
-    models), from an evaluation of the registered model itself."""
+    from the training's last evaluation's pooled validation histograms or, where that evaluation did not score
+    the registered model (BatchNorm statistics kept local: it scored the sites' own models), from an evaluation
+    of the registered model itself."""
     result, reports, config = trained.result, trained.site_reports, trained.result.config
     input_shape, num_classes = result.input_shape, result.num_classes
     model = result.model().eval()
