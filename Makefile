@@ -9,9 +9,21 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export MPLBACKEND := Agg
 
-.PHONY: setup test demo bench clean
+.PHONY: setup system-packages test demo bench clean
 
-setup: $(VENV)/.installed
+# The PACS tests' real Orthanc (with DICOMweb) and dciodvfy, from Debian, where this runs as root and lacks
+# them; elsewhere those tests skip and say why.
+SYSTEM_PACKAGES := orthanc orthanc-dicomweb dicom3tools
+
+setup: $(VENV)/.installed system-packages
+
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    ! { command -v Orthanc && command -v dciodvfy && test -f /usr/share/orthanc/plugins/libOrthancDicomWeb.so; } >/dev/null; then \
+		(apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES) || \
+		 { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); }) >/dev/null \
+		|| echo "could not install $(SYSTEM_PACKAGES): the PACS tests will skip"; \
+	fi
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -59,6 +59,7 @@ class TrainResult:
     site_states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # algorithm state, this process
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
     privacy: dict[str, dict] = field(default_factory=dict)  # under DP, site -> its epsilons (federated/privacy)
+    valid_histograms: np.ndarray | None = None  # likewise (the registered model's operating points)
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -290,7 +291,7 @@ class Engine:
 
             bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
         initial = ([0] * len(self.sites), [0] * len(self.sites))
-        test_histograms = None
+        test_histograms = valid_histograms = None
         if start_round == 0 and self.algorithm.initial_gather:
             initial = self.communicate((Comm.GATHER,))
             self.each_site(self.algorithm.round_end)
@@ -332,7 +333,7 @@ class Engine:
                       "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health}
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
-                test_histograms = evaluated.test_histograms
+                test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
@@ -348,8 +349,9 @@ class Engine:
             bar.close()
         gm = self.global_model()
         state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
-        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes, {s.index: s.state for s in
-                           self.sites}, test_histograms, {p.name: p.epsilon for p in self.privacy or ()})
+        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
+                           {s.index: s.state for s in self.sites}, test_histograms,
+                           {p.name: p.epsilon for p in self.privacy or ()}, valid_histograms)
 
 
 def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:

@@ -235,6 +235,9 @@ class Evaluation:
     # The test split's histograms summed over sites (C, 2, B): the pooled test ROC is drawn from them, so
     # the centre needs no site's data for it. None when no site holds a test split.
     test_histograms: np.ndarray | None = None
+    # The valid split's, likewise: the registered model's operating points are read from them
+    # (pipelines/hospital/thresholds.py).
+    valid_histograms: np.ndarray | None = None
 
 
 def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationContext, bn_stats: str, bins: int,
@@ -274,6 +277,8 @@ def _add_split(out: Evaluation, split: str, reports: np.ndarray, histograms: np.
     out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
     if split == "test":
         out.test_histograms = histograms
+    if split == "valid":
+        out.valid_histograms = histograms
 
 
 def combine_sites(summaries: list[dict[str, tuple[np.ndarray, np.ndarray]]], site_ids: list, diseases: list[str],

@@ -27,7 +27,10 @@ from federated.data import to_model_input
 from federated.launch import Launcher, Trained
 from federated.schema import COLLAPSED_TAG, SELECTION_METRIC
 from federated.scoring import ModelToScore
+from federated.version import code_version
 from pipelines import evaluations, registry
+from pipelines.hospital import thresholds
+from pipelines.hospital.contract import contract_for
 from preprocessing.federation import Federation
 
 
@@ -38,7 +41,12 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     (a collapsed one, whose scores were constant on a split, never does: see ``registry.register_model``).
     Both scores are known before registering: the candidate's (its training's, or with local BatchNorm
     statistics the registered model's own evaluation) and the current champion's on these sites (re-evaluated
-    here where it has none), so promotion only compares. Returns (version, promoted)."""
+    here where it has none), so promotion only compares. Returns (version, promoted).
+
+    The model is registered with its contract (``pipelines.hospital.contract``) and its operating points, read
+    from the training's last evaluation's pooled validation histograms or, where that evaluation did not score
+    the registered model (BatchNorm statistics kept local: it scored the sites' own models), from an evaluation
+    of the registered model itself."""
     result, reports, config = trained.result, trained.site_reports, trained.result.config
     input_shape, num_classes = result.input_shape, result.num_classes
     model = result.model().eval()
@@ -52,17 +60,24 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
         return evaluations.score_models(federation, models, shards_root, launcher)
 
-    if config.bn_stats == "local":
+    valid_histograms = result.valid_histograms
+    if config.bn_stats == "local" or valid_histograms is None:
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
-        own_score = score([(candidate, model.state_dict())])[0].evaluation.metrics.get(SELECTION_METRIC, float("nan"))
-        mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+        scored = score([(candidate, model.state_dict())])[0].evaluation
+        valid_histograms = scored.valid_histograms
+        if config.bn_stats == "local":
+            own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
+            mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+    points = None if valid_histograms is None else thresholds.from_histograms(
+        valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
+    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         registry.record_score(federation.task, champion, evaluation, _score_champion(
             champion, federation, input_shape, num_classes, score, launcher))
     return registry.register_model(model, federation.task, synthetic_input_example(input_shape), own_score,
-                                   collapsed, evaluation)
+                                   collapsed, evaluation, contract)
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:

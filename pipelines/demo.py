@@ -30,7 +30,7 @@ from pipelines import compare, flows, tracking
 from pipelines.schedule import Job, Stopwatch, run_schedule
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.federation import load_federation
-from preprocessing.synth import generate_federation
+from preprocessing.synth import generate_federation, generate_site
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CHEST = PROJECT_DIR / "sites" / "demo" / "chest.yaml"
@@ -68,6 +68,10 @@ DEMO_TRAININGS = [
     ("codasca-I8", MELANOMA, "codasca", DEMO_SCHEDULE, {"lr": 0.3}),
     ("fedavg-I8", MELANOMA, "fedavg", {}, {"lr": 0.3}),
 ]
+# New studies the demo's champions score at the end, as a hospital would (`fedauc predict`): a few phantom
+# images per task in a format each federation holds, drawn with a seed no hospital was generated with.
+NEW_STUDIES = {"chest-xray": ("vindr-cxr", "hanoi"), "melanoma": ("siim-isic-2020", "vienna")}
+NEW_STUDIES_PER_TASK, NEW_STUDIES_SEED = 4, 1001
 # The demo tables' columns besides the AUCs (macro and per disease, with their 95 % intervals).
 SHOWN = ("run", "algorithm", "I", "rounds", "pAUC0.3 macro", "MB sent", "minutes")
 
@@ -135,6 +139,34 @@ def demo_table(task: str) -> str:
     return markdown_table(fold_intervals(table[shown + bounds]))
 
 
+def score_new_studies(task_name: str) -> str:
+    """A few new phantom studies of ``task_name`` scored with its champion the way a hospital does (the table
+    `fedauc predict` writes, in demo_data/new-studies/), as a Markdown table of probabilities and decisions."""
+    import pandas as pd
+
+    from pipelines.hospital import batch
+
+    folder = DEMO_DATA / "new-studies" / task_name
+    fmt, profile = NEW_STUDIES[task_name]
+    if not folder.is_dir():
+        generate_site(fmt, folder, n=NEW_STUDIES_PER_TASK, seed=NEW_STUDIES_SEED, profile=profile, workers=0,
+                      progress=False)
+    images = [path for path in sorted(folder.rglob("*")) if path.suffix in (".dcm", ".dicom")]
+    out = DEMO_DATA / "new-studies" / f"{task_name}-scores.csv"
+    with batch.scratch_folder() as scratch:
+        scorer = batch.load_registered(None, task_name, Path(scratch))
+        chosen = batch.choose_points(scorer, "youden", None)
+        batch.predict_to_table(scorer, (batch.Item(str(p), str(folder.resolve())) for p in images), out, chosen,
+                               workers=0)
+    table = pd.read_csv(out, keep_default_na=False)
+    shown = pd.DataFrame({"image": table["source"].map(lambda s: Path(s).name[:12]), "status": table["status"]})
+    for disease in scorer.contract.diseases:
+        shown[disease] = [f"{p:.2f} {'+' if d == 'True' else '-'}" if status == "scored" else ""
+                          for p, d, status in zip(table[f"p_{disease}"], table[disease].astype(str), table["status"])]
+    return (f"Model {scorer.name} v{scorer.version}, decisions (+/-) at the Youden point of the pooled validation "
+            f"histograms; all columns in {out.relative_to(PROJECT_DIR)}.\n\n" + markdown_table(shown))
+
+
 @flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
 def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str | list[dict]]:
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
@@ -178,4 +210,8 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
             task_name = load_federation(federation_yaml).task
             flows.evaluate(str(federation_yaml), shards)
             tables.append(f"## {task_name}\n\n" + demo_table(task_name))
+    with watch.phase("score new studies with the champions"):
+        for federation_yaml in (CHEST, MELANOMA):
+            task_name = load_federation(federation_yaml).task
+            tables.append(f"## {task_name}: new studies scored by the champion\n\n" + score_new_studies(task_name))
     return {"tables": "\n".join(tables), "profile": watch.rows}

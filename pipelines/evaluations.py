@@ -36,6 +36,7 @@ from federated.launch import InProcess, Launcher
 from federated.schema import MetricKey
 from federated.scoring import ModelToScore
 from pipelines import plots, registry, tracking
+from pipelines.hospital.contract import METADATA_KEY, ModelContract
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
@@ -65,9 +66,8 @@ def fingerprint(shard_hashes: dict[str, str]) -> str:
 
 
 def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, torch.Tensor]]:
-    """Registered version ``version`` of ``fedauc-<task>`` as it travels to the sites: the network named in its
-    training's config (``config.json`` of the run that logged it), its input shape and classes from the
-    registered signature, and the registered weights."""
+    """Registered version ``version`` of ``fedauc-<task>`` as it travels to the sites: the network, its input
+    shape and classes from the model's contract (``pipelines.hospital.contract``), and the registered weights."""
     name = schema.registered_model_name(task)
     uri = f"models:/{name}/{version}"
     try:
@@ -75,11 +75,14 @@ def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, tor
     except mlflow.exceptions.MlflowException:
         raise ConfigError(f"model {name} has no version {version} at {mlflow.get_tracking_uri()}",
                           fix="list the registered versions in the MLflow UI (`fedauc ui`) and pass one of them") from None
-    config = mlflow.artifacts.load_dict(f"runs:/{info.run_id}/config.json")
     state = mlflow.pytorch.load_model(uri, map_location="cpu").state_dict()
-    spec = ModelToScore(label=version, network=config["network"], network_kwargs=config.get("network_kwargs", {}),
-                        input_shape=tuple(info.signature.inputs.inputs[0].shape[1:]),
-                        num_classes=int(info.signature.outputs.inputs[0].shape[-1]))
+    if METADATA_KEY in (info.metadata or {}):
+        spec = ModelContract.model_validate(info.metadata[METADATA_KEY]).model_to_score(version)
+    else:  # registered before models carried their contract: the tensor signature and the run's config
+        config = mlflow.artifacts.load_dict(f"runs:/{info.run_id}/config.json")
+        spec = ModelToScore(label=version, network=config["network"], network_kwargs=config.get("network_kwargs", {}),
+                            input_shape=tuple(info.signature.inputs.inputs[0].shape[1:]),
+                            num_classes=int(info.signature.outputs.inputs[0].shape[-1]))
     return spec, {key: value.detach().clone() for key, value in state.items()}
 
 

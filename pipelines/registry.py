@@ -29,6 +29,7 @@ def register_model(
     selection_metric: float,
     collapsed: list[str] = (),
     evaluation: str | None = None,
+    contract=None,
 ) -> tuple[str, bool]:
     """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
     version with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns
@@ -36,6 +37,9 @@ def register_model(
     (:func:`collapsed_splits`); such a version is tagged with them and never becomes champion. ``evaluation``:
     the fingerprint of the sites and shards ``selection_metric`` was measured on; the current champion's score
     there is recorded before (:func:`record_score`, pipelines/champion.py), so registering only compares.
+    ``contract`` (a ``pipelines.hospital.contract.ModelContract``): what the model says about itself; with it
+    the model is also a pyfunc model that scores image files (``pipelines.hospital.flavor``), without it (the
+    registry's own tests) the bare program is logged.
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
     centre: a synthetic batch of the right shape and dtype, never a patient's images.
@@ -50,10 +54,15 @@ def register_model(
     name = registered_model_name(task)
     # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    info = mlflow.pytorch.log_model(
-        model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2",
-        pip_requirements=requirements,
-    )
+    if contract is not None:
+        from pipelines.hospital.flavor import log_model
+
+        info = log_model(model, contract, input_example, requirements, name)
+    else:
+        info = mlflow.pytorch.log_model(
+            model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2",
+            pip_requirements=requirements,
+        )
     version = str(info.registered_model_version)
     client = MlflowClient()
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))

@@ -87,6 +87,19 @@ class PrivacyBudget(BaseModel):
     delta: float = Field(gt=0, lt=1)
 
 
+class PacsSettings(BaseModel):
+    """``pacs:``: the hospital's DICOMweb PACS that the champion's scoring job reads and writes
+    (pipelines/hospital/pacs.py). The password is never written here: ``password_env`` names the environment
+    variable that holds it. Read only at the hospital; no part of it is in what a site reports."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str  # the DICOMweb root, e.g. http://pacs.local:8042/dicom-web
+    username: str | None = None
+    password_env: str = "FEDAUC_PACS_PASSWORD"
+    lookback_days: int = Field(1, ge=0)  # studies dated this many days before the last run are looked at again
+    timeout_s: float = Field(60.0, gt=0)
+
+
 class SiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -105,6 +118,7 @@ class SiteConfig(BaseModel):
     # The hospital's differential-privacy budget for its records (docs/privacy.md): every training on them
     # together may spend at most this (epsilon, delta), enforced at the site; none: trainings without DP, as before.
     privacy: PrivacyBudget | None = None
+    pacs: PacsSettings | None = None
     # fedauc code versions (federated/flare/version.py) besides its own whose FLARE jobs this site runs.
     allowed_code_versions: list[str] = Field(default_factory=list)
 

@@ -184,3 +184,46 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(pr
                                        "tags.fedauc_role = 'federated-training'")
     assert run.info.status == "FINISHED" and run.data.params["flare_env"] == "sim"
     assert run.info.run_name.startswith("consortium-melanoma-codasca-") and "{flow_run}" not in run.info.run_name
+
+
+def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_path):
+    """pacs-scoring-hanoi on the pool site-hanoi: the scheduler makes a run, the hospital's worker scores the
+    new study of a real Orthanc and stores its SR; the PACS password reaches the worker from its environment
+    only (the deployment's parameters hold none)."""
+    from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+    from pydicom.uid import generate_uid
+
+    from pipelines.hospital import pacs, report
+
+    with orthanc_server(tmp_path / "orthanc") as base:
+        store = register_chest_model(tmp_path / "store")
+        study = generate_uid()
+        upload(base, radiograph(tmp_path / "pa.dcm", study, "P1", "PA", 1))
+        site_yaml = tmp_path / "hanoi.yaml"
+        site_yaml.write_text(yaml.safe_dump({
+            "name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray", "image_size": 32,
+            "min_image_size": 16, "pacs": {"url": f"{base}/dicom-web", "username": USER,
+                                           "password_env": "HANOI_PACS_PASSWORD"}}))
+        parameters = {"site_yaml": str(site_yaml), "shards_root": str(tmp_path / "shards"),
+                      "model": "models:/fedauc-chest-xray/1"}
+        with get_client(sync_client=True) as client:
+            if not client.read_deployments():
+                assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+            deployment = client.read_deployment_by_name("score_pacs/pacs-scoring-hanoi")
+            assert deployment.global_concurrency_limit.limit == 1  # one run at a time
+            assert "PASSWORD" not in str(deployment.parameters).upper()
+            client.create_deployment_schedules(deployment.id, [DeploymentScheduleCreate(
+                schedule=IntervalSchedule(interval=timedelta(seconds=10)), active=True, parameters=parameters)])
+        env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home"),
+               "MLFLOW_TRACKING_URI": store, "HANOI_PACS_PASSWORD": PASSWORD}
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool",
+                                       "site-hanoi", "--type", "process"], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            completed = _wait_for_completed_run(deployment.id, prefect_server["log"], timeout_s=300)
+        finally:
+            stop_server(worker)
+        assert completed is not None and completed.auto_scheduled, (tmp_path / "worker.log").read_text()[-3000:]
+        web = pacs.DicomWeb(f"{base}/dicom-web", (USER, PASSWORD))
+        assert web.has_series(study, report.series_description("fedauc-chest-xray", "1"))

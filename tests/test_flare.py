@@ -42,6 +42,9 @@ def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_sha
                         name=f"test-{algorithm}")
     local = federated.train(cfg)
     assert flare.global_state.keys() == local.global_state.keys()
+    # The summed valid histograms come back too: the registered model's operating points are read from them.
+    assert local.valid_histograms is not None and flare.valid_histograms is not None
+    assert abs(flare.valid_histograms - local.valid_histograms).sum() <= 2  # a score at a bin edge may move
     worst = max((flare.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
     assert worst <= 1e-5
     for mine, theirs in zip(local.history, flare.history, strict=True):

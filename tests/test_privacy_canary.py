@@ -141,6 +141,37 @@ def run_centre(root: Path) -> None:
     torch.save(traffic, root / "backend-traffic.pt")
 
 
+def run_hospital(root: Path) -> None:
+    """A hospital using the champion (docs/deploy.md section 4): its dataset scored through `fedauc predict`
+    into a table that stays at the site, and the scoring run's aggregates sent to the centre's MLflow, as the
+    PACS job sends them; with ``min_count: 1``, the most a site's sharing policy lets leave."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    import pandas as pd
+    import torch
+    from typer.testing import CliRunner
+
+    from federated.data import load_shard
+    from federated.predict import predict_scores
+    from pipelines.cli import app
+    from pipelines.hospital import batch, drift
+    from preprocessing.sites import SharingPolicy, load_site
+
+    for site in SITES:
+        out = root / f"scores-{site}.parquet"
+        result = CliRunner().invoke(app, ["predict", str(root / f"{site}.yaml"), "--out", str(out), "--workers", "0"])
+        assert result.exit_code == 0, result.output
+        with batch.scratch_folder() as folder:
+            scorer = batch.load_registered(None, "chest-xray", Path(folder))
+            valid = load_shard(root / "shards" / site).splits["valid"]
+            reference = predict_scores(scorer.network, valid.images, torch.device("cpu")).astype(np.float64)
+        rows = pd.read_parquet(out).to_dict("records")
+        summary = drift.aggregates(rows, reference, scorer.contract.diseases, SharingPolicy(min_count=1))
+        assert summary["histograms"], "the canary must send histograms to be a test of them"
+        drift.record(load_site(root / f"{site}.yaml").task, site, scorer.name, scorer.version, summary)
+
+
 def run_flare(root: Path) -> None:
     """The centre again, training over NVIDIA FLARE on a provisioned consortium on this machine: a server and
     one client per site, each site started as `fedauc consortium start-site` starts it, the job submitted
@@ -281,6 +312,7 @@ def canary(tmp_path_factory):
     build_federation(root)
     run_role("site", root, centre)
     console = run_role("centre", root, centre)
+    run_role("hospital", root, centre)  # its console is the hospital's, not scanned as the centre's
     (root / "centre-console.txt").write_text(console.stdout + console.stderr)
     return root
 
@@ -368,4 +400,4 @@ def test_nothing_patient_level_crosses_the_backend(canary):
 
 if __name__ == "__main__":
     role, where = sys.argv[1], Path(sys.argv[2])
-    {"site": run_site, "centre": run_centre, "flare": run_flare}[role](where)
+    {"site": run_site, "centre": run_centre, "hospital": run_hospital, "flare": run_flare}[role](where)

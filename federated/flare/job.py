@@ -123,18 +123,19 @@ def deliver_rest(feed: LiveFeed, history: list[dict]) -> None:
 
 
 def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
-    """The global model, history and summed test histograms site 0 returned and every site's report, from
+    """The global model, history and summed valid and test histograms site 0 returned and every site's report, from
     the job's result folder."""
     folder = result_folder(result_root)
     meta = json.loads((folder / RESULT_FILE).read_text())
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
-    histograms = None if meta["test_histograms"] is None else np.asarray(meta["test_histograms"], dtype=np.float64)
+    test, valid = (None if meta[key] is None else np.asarray(meta[key], dtype=np.float64)
+                   for key in ("test_histograms", "valid_histograms"))
     reports = meta["sites"]
     for report in reports:
         grid = folder / f"{report['site']}.{GRID_SUFFIX}"
         report["qc_grid"] = grid.read_bytes() if grid.is_file() else None
     return FlareResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"],
-                       test_histograms=histograms, site_reports=reports)
+                       test_histograms=test, valid_histograms=valid, site_reports=reports)
 
 
 def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = (),

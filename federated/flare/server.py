@@ -115,5 +115,5 @@ def run() -> str:
         if grid is not None:
             (out / f"{report['site']}.{GRID_SUFFIX}").write_bytes(grid)
     (out / RESULT_FILE).write_text(json.dumps(
-        {**{k: leader[k] for k in ("history", "input_shape", "num_classes", "test_histograms")}, "sites": reports}))
+        {**{k: leader[k] for k in ("history", "input_shape", "num_classes", "test_histograms", "valid_histograms")}, "sites": reports}))
     return str(out)

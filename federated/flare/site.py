@@ -96,10 +96,12 @@ def _train(job: dict) -> dict:
         return report_failure(name, err)
     if site != 0:
         return {"report": report}
-    histograms = None if result.test_histograms is None else result.test_histograms.tolist()
+    def listed(histograms):
+        return None if histograms is None else histograms.tolist()
+
     return {"report": report, "global_state": result.global_state, "history": result.history,
             "input_shape": list(result.input_shape), "num_classes": result.num_classes,
-            "test_histograms": histograms}
+            "test_histograms": listed(result.test_histograms), "valid_histograms": listed(result.valid_histograms)}
 
 
 @collab.publish

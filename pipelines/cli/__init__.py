@@ -4,7 +4,7 @@ into a package. Each module here holds one group of commands; this one puts them
 
 from __future__ import annotations
 
-from pipelines.cli import consortium, data, evaluation, operations, sites, training
+from pipelines.cli import consortium, data, evaluation, hospital, operations, sites, training
 from pipelines.cli.application import app
 
 app.command()(data.inspect)
@@ -14,6 +14,9 @@ app.command()(operations.demo)
 app.command("train")(training.train_command)
 app.command("evaluate")(evaluation.evaluate_command)
 app.command("compare")(training.compare_command)
+app.command("predict")(hospital.predict_command)
+app.command("thresholds")(hospital.thresholds_command)
+app.command("pacs")(hospital.pacs_command)
 app.command()(operations.ui)
 app.command()(operations.deploy)
 app.add_typer(sites.sites_app, name="sites")

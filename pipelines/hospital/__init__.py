@@ -1,0 +1,12 @@
+"""The champion at work in a hospital: everything that runs at the site with a registered model.
+
+``contract``: what the registered model says about itself (task, diseases in output order, the decoding and
+tile settings it was trained with, the network, the code version, the operating points). ``flavor``: how
+registration stores it in MLflow (a torch.export program that is also a pyfunc model taking image files).
+``predict``: files, folders or a site's dataset scored through preprocessing's own decoding and
+``federated.predict.predict_scores``. ``thresholds``: operating points from score histograms. ``pacs``,
+``report``: the DICOMweb scoring job and its DICOM Structured Report. ``drift``: what a scoring run may tell
+the centre, and the drift figure the centre computes from it.
+
+Importable and testable without a Prefect or MLflow server.
+"""

@@ -1,0 +1,204 @@
+"""``fedauc predict`` and ``fedauc thresholds``: a registered model on a hospital's files, written to a table.
+
+Inputs are files, folders or site YAMLs (a site's dataset as its adapter lists it, optionally one split).
+The output (CSV or Parquet, by its suffix) has one row per image, written chunk by chunk: the source file,
+the DICOM UIDs, the model's name and version, which operating points were used, per disease its
+probability and its decision, and for a refused file the reason. It stays at the hospital: it holds per-image
+scores and paths.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import torch
+from mlflow import MlflowClient
+
+from federated.data import load_shard
+from federated.predict import predict_scores
+from federated.schema import CHAMPION_ALIAS, registered_model_name
+from models.metrics.histograms import score_histograms
+from pipelines.hospital import thresholds as op
+from pipelines.hospital.flavor import load_scorer
+from pipelines.hospital.predict import (
+    SCORED,
+    UID_COLUMNS,
+    Item,
+    Scorer,
+    decisions,
+    folder_items,
+    probability_column,
+    score_items,
+)
+from preprocessing.errors import ConfigError, DataError
+from preprocessing.sites import SiteConfig, load_site
+
+
+def resolve_model(uri: str | None, task: str | None) -> tuple[str, str, str]:
+    """(name, version, ``models:/name/version``) of ``uri`` (``models:/name/version`` or ``models:/name@alias``),
+    by default the champion of ``task``."""
+    if uri is None:
+        if task is None:
+            raise ConfigError("no model and no task to take the champion of",
+                              fix="pass --model models:/fedauc-<task>@champion, --task, or a site YAML")
+        uri = f"models:/{registered_model_name(task)}@{CHAMPION_ALIAS}"
+    if not uri.startswith("models:/"):
+        raise ConfigError(f"--model {uri!r} is not a models:/ URI", fix="pass models:/<name>/<version> or models:/<name>@<alias>")
+    rest = uri.removeprefix("models:/")
+    client = MlflowClient()
+    try:
+        if "@" in rest:
+            name, alias = rest.split("@", 1)
+            version = str(client.get_model_version_by_alias(name, alias).version)
+        else:
+            name, version = rest.rsplit("/", 1)
+            client.get_model_version(name, version)
+    except (mlflow.exceptions.MlflowException, ValueError):
+        raise ConfigError(f"no registered model {uri} at {mlflow.get_tracking_uri()}",
+                          fix="train one (`fedauc train`), or point MLFLOW_TRACKING_URI at the registry that has it") from None
+    return name, version, f"models:/{name}/{version}"
+
+
+def load_registered(uri: str | None, task: str | None, folder: Path) -> Scorer:
+    name, version, exact = resolve_model(uri, task)
+    local = mlflow.artifacts.download_artifacts(exact, dst_path=str(folder))
+    return load_scorer(local, name, version)
+
+
+@dataclass
+class Chosen:
+    """The operating points a scoring run uses and where they come from."""
+
+    point: str
+    thresholds: dict[str, float | None]
+    source: str
+
+
+def choose_points(scorer: Scorer, point: str, hospital_file: Path | None) -> Chosen:
+    """The hospital's own file when there is one, else the registered points."""
+    diseases = scorer.contract.diseases
+    if hospital_file is not None and hospital_file.is_file():
+        points = op.read(hospital_file)
+        return Chosen(point, points.thresholds(point, diseases), f"{hospital_file} ({points.source})")
+    if scorer.contract.operating_points is None:
+        if point not in op.POINTS:
+            raise ConfigError(f"unknown operating point {point!r}", fix=f"pass one of {list(op.POINTS)}")
+        return Chosen(point, dict.fromkeys(diseases), "none registered with the model: no decisions")
+    points = scorer.contract.operating_points
+    return Chosen(point, points.thresholds(point, diseases), f"registered with the model ({points.source})")
+
+
+def input_items(inputs: list[str], split: str | None) -> Iterator[Item]:
+    """Files (rooted at their own folder), folders (every file under them) and site YAMLs (the site's records,
+    rooted at its data root), in the order given."""
+    for text in inputs:
+        path = Path(text)
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            site = load_site(path)
+            yield from site_items(site, split)
+        elif path.is_dir():
+            yield from folder_items(path)
+        else:  # a missing or hostile file is a row with its reason, not an error of the command
+            yield Item(str(path), str(path.parent.resolve()))
+
+
+def site_items(site: SiteConfig, split: str | None) -> Iterator[Item]:
+    from preprocessing.scan import scan_site
+
+    records = scan_site(site).records
+    if split:
+        records = records[records["split"] == split]
+    root = str(Path(site.root).resolve())
+    for image_path in records["image_path"]:
+        yield Item(str(Path(site.root) / image_path), root)
+
+
+def output_schema(diseases: list[str]) -> pa.Schema:
+    fields = [("source", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("detail", pa.string())]
+    fields += [(c, pa.string()) for c in UID_COLUMNS]
+    fields += [("model", pa.string()), ("model_version", pa.string()), ("operating_point", pa.string())]
+    fields += [(probability_column(d), pa.float64()) for d in diseases] + [(d, pa.bool_()) for d in diseases]
+    return pa.schema(fields)
+
+
+class TableWriter:
+    """CSV or Parquet by the output's suffix, a chunk at a time; written to a temporary name and renamed at
+    the end, so that a run that stops leaves no half table under the name asked for."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        if path.suffix not in (".csv", ".parquet"):
+            raise ConfigError(f"--out {path}: unknown table format", fix="name the output *.csv or *.parquet")
+        self.path, self.schema = path, schema
+        self.partial = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.writer = (pq.ParquetWriter(self.partial, schema) if path.suffix == ".parquet"
+                       else pa_csv.CSVWriter(self.partial, schema))
+
+    def write(self, rows: list[dict]) -> None:
+        self.writer.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+
+    def close(self, complete: bool) -> None:
+        self.writer.close()
+        if complete:
+            self.partial.replace(self.path)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+
+def predict_to_table(scorer: Scorer, items: Iterator[Item], out: Path, chosen: Chosen, batch_size: int = 64,
+                     workers: int = 1, progress=None) -> dict[str, int]:
+    """Score ``items`` into ``out``; returns the counts of rows by status and refusal reason."""
+    diseases = scorer.contract.diseases
+    writer = TableWriter(out, output_schema(diseases))
+    counts: dict[str, int] = {}
+    complete = False
+    try:
+        chunk: list[dict] = []
+        for row in score_items(scorer, items, batch_size, workers, progress):
+            row.update(model=scorer.name, model_version=scorer.version, operating_point=chosen.point,
+                       **decisions(row, diseases, chosen.thresholds))
+            key = SCORED if row["status"] == SCORED else f"refused: {row['reason']}"
+            counts[key] = counts.get(key, 0) + 1
+            chunk.append(row)
+            if len(chunk) >= batch_size:
+                writer.write(chunk)
+                chunk = []
+        if chunk:
+            writer.write(chunk)
+        complete = True
+    finally:
+        writer.close(complete)
+    return counts
+
+
+def recalibrate(scorer: Scorer, site: SiteConfig, site_shards: Path) -> op.OperatingPoints:
+    """The operating points on this hospital's own validation split (its shards: the tiles the same decoder
+    made), scored by the one prediction path; the scores stay here."""
+    data = load_shard(site_shards)
+    valid = data.splits.get("valid")
+    if valid is None or len(valid) == 0:
+        raise DataError(f"site {site.name!r}: the shards at {site_shards} hold no validation split",
+                        fix="give the site a validation fraction (split.valid) and run `fedauc preprocess` again")
+    shape = tuple(valid.images.shape[1:])
+    want = scorer.contract.transform().tile_shape
+    if shape != tuple(want) or list(data.diseases) != scorer.contract.diseases:
+        raise DataError(f"site {site.name!r}: its shards hold {shape} tiles of {list(data.diseases)}, model "
+                        f"{scorer.name} v{scorer.version} takes {tuple(want)} of {scorer.contract.diseases}",
+                        fix=f"preprocess the site with image_size: {scorer.contract.image_size} for this model")
+    scores = predict_scores(scorer.network, valid.images, torch.device("cpu"))
+    bins = op.HISTOGRAM_BINS
+    histograms = np.stack([np.stack(score_histograms(valid.labels[:, c], scores[:, c], bins))
+                           for c in range(len(data.diseases))])
+    return op.from_histograms(histograms, list(data.diseases), f"validation split of site {site.name}")
+
+
+def scratch_folder() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="fedauc-model-")

@@ -1,0 +1,95 @@
+"""One DICOM Comprehensive SR per scored study, written with highdicom (docs/deploy.md section 2).
+
+The report's content tree: the model's name and version (DCM 111001 Algorithm Name, 111003 Algorithm
+Version), the operating point and where its thresholds come from, a statement that the content is not a
+diagnosis (DCM 121106 Comment), then per scored image a container that references it by SOP Class and
+Instance UID (IMAGE) and holds per disease its probability (NUM, UCUM "1") and its decision at the operating
+point (TEXT). The SR goes into the study in a series of its own, described ``SERIES_DESCRIPTION`` +
+model + version: what the scoring job looks for to know that a study was scored by a model version.
+"""
+
+from __future__ import annotations
+
+import highdicom as hd
+import numpy as np
+import pydicom
+from highdicom.sr import (
+    CodedConcept,
+    ContainerContentItem,
+    ImageContentItem,
+    NumContentItem,
+    RelationshipTypeValues,
+    TextContentItem,
+)
+
+SERIES_DESCRIPTION = "fedauc scores"
+NOT_A_DIAGNOSIS = ("Computer-generated scores of a machine-learning model (fedauc), for research and triage "
+                   "support. Not a diagnosis: every image must be read by a qualified radiologist.")
+_SCHEME = "99FEDAUC"  # private coding scheme for what no standard code names
+_REPORT = CodedConcept("fedauc-report", _SCHEME, "fedauc model output")
+_IMAGE_FINDINGS = CodedConcept("fedauc-image", _SCHEME, "Scores of one image")
+_PROBABILITY = CodedConcept("fedauc-probability", _SCHEME, "Model probability")
+_DECISION = CodedConcept("fedauc-decision", _SCHEME, "Decision at the operating point")
+_OPERATING_POINT = CodedConcept("fedauc-operating-point", _SCHEME, "Operating point")
+_ALGORITHM_NAME = CodedConcept("111001", "DCM", "Algorithm Name")
+_ALGORITHM_VERSION = CodedConcept("111003", "DCM", "Algorithm Version")
+_COMMENT = CodedConcept("121106", "DCM", "Comment")
+_SOURCE = CodedConcept("121112", "DCM", "Source of Measurement")
+_UNIT = CodedConcept("1", "UCUM", "no units")
+CONTAINS = RelationshipTypeValues.CONTAINS
+
+
+def series_description(model: str, version: str) -> str:
+    return f"{SERIES_DESCRIPTION} {model} v{version}"[:64]  # LO: at most 64 characters
+
+
+def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list[str], model: str, version: str,
+                 point: str, point_source: str) -> hd.sr.ComprehensiveSR:
+    """The SR of one study: ``images`` the scored instances (headers suffice), ``rows`` their predict rows
+    (``p_<disease>`` and the ``<disease>`` decision, True / False / None)."""
+    items = [TextContentItem(_ALGORITHM_NAME, model, CONTAINS), TextContentItem(_ALGORITHM_VERSION, version, CONTAINS),
+             TextContentItem(_OPERATING_POINT, f"{point}: {point_source}"[:1024], CONTAINS),
+             TextContentItem(_COMMENT, NOT_A_DIAGNOSIS, CONTAINS)]
+    for image, row in zip(images, rows, strict=True):
+        finding = ContainerContentItem(_IMAGE_FINDINGS, relationship_type=CONTAINS)
+        children = [ImageContentItem(_SOURCE, image.SOPClassUID, image.SOPInstanceUID, relationship_type=CONTAINS)]
+        for disease in diseases:
+            probability = float(row[f"p_{disease}"])
+            decision = row[disease]
+            children.append(NumContentItem(CodedConcept(f"fedauc-{disease}"[:16], _SCHEME, f"{disease} probability"),
+                                           float(np.round(probability, 6)), _UNIT, relationship_type=CONTAINS))
+            text = "no operating point" if decision is None else ("positive" if decision else "negative")
+            children.append(TextContentItem(_DECISION, f"{disease}: {text}", CONTAINS))
+        finding.ContentSequence = children
+        items.append(finding)
+    root = ContainerContentItem(_REPORT)
+    root.ContentSequence = items
+    first = images[0]
+    return hd.sr.ComprehensiveSR(
+        evidence=images, content=root, series_instance_uid=hd.UID(), series_number=9901,
+        sop_instance_uid=hd.UID(), instance_number=1, manufacturer="fedauc", is_complete=True,
+        series_description=series_description(model, version),
+        institution_name=str(first.get("InstitutionName", "")) or None,
+    )
+
+
+def read_report(sr: pydicom.Dataset) -> dict:
+    """What a reader of the stored SR finds: model, version, the statement, per referenced image its scores."""
+    out = {"images": {}}
+    for item in sr.ContentSequence:
+        meaning = item.ConceptNameCodeSequence[0].CodeMeaning
+        if item.ValueType == "TEXT":
+            out[meaning] = item.TextValue
+        elif item.ValueType == "CONTAINER":
+            scores, uid = {}, None
+            for child in item.ContentSequence:
+                if child.ValueType == "IMAGE":
+                    uid = child.ReferencedSOPSequence[0].ReferencedSOPInstanceUID
+                elif child.ValueType == "NUM":
+                    name = child.ConceptNameCodeSequence[0].CodeMeaning.removesuffix(" probability")
+                    scores[name] = float(child.MeasuredValueSequence[0].NumericValue)
+                elif child.ValueType == "TEXT":
+                    name, decision = child.TextValue.split(": ", 1)
+                    scores[f"{name} decision"] = decision
+            out["images"][uid] = scores
+    return out

@@ -1,0 +1,18 @@
+"""The hospital's scheduled PACS scoring as a Prefect flow (infra/prefect.yaml: ``pacs-scoring-<site>`` on
+the hospital's own work pool). Thin: pipelines/hospital/job.py does the work."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+
+@flow(name="score_pacs")
+def score_pacs(site_yaml: str, shards_root: str = "shards", model: str | None = None,
+               operating_point: str = "youden") -> dict:
+    """Score the new studies of the site's PACS with the registered model (default its task's champion) and
+    store one SR per study back; returns the aggregates that went to the centre."""
+    from pipelines.hospital import job
+
+    logger = get_run_logger()
+    result = job.run(site_yaml, shards_root, model, operating_point, echo=logger.info)
+    return {"aggregates": result["aggregates"], "warnings": result["warnings"]}
