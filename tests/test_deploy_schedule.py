@@ -100,9 +100,11 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
         deployment = client.read_deployment_by_name("onboard_site/onboard-stanford")
         client.create_deployment_schedules(deployment.id, [DeploymentScheduleCreate(
             schedule=IntervalSchedule(interval=timedelta(seconds=10)), active=True,
-            parameters={"site_yaml": str(site_yaml)})])
+            parameters={"site": "stanford"})])
 
-    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home")}
+    # The hospital's worker finds the site's YAML by its name: no hospital path in what the centre stores.
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home"),
+           "FEDAUC_SITES": str(tmp_path)}
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool",
                                    "site-stanford", "--type", "process"], env=env, stdout=log,
@@ -114,7 +116,7 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
     assert completed is not None, (
         f"no completed scheduled run; server log:\n{prefect_server['log'].read_text()[-3000:]}\n"
         f"worker log:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
-    assert completed.parameters["site_yaml"] == str(site_yaml)
+    assert completed.parameters == {"site": "stanford"}
     assert completed.auto_scheduled  # made by the scheduler service, not by this test
     assert "InvalidRequestError" not in prefect_server["log"].read_text()
 
