@@ -119,7 +119,7 @@ def test_federation_config_names_sites_and_refuses_shards_that_do_not_fit(tmp_pa
     federation = load_federation(federation_yaml)
     cfg = federation_config(federation, root / "shards", {"algorithm": "fedavg", "rounds": 1})
     assert [(s.name, s.path) for s in cfg.sites] == [(n, root / "shards" / n) for n in SITES]
-    with pytest.raises(DataError, match=r"site 'vienna': no shards at .*missing/vienna"):
+    with pytest.raises(DataError, match=r"federation 'tiny-melanoma': no shards at .*missing/vienna"):
         federation_config(federation, tmp_path / "missing", {"algorithm": "fedavg", "rounds": 1})
     # Another hospital's shards in vienna's folder, then shards of another task.
     swapped = tmp_path / "swapped"
@@ -134,3 +134,20 @@ def test_federation_config_names_sites_and_refuses_shards_that_do_not_fit(tmp_pa
     (swapped / "vienna" / "shard.json").write_text(json.dumps({**meta, "diseases": ["Nevus"]}))
     with pytest.raises(DataError, match=r"its shards have diseases \['Nevus'\], the federation trains \['Melanoma'\]"):
         federation_config(federation, swapped, {"algorithm": "fedavg", "rounds": 1})
+
+
+def test_the_torchrun_launcher_trains_the_in_process_model_and_reports_every_site(melanoma_shards):
+    """`fedauc train --backend torchrun`'s launcher: one process per site, the same model bit for bit, every
+    round's record to the callbacks, and the sites' reports checked as every launcher's are."""
+    from federated.launch import InProcess, Torchrun
+
+    root, federation = melanoma_shards
+    cfg = _config(melanoma_shards)
+    records = []
+    launched = Torchrun().train(cfg, load_federation(federation), root / "shards", [records.append])
+    local = InProcess().train(cfg, load_federation(federation), root / "shards")
+    assert [r["round"] for r in records] == [0, 1]
+    _assert_same_training(local.result, {"history": launched.result.history,
+                                         "global_state": launched.result.global_state})
+    assert [r["site"] for r in launched.site_reports] == list(SITES)
+    assert launched.site_reports == local.site_reports
