@@ -13,8 +13,9 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
     """The experiment's federated trainings (parent runs), best first: federation, sites and status, algorithm,
     I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and
     minutes, then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals``
-    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) have no test metrics and are left out
-    unless ``include_unfinished``; ``frame.attrs["hidden"]`` counts them."""
+    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) are left out
+    unless ``include_unfinished``, and then listed by status without AUCs (a failed run's last evaluation
+    during training is not its result); ``frame.attrs["hidden"]`` counts them."""
     client = MlflowClient()
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -45,6 +46,8 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
             row[f"AUC macro {end}"] = metrics.get(f"test/pooled/auc_ci95_{end}_macro", float("nan"))
             row.update({f"AUC {key.rsplit('/', 1)[1]} {end}": value for key, value in sorted(metrics.items())
                         if key.startswith(f"test/pooled/auc_ci95_{end}/")})
+        if run.info.status != "FINISHED":  # its last evaluation during training, not a result: no AUC shown
+            row.update({key: float("nan") for key in row if key.startswith(("AUC", "pAUC"))})
         row["MB sent"] = metrics.get("bytes_sent_cumulative", float("nan")) / 1e6
         row["minutes"] = (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan")
         rows.append(row)

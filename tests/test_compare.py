@@ -20,9 +20,10 @@ def _training(client, experiment, name, federation, sites, status, auc):
                        "sites": ",".join(sites)}.items():
         client.log_param(run.info.run_id, key, str(value))
     if status == "FINISHED":
+        client.log_metric(run.info.run_id, "bytes_sent_cumulative", 2e6)
+    if auc is not None:  # a FAILED run's: its last evaluation before it failed
         client.log_metric(run.info.run_id, "test/pooled/auc_macro", auc)
         client.log_metric(run.info.run_id, "test/pooled/auc/Edema", auc)
-        client.log_metric(run.info.run_id, "bytes_sent_cumulative", 2e6)
     client.set_terminated(run.info.run_id, status=status)
 
 
@@ -35,7 +36,7 @@ def store(tmp_path, monkeypatch):
     four, five = ["stanford", "nih", "san-juan", "hanoi"], ["stanford", "nih", "san-juan", "hanoi", "oslo"]
     _training(client, experiment, LONG_NAME, "demo-chest", four, "FINISHED", 0.771)
     _training(client, experiment, "fedavg-I8", "chest-5", five, "FINISHED", 0.806)
-    _training(client, experiment, "codsca-I8", "chest-5", five, "FAILED", None)
+    _training(client, experiment, "codsca-I8", "chest-5", five, "FAILED", 0.912)
     yield tmp_path
     mlflow.set_tracking_uri(None)
 
@@ -56,6 +57,8 @@ def test_compare_all_lists_failed_runs(store):
     assert result.exit_code == 0, result.output
     assert "codsca-I8" in result.output and "FAILED" in result.output
     assert "hidden" not in result.output
+    # Its last evaluation during training is not shown as its result, and it is listed after the results.
+    assert "0.912" not in result.output and result.output.index("codsca-I8") > result.output.index(LONG_NAME)
 
 
 def test_compare_writes_csv_and_html(store):
