@@ -15,6 +15,7 @@ of its own.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.supervise import family, signal_family
 from pipelines.cli import app
@@ -120,6 +122,10 @@ def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium
 
     _until("new-york's job process", job_process, 300)
     assert len(_of_site(kit)) >= 3  # start-site, NVFlare's client, the job's process
+    # `consortium status` meanwhile: the server's start as a time, the running job by its run name.
+    status = consortium_status(consortium.kits.admin)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", status.server_started), status.server_started
+    assert [job.name for job in status.jobs] == ["doomed"]
 
     os.killpg(started.pid, signal.SIGKILL)
     started.wait()

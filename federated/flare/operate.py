@@ -105,15 +105,19 @@ def consortium_status(kit: str | Path) -> ConsortiumStatus:
         sites = [SiteStatus(c.name, joined.get(c.name), c.last_connect_time,
                             versions.get(c.name, {}).get("fedauc"), versions.get(c.name, {}).get("last_heartbeat"))
                  for c in sorted(info.client_info, key=lambda c: c.name)]
+        # NVIDIA FLARE's system info names a job by its app ("app"); its job list by the name fedauc gave it
+        # (the training's run name).
+        names = {j.get("job_id"): j.get("job_name") or j.get("name") for j in session.list_jobs()}
         jobs = []
         for job in info.job_info:
             entries = parse(session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
             start = next((e for e in entries if "job" in e), {})
             rounds = [e["round"] for e in entries if "record" in e]
             failure = next((e["failure"] for e in entries if "failure" in e), None)
-            jobs.append(JobStatus(job.job_id, job.app_name, start.get("sites", []),
+            jobs.append(JobStatus(job.job_id, names.get(job.job_id) or job.app_name, start.get("sites", []),
                                   max(rounds) + 1 if rounds else 0, failure))
-        return ConsortiumStatus(str(info.server_info.start_time), sites, jobs)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.server_info.start_time)))
+        return ConsortiumStatus(started, sites, jobs)
     finally:
         session.close()
 
