@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -56,7 +57,10 @@ def validate(site_yaml: str) -> None:
 @task(name="labels-report", cache_policy=NO_CACHE)
 def labels_only_report(site_yaml: str) -> dict:
     config = load_site(site_yaml)
-    return label_report(scan_site(config), config.task)
+    report = label_report(scan_site(config), config.task)
+    # Its result reaches the centre (the flow run's, and a persisted result): files named within the site's root.
+    report["metadata_files"] = [os.path.relpath(path, config.root) for path in report["metadata_files"]]
+    return report
 
 
 @flow(name="onboard_site")
