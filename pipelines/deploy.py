@@ -153,6 +153,10 @@ def deploy(prefect_file: str | Path, project_root: Path = PROJECT_ROOT, echo: Ca
     deployments = paused(select(read_deployments(prefect_file), role, site, names), schedules_active)
     pools = list(dict.fromkeys(d["work_pool"]["name"] for d in deployments))
     check_entrypoints(deployments, project_root)
+    unedited = [d["name"] for d in deployments if "EDIT-ME" in yaml.safe_dump(d.get("parameters") or {})]
+    if unedited:
+        echo(f"not edited yet (EDIT-ME in the consortium block of {prefect_file.name}; a run would fail): "
+             f"{', '.join(unedited)}")
     env = dict(os.environ)
     with get_client(sync_client=True) as client:
         before = _deployment_names(client)
