@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from pipelines import tracking
 from pipelines.cli import app
+from pipelines.compare import compare_runs
 
 LONG_NAME = "codasca-I8-lr1.0-T0-160-nightly-2026-11-23-with-a-name-longer-than-any-column"
 
@@ -77,3 +78,20 @@ def test_compare_refuses_an_unknown_file_type(store):
     result = CliRunner().invoke(app, ["compare", "--experiment", "chest-xray", "--csv", str(store / "x.xlsx")])
     assert result.exit_code == 1
     assert "name the file .csv or .html" in result.output
+
+
+def test_a_resumed_trainings_totals_cover_the_runs_it_continues(store):
+    client = MlflowClient()
+    experiment = tracking.experiment_id("chest-xray")
+    failed = client.search_runs([experiment], "attributes.run_name = 'codsca-I8'")[0]
+    client.log_metric(failed.info.run_id, "bytes_sent_cumulative", 1.5e6)
+    resumed = client.create_run(experiment, run_name="codsca-I8", tags={
+        "fedauc_role": "federated-training", "federation": "chest-5", "fedauc.continues": failed.info.run_id})
+    for key, value in {"algorithm": "codasca", "local_steps": 8, "rounds": 40}.items():
+        client.log_param(resumed.info.run_id, key, str(value))
+    client.log_metric(resumed.info.run_id, "test/pooled/auc_macro", 0.7)
+    client.log_metric(resumed.info.run_id, "bytes_sent_cumulative", 2e6)
+    client.set_terminated(resumed.info.run_id, status="FINISHED")
+    table = compare_runs("chest-xray")
+    row = table[table["run"] == "codsca-I8"].iloc[0]
+    assert row["MB sent"] == pytest.approx(3.5)  # its own 2 MB and the failed run's 1.5 MB
