@@ -45,16 +45,19 @@ def store(tmp_path, monkeypatch):
 def test_compare_shows_federation_sites_status_and_whole_names(store):
     result = CliRunner().invoke(app, ["compare", "--experiment", "chest-xray"])
     assert result.exit_code == 0, result.output
-    assert LONG_NAME in result.output
     assert "demo-chest" in result.output and "chest-5" in result.output
-    assert "stanford, nih, san-juan, hanoi, oslo" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 100  # a 100-column terminal's summary
+    assert "oslo" not in result.output and "Edema" not in result.output
+    result = CliRunner().invoke(app, ["compare", "--experiment", "chest-xray", "--wide"])
+    assert LONG_NAME in result.output
+    assert "stanford, nih, san-juan, hanoi, oslo" in result.output and "Edema" in result.output
     assert "FINISHED" in result.output and "FAILED" not in result.output and "codsca-I8" not in result.output
     assert "1 unfinished training(s) hidden" in result.output
     assert result.output.index("fedavg-I8") < result.output.index(LONG_NAME)  # best pooled AUC first
 
 
 def test_compare_all_lists_failed_runs(store):
-    result = CliRunner().invoke(app, ["compare", "--experiment", "chest-xray", "--all"])
+    result = CliRunner().invoke(app, ["compare", "--experiment", "chest-xray", "--all", "--wide"])
     assert result.exit_code == 0, result.output
     assert "codsca-I8" in result.output and "FAILED" in result.output
     assert "hidden" not in result.output
