@@ -164,10 +164,10 @@ def _drop_silent_clients(session, deadline: float, silent_s: float, fix: str) ->
     first_seen: dict[str, float] = {}
     dropped = []
     while clients := session.get_system_info().client_info:
-        alive = sorted(c.name for c in clients if c.last_connect_time > first_seen.setdefault(c.name, c.last_connect_time))
-        if alive:
-            raise ConfigError(f"the server still has connected hospitals ({', '.join(alive)}), heartbeating; NVIDIA "
-                              "FLARE stops its server only after its clients", fix=fix)
+        # One heartbeat seen while watching is enough to refuse; the refusal names every hospital still listed.
+        if any(c.last_connect_time > first_seen.setdefault(c.name, c.last_connect_time) for c in clients):
+            raise ConfigError(f"the server still has connected hospitals ({', '.join(sorted(c.name for c in clients))})"
+                              "; NVIDIA FLARE stops its server only after its clients", fix=fix)
         for client in clients:
             if time.time() - client.last_connect_time > silent_s:
                 session.remove_client(client.name)
