@@ -93,6 +93,7 @@ OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.
 END_REASON_TAG = "fedauc.end_reason"
 FAILURE_TAG = "failure_reason"  # why a training failed: its error (site, round, what, fix)
 FAILED_SITE_TAG = "fedauc.failed_site"
+CONTINUES_TAG = "fedauc.continues"  # a resumed training: the ids of the unfinished runs it continues
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
 
 

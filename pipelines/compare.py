@@ -6,15 +6,16 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 
-from federated.schema import ROLE_TAG, TRAINING_ROLE
+from federated.schema import CONTINUES_TAG, ROLE_TAG, TRAINING_ROLE
 
 
 def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished: bool = False) -> pd.DataFrame:
     """The experiment's federated trainings (parent runs), best first: federation, sites and status, algorithm,
     I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and
-    minutes, then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals``
-    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) have no test metrics and are left out
-    unless ``include_unfinished``; ``frame.attrs["hidden"]`` counts them."""
+    minutes (a resumed training's with the runs it continues, its ``CONTINUES_TAG``), then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals``
+    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) are left out
+    unless ``include_unfinished``, and then listed by status without AUCs (a failed run's last evaluation
+    during training is not its result); ``frame.attrs["hidden"]`` counts them."""
     client = MlflowClient()
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -22,6 +23,7 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
     runs = client.search_runs(
         [found.experiment_id], filter_string=f"tags.{ROLE_TAG} = '{TRAINING_ROLE}'", max_results=10_000
     )
+    by_id = {run.info.run_id: run for run in runs}
     rows, hidden = [], 0
     for run in runs:
         if run.info.status != "FINISHED" and not include_unfinished:
@@ -45,8 +47,14 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
             row[f"AUC macro {end}"] = metrics.get(f"test/pooled/auc_ci95_{end}_macro", float("nan"))
             row.update({f"AUC {key.rsplit('/', 1)[1]} {end}": value for key, value in sorted(metrics.items())
                         if key.startswith(f"test/pooled/auc_ci95_{end}/")})
-        row["MB sent"] = metrics.get("bytes_sent_cumulative", float("nan")) / 1e6
-        row["minutes"] = (run.info.end_time - run.info.start_time) / 60_000 if run.info.end_time else float("nan")
+        if run.info.status != "FINISHED":  # its last evaluation during training, not a result: no AUC shown
+            row.update({key: float("nan") for key in row if key.startswith(("AUC", "pAUC"))})
+        # A resumed training's totals cover the runs it continues (their rounds are its first ones).
+        parts = [run, *(by_id[i] for i in run.data.tags.get(CONTINUES_TAG, "").split(",") if i in by_id)]
+        row["MB sent"] = sum(p.data.metrics.get("bytes_sent_cumulative", 0.0) for p in parts) / 1e6 \
+            if "bytes_sent_cumulative" in metrics else float("nan")
+        row["minutes"] = sum((p.info.end_time or p.info.start_time) - p.info.start_time for p in parts) / 60_000 \
+            if run.info.end_time else float("nan")
         rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty:

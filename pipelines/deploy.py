@@ -1,4 +1,9 @@
-"""``fedauc deploy``: register every deployment of a Prefect project file, all or none.
+"""``fedauc deploy``: register the deployments of one role (or those named) of a Prefect project file, all or none.
+
+A consortium's operator registers the centre's deployments at the centre and one hospital's with that
+hospital's (``select``: by work pool, ``fedauc-central`` or ``site-<name>``; the centre's ``demo-only``
+ones, which read every hospital's shards in one process, only when asked for by name or role ``demo``), and
+every schedule is registered paused unless ``schedules_active``: a registration starts nothing.
 
 ``prefect deploy --all`` stops at the first deployment whose work pool does not exist, leaving the ones
 before it registered (6 of 17 in a consortium that forgot one pool). Here the file is checked first
@@ -23,6 +28,44 @@ from pipelines.prefect_env import PROJECT_ROOT
 from preprocessing.errors import ConfigError, FedaucError
 
 WORK_POOL_TYPE = "process"
+CENTRE_POOL = "fedauc-central"
+DEMO_ONLY = "demo-only"  # the tag of deployments that read every hospital's shards at the centre
+ROLES = ("centre", "hospital", "demo")
+
+
+def select(deployments: list[dict], role: str | None = None, site: str | None = None,
+           names: tuple[str, ...] = ()) -> list[dict]:
+    """The deployments of ``role`` (``centre``: the central pool's but the demo-only ones; ``hospital``: the
+    pool ``site-<site>``'s; ``demo``: all), or those ``names``; one of the two must be given."""
+    if bool(role) == bool(names):
+        raise ConfigError("say what to register: --role centre, --role hospital --site NAME, --role demo, or "
+                          "--name DEPLOYMENT (repeatable)")
+    if names:
+        unknown = sorted(set(names) - {d["name"] for d in deployments})
+        if unknown:
+            raise ConfigError(f"no such deployment(s): {', '.join(unknown)}",
+                              fix=f"one of: {', '.join(d['name'] for d in deployments)}")
+        return [d for d in deployments if d["name"] in names]
+    if role not in ROLES:
+        raise ConfigError(f"--role {role!r}: one of {', '.join(ROLES)}")
+    if (role == "hospital") != bool(site):
+        raise ConfigError("--site NAME goes with --role hospital (and only with it)")
+    if role == "demo":
+        return list(deployments)
+    if role == "centre":
+        return [d for d in deployments
+                if d["work_pool"]["name"] == CENTRE_POOL and DEMO_ONLY not in (d.get("tags") or [])]
+    chosen = [d for d in deployments if d["work_pool"]["name"] == f"site-{site}"]
+    if not chosen:
+        raise ConfigError(f"no deployment in work pool site-{site}",
+                          fix=f"add onboard-{site}, preprocess-{site} and client-{site} to the Prefect project file")
+    return chosen
+
+
+def paused(deployments: list[dict], schedules_active: bool = False) -> list[dict]:
+    """The deployments with every schedule ``active: false`` unless ``schedules_active``."""
+    return [{**d, "schedules": [{**schedule, "active": schedules_active} for schedule in d.get("schedules") or []]}
+            for d in deployments]
 
 
 @dataclass
@@ -96,27 +139,42 @@ def _deployment_names(client) -> set[str]:
     return {f"{flows.get(d.flow_id, '?')}/{d.name}" for d in client.read_deployments()}
 
 
-def deploy(prefect_file: str | Path, project_root: Path = PROJECT_ROOT,
-           echo: Callable[[str], None] = print) -> DeployResult:
-    """Create the file's missing work pools, then register all its deployments with the server that
-    PREFECT_API_URL points at; on failure undo what this call created and raise a FedaucError."""
+def deploy(prefect_file: str | Path, project_root: Path = PROJECT_ROOT, echo: Callable[[str], None] = print,
+           role: str | None = None, site: str | None = None, names: tuple[str, ...] = (),
+           schedules_active: bool = False) -> DeployResult:
+    """Create the missing work pools of the deployments ``select`` picks, then register them (schedules
+    paused unless ``schedules_active``) with the server that PREFECT_API_URL points at; on failure undo what
+    this call created and raise a FedaucError."""
+    import tempfile
+
     from prefect import get_client
 
     prefect_file = Path(prefect_file).resolve()
-    deployments = read_deployments(prefect_file)
+    deployments = paused(select(read_deployments(prefect_file), role, site, names), schedules_active)
     pools = list(dict.fromkeys(d["work_pool"]["name"] for d in deployments))
     check_entrypoints(deployments, project_root)
+    unedited = [d["name"] for d in deployments if "EDIT-ME" in yaml.safe_dump(d.get("parameters") or {})]
+    if unedited:
+        echo(f"not edited yet (EDIT-ME in the consortium block of {prefect_file.name}; a run would fail): "
+             f"{', '.join(unedited)}")
     env = dict(os.environ)
-    # The deployments' pull step changes into $FEDAUC_HOME on the worker; without it, into this checkout.
-    env.setdefault("FEDAUC_HOME", str(project_root))
     with get_client(sync_client=True) as client:
         before = _deployment_names(client)
         created_pools = _ensure_pools(client, pools)
         for pool in created_pools:
             echo(f"created work pool {pool} ({WORK_POOL_TYPE})")
+        # The chosen deployments as a project file of their own, beside the original (its pull steps kept).
+        spec = yaml.safe_load(prefect_file.read_text())
+        spec.pop("definitions", None)  # its anchors are resolved in the deployments already
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=prefect_file.parent, prefix=".fedauc-deploy-",
+                                         delete=False) as chosen:
+            yaml.safe_dump({**spec, "deployments": deployments}, chosen, sort_keys=False)
         command = [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all",
-                   "--prefect-file", str(prefect_file)]
-        result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True)
+                   "--prefect-file", chosen.name]
+        try:
+            result = subprocess.run(command, cwd=project_root, env=env, capture_output=True, text=True)
+        finally:
+            Path(chosen.name).unlink()
         if result.returncode != 0:
             new = _deployment_names(client) - before
             for full_name in sorted(new):

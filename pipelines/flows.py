@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +26,8 @@ from federated.backends import SiteFailure
 from federated.sites import site_shard_dirs
 from pipelines import evaluations, runs, tracking
 from pipelines.compare import compare_runs
-from pipelines.preprocess_flow import artifact_key, preprocess_site
+from pipelines.preprocess_flow import artifact_key, preprocess
+from pipelines.site_params import site_yaml
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
@@ -55,17 +57,23 @@ def validate(site_yaml: str) -> None:
 @task(name="labels-report", cache_policy=NO_CACHE)
 def labels_only_report(site_yaml: str) -> dict:
     config = load_site(site_yaml)
-    return label_report(scan_site(config), config.task)
+    report = label_report(scan_site(config), config.task)
+    # Its result reaches the centre (the flow run's, and a persisted result): files named within the site's root.
+    report["metadata_files"] = [os.path.relpath(path, config.root) for path in report["metadata_files"]]
+    return report
 
 
 @flow(name="onboard_site")
-def onboard_site(site_yaml: str) -> dict:
-    """The gate before a site joins: its YAML and data root validate, and its labels are worth reading."""
-    validate(site_yaml)
-    report = labels_only_report(site_yaml)
-    create_markdown_artifact(key=f"onboard-{artifact_key(Path(site_yaml).stem)}",
-                             markdown=runs.label_report_markdown(report, load_site(site_yaml).sharing.min_count),
-                             description=f"labels-only report of {site_yaml}")
+def onboard_site(site: str) -> dict:
+    """The gate before a site joins: its YAML and data root validate, and its labels are worth reading.
+    ``site``: its name, resolved at the site (``pipelines.site_params``)."""
+    path = str(site_yaml(site))
+    validate(path)
+    report = labels_only_report(path)
+    config = load_site(path)
+    create_markdown_artifact(key=f"onboard-{artifact_key(config.name)}",
+                             markdown=runs.label_report_markdown(report, config.sharing.min_count),
+                             description=f"labels-only report of site {config.name}")
     return report
 
 
@@ -80,11 +88,11 @@ def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, 
     """
     federation = load_federation(federation_yaml)
     if dispatch == "local":
-        return [preprocess_site(str(site.source), out_dir, workers) for site in federation.sites]
+        return [preprocess(site.source, out_dir, workers) for site in federation.sites]
     if dispatch != "deployments":
         raise ValueError(f"dispatch must be 'local' or 'deployments', got {dispatch!r}")
-    flow_runs = [run_deployment(f"preprocess_site/preprocess-{site.name}",
-                                parameters={"site_yaml": str(site.source), "out_dir": out_dir, "workers": workers})
+    # Each hospital's deployment names its site and shards folder; the hospital resolves them.
+    flow_runs = [run_deployment(f"preprocess_site/preprocess-{site.name}", parameters={"workers": workers})
                  for site in federation.sites]
     failed = [run.name for run in flow_runs if not run.state.is_completed()]
     if failed:

@@ -24,6 +24,8 @@ from preprocessing.sites import SiteConfigError, load_site
 SHARDS_ENV = "FEDAUC_SHARDS"
 DEFAULT_SHARDS = Path("shards")
 EDIT = "EDIT-ME"
+# The layouts whose releases carry an official split (generic-csv: when it names a split_column).
+OFFICIAL_SPLITS = ("chexpert", "mimic-cxr-jpg", "nih-cxr14")
 
 # What the options of the generic layouts mean (the dataset layouts need none: their defaults are the
 # released file names).
@@ -72,7 +74,9 @@ def site_template(name: str, fmt: str, root: str, task: str | None = None,
     if task == "chest-xray":
         lines += ["# uncertain_policy: {Edema: ones, Atelectasis: ones}   # ones / zeros / ignore per disease; rest U-Zeros",
                   "views: [PA, AP]              # other views are quarantined as excluded_view"]
-    lines += ["split: {seed: 0, valid: 0.1, test: 0.2, use_official: true}   # fractions of patients",
+    # use_official only where the layout can carry an official split (preprocessing/splits.py).
+    official = "true" if fmt in OFFICIAL_SPLITS or options.get("split_column") else "false"
+    lines += [f"split: {{seed: 0, valid: 0.1, test: 0.2, use_official: {official}}}   # fractions of patients",
               "image_size: 224              # shard images are image_size x image_size",
               "# decode_limits: {max_pixels: 36000000, timeout_s: 60}   # over them a file is quarantined"]
     option_lines = []

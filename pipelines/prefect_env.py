@@ -28,6 +28,10 @@ def prefect_env_defaults() -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         # Task-level INFO lines would interleave with the progress bar; warnings and errors still show.
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # MLflow's INFO chatter ("Creating initial MLflow database tables") and its artifact download bars
+        # (empty ones, between fedauc's tables) stay out of fedauc's output; its warnings still show.
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
 
 

@@ -3,7 +3,8 @@
 Thin by design: each task calls one package function (``preprocessing.scan``, ``preprocessing.shards``,
 ``preprocessing.qc``), which run and are tested without Prefect. Tasks do not use Prefect's cache: the
 shard writer's content hash decides whether there is work, and covers more than the task inputs do.
-Import this module after ``pipelines.prefect_env.configure_prefect_env()``.
+Its parameters and result reach the consortium's Prefect server: the site's name, no path
+(``pipelines.site_params``). Import this module after ``pipelines.prefect_env.configure_prefect_env()``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from federated.privacy.ledger import set_budget
+from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
     build_report,
@@ -59,12 +61,15 @@ def report(config: SiteConfig, summary: ShardSummary) -> dict:
         description=f"QC summary of site {summary.site} (the full report stays at the site)",
     )
     check_accounting(qc)  # after writing, so a broken identity can be read in the report itself
-    return {"report_json": str(json_path), "report_md": str(md_path)}
+    # Relative to the shards folder: the result reaches the centre.
+    return {"report_json": str(json_path.relative_to(summary.site_dir.parent)),
+            "report_md": str(md_path.relative_to(summary.site_dir.parent))}
 
 
-@flow(name="preprocess_site")
-def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
-    config, result = scan(str(site_yaml))
+def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2) -> dict:
+    """The flow's work, run inside a flow: the site YAML ``config_path``'s shards into ``out_dir``; paths in
+    what it returns are relative to ``out_dir``."""
+    config, result = scan(str(config_path))
     labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
     summary = write_shards(config, result, str(out_dir), workers)
@@ -73,7 +78,7 @@ def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
     paths = report(config, summary)
     return {
         "site": summary.site,
-        "site_dir": str(summary.site_dir),
+        "site_dir": summary.site,
         "content_hash": summary.content_hash,
         "counts": summary.counts,
         "input_rows": summary.input_rows,
@@ -83,3 +88,10 @@ def preprocess_site(site_yaml: str, out_dir: str, workers: int = 2) -> dict:
         "warnings": labels["warnings"],
         **paths,
     }
+
+
+@flow(name="preprocess_site")
+def preprocess_site(site: str, shards: str | None = None, workers: int = 2) -> dict:
+    """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
+    (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""
+    return preprocess(site_yaml(site), site_shards(shards), workers)

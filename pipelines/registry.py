@@ -5,6 +5,8 @@ promotion only compares."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 
 import mlflow
@@ -54,15 +56,17 @@ def register_model(
     name = registered_model_name(task)
     # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    if contract is not None:
-        from pipelines.hospital.flavor import log_model
+    # MLflow prints "Successfully registered model ... Created version ..." to stderr: fedauc says it itself.
+    with contextlib.redirect_stderr(io.StringIO()):
+        if contract is not None:
+            from pipelines.hospital.flavor import log_model
 
-        info = log_model(model, contract, input_example, requirements, name)
-    else:
-        info = mlflow.pytorch.log_model(
-            model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2",
-            pip_requirements=requirements,
-        )
+            info = log_model(model, contract, input_example, requirements, name)
+        else:
+            info = mlflow.pytorch.log_model(
+                model, name="model", input_example=input_example, registered_model_name=name,
+                serialization_format="pt2", pip_requirements=requirements,
+            )
     version = str(info.registered_model_version)
     client = MlflowClient()
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))

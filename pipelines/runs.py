@@ -30,6 +30,7 @@ from mlflow.entities import Metric
 from federated import TrainConfig, get_algorithm
 from federated.launch import InProcess, Launcher
 from federated.schema import (
+    CONTINUES_TAG,
     FEDERATION_TAG,
     HEADLINE_METRIC,
     PRIVACY_METRICS,
@@ -184,7 +185,13 @@ def train_tracked(
     # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
     recorded = launcher.recorded(config)
     params = {**training_params(recorded, federation), **launcher.params()}
+    # A resumed training continues the unfinished runs of its name: they hold its first rounds (and bytes).
+    continued = [r.info.run_id for r in client.search_runs(
+        [experiment], f"attributes.run_name = '{run_name}' and tags.{ROLE_TAG} = '{TRAINING_ROLE}' and "
+        "attributes.status != 'FINISHED'")] if config.resume else []
     with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
+        if continued:
+            mlflow.set_tag(CONTINUES_TAG, ",".join(continued))
         mlflow.log_params(params)
         mlflow.log_dict(json.loads(recorded.model_dump_json()), "config.json")
         # A pooled training (centralized: one site holding every site's data) has no per-site rounds: its

@@ -50,22 +50,55 @@ def prefect_server(tmp_path_factory):
     stop_server(process)
 
 
+# The centre's checkout, which no hospital shares: a deployment must not send a worker there.
+CENTRE_HOME = "/nonexistent/the-centres-fedauc"
+
+
 def _fedauc(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, "FEDAUC_HOME": CENTRE_HOME})
 
 
-def test_deploy_creates_pools_then_every_deployment(prefect_server):
-    declared = yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
-    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE))
-    assert result.returncode == 0, result.stdout + result.stderr
+def _registered() -> tuple[set[str], dict]:
     with get_client(sync_client=True) as client:
-        pools = {p.name: p.type for p in client.read_work_pools()}
-        deployments = {d.name: d for d in client.read_deployments()}
-    assert {d["work_pool"]["name"] for d in declared} <= set(pools)
-    assert all(pools[d["work_pool"]["name"]] == "process" for d in declared)
+        return {p.name for p in client.read_work_pools()}, {d.name: d for d in client.read_deployments()}
+
+
+def test_deploy_registers_one_role_paused_then_every_deployment(prefect_server):
+    declared = yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
+    # A hospital registers its own three, in its own pool, and nothing else.
+    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "hospital", "--site", "vienna")
+    assert result.returncode == 0, result.stdout + result.stderr
+    pools, deployments = _registered()
+    assert pools == {"site-vienna"}
+    assert set(deployments) == {"onboard-vienna", "preprocess-vienna", "client-vienna"}
+
+    # The centre: its pool's deployments without the demo-only ones; every schedule paused.
+    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "centre")
+    assert result.returncode == 0, result.stdout + result.stderr
+    pools, deployments = _registered()
+    centre = {d["name"] for d in declared if d["work_pool"]["name"] == "fedauc-central" and "demo-only" not in d.get("tags", [])}
+    assert pools == {"site-vienna", "fedauc-central"} and set(deployments) == centre | {
+        "onboard-vienna", "preprocess-vienna", "client-vienna"}
+    assert centre == {"consortium-chest-codasca", "consortium-melanoma-codasca"}
+    assert all(not s.active for name in centre for s in deployments[name].schedules) and deployments[
+        "consortium-chest-codasca"].schedules
+    assert "not edited yet" in result.stdout and "consortium-chest-codasca" in result.stdout
+    assert all("sites/demo" not in yaml.safe_dump(deployments[name].parameters) for name in centre)
+
+    # Named, schedules active on request; then every deployment (the demo), paused.
+    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--name", "nightly-chest-codasca",
+                     "--schedules-active")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(s.active for s in _registered()[1]["nightly-chest-codasca"].schedules)
+    assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 1  # no role, no name: nothing
+    result = _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    pools, deployments = _registered()
+    assert {d["work_pool"]["name"] for d in declared} <= pools
     assert set(deployments) == {d["name"] for d in declared}
     assert deployments["nightly-chest-codasca"].work_pool_name == "fedauc-central"
+    assert not any(s.active for d in deployments.values() for s in d.schedules)
     assert f"registered {len(declared)} deployments" in result.stdout
 
 
@@ -78,7 +111,7 @@ def test_a_broken_file_deploys_nothing(prefect_server, tmp_path):
     broken = tmp_path / "prefect.yaml"
     broken.write_text(yaml.safe_dump(declared))
     started = time.monotonic()
-    result = _fedauc("deploy", "--prefect-file", str(broken))
+    result = _fedauc("deploy", "--prefect-file", str(broken), "--role", "demo")
     assert result.returncode == 1
     assert "no_such_flow" in result.stderr and "nothing was deployed" in result.stderr
     assert "Traceback" not in result.stderr
@@ -96,16 +129,21 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
                                          "task": "chest-xray", "image_size": 32, "min_image_size": 16}))
     with get_client(sync_client=True) as client:
         if not client.read_deployments():
-            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "demo").returncode == 0
         deployment = client.read_deployment_by_name("onboard_site/onboard-stanford")
         client.create_deployment_schedules(deployment.id, [DeploymentScheduleCreate(
             schedule=IntervalSchedule(interval=timedelta(seconds=10)), active=True,
-            parameters={"site_yaml": str(site_yaml)})])
+            parameters={"site": "stanford"})])
 
-    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home")}
+    # The hospital's worker finds the site's YAML by its name: no hospital path in what the centre stores.
+    # The hospital's worker runs in a folder of its own, with no $FEDAUC_HOME: the run enters the checkout
+    # its fedauc is installed from (this one), not the centre's (CENTRE_HOME, set when deploying).
+    env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_HOME": str(tmp_path / "worker-home"),
+           "FEDAUC_SITES": str(tmp_path)}
+    env.pop("FEDAUC_HOME", None)
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool",
-                                   "site-stanford", "--type", "process"], env=env, stdout=log,
+                                   "site-stanford", "--type", "process"], env=env, stdout=log, cwd=tmp_path,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
         completed = _wait_for_completed_run(deployment.id, prefect_server["log"], timeout_s=300)
@@ -114,7 +152,7 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
     assert completed is not None, (
         f"no completed scheduled run; server log:\n{prefect_server['log'].read_text()[-3000:]}\n"
         f"worker log:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
-    assert completed.parameters["site_yaml"] == str(site_yaml)
+    assert completed.parameters == {"site": "stanford"}
     assert completed.auto_scheduled  # made by the scheduler service, not by this test
     assert "InvalidRequestError" not in prefect_server["log"].read_text()
 
@@ -145,7 +183,7 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(pr
     tracking_uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     with get_client(sync_client=True) as client:
         if not client.read_deployments():
-            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+            assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "demo").returncode == 0
         deployment = client.read_deployment_by_name("train_federated/consortium-melanoma-codasca")
         declared = deployment.parameters
         assert declared["launcher"]["env"] == "prod" and declared["launcher"]["kit"].endswith("admin@fedauc.org")

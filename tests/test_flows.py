@@ -47,8 +47,9 @@ def mlflow_store(tmp_path_factory):
     mlflow.set_tracking_uri(None)
 
 
-def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
-    report = flows.onboard_site(str(federation / "alpha.yaml"))
+def test_onboard_preprocess_train_evaluate(federation, mlflow_store, monkeypatch):
+    monkeypatch.setenv("FEDAUC_SITES", str(federation))  # the site's worker finds its YAML by the site's name
+    report = flows.onboard_site("alpha")
     assert report["input_rows"] == report["kept"] + report["quarantined"] == 120
 
     shards = federation / "shards"

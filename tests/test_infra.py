@@ -34,8 +34,21 @@ def test_deployment_points_at_a_flow_that_accepts_its_parameters(deployment):
     assert isinstance(flow, Flow)
     flow.validate_parameters(deployment.get("parameters", {}))  # raises on unknown or missing parameters
     for key, value in deployment.get("parameters", {}).items():
-        if key.endswith("_yaml"):
+        if key.endswith("_yaml") and not value.startswith("EDIT-ME/"):  # EDIT-ME: the consortium's operator's to fill
             assert (ROOT / value).is_file(), f"{deployment['name']}: {key} {value} does not exist"
+
+
+def test_the_centres_production_deployments_hold_no_demo_path():
+    """What `fedauc deploy --role centre` registers reads the consortium block the operator edits: no demo
+    federation, kit or shards; the in-process ones that read every hospital's shards are marked demo-only."""
+    centre = [d for d in DEPLOYMENTS if d["work_pool"]["name"] == "fedauc-central"]
+    production = [d for d in centre if "demo-only" not in d.get("tags", [])]
+    assert {d["name"] for d in production} == {"consortium-chest-codasca", "consortium-melanoma-codasca"}
+    for deployment in production:
+        assert "demo" not in yaml.safe_dump(deployment["parameters"]), deployment["name"]
+        assert deployment["parameters"]["federation_yaml"].startswith("EDIT-ME/")
+        assert deployment["parameters"]["launcher"]["kit"].startswith("EDIT-ME/")
+    assert all(d["parameters"].get("launcher", {}).get("kind") != "flare" for d in centre if d not in production)
 
 
 def test_each_demo_site_preprocesses_in_its_own_pool():

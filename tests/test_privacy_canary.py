@@ -49,6 +49,9 @@ RUN = 16  # consecutive planted values that count as image content
 SITES = ("north", "south")
 DISEASES = {"Cardiomegaly": "cmg", "Edema": "edm", "Consolidation": "cns", "Atelectasis": "atl", "Pleural Effusion": "eff"}
 ROOT = Path(__file__).resolve().parents[1]
+# The hospital's own folder (its data and site YAMLs): a path that holds the marker, so that a path of the
+# hospital's reaching the centre (a flow run's parameters, an artifact's description) is found like a file name.
+HOSPITAL = f"{MARK}-hospital-folder"
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +68,7 @@ def build_federation(root: Path, images_per_site: int = 36) -> None:
     rng = np.random.default_rng(20261123)
     entries = []
     for site in SITES:
-        data = root / "data" / site
+        data = root / HOSPITAL / "data" / site
         (data / "images").mkdir(parents=True)
         rows = []
         for i in range(images_per_site):
@@ -88,22 +91,28 @@ def build_federation(root: Path, images_per_site: int = 36) -> None:
                   "options": {"labels_csv": "labels.csv", "path_column": "file", "image_dir": "images",
                               "patient_column": "patient", "default_view": "PA",
                               "label_columns": DISEASES}}
-        (root / f"{site}.yaml").write_text(yaml.safe_dump(config))
-        entries.append({"config": f"{site}.yaml"})
+        (root / HOSPITAL / f"{site}.yaml").write_text(yaml.safe_dump(config))
+        # The centre's copy (in-process training reads its task and name; the shards are what it reads).
+        (root / "sites").mkdir(exist_ok=True)
+        (root / "sites" / f"{site}.yaml").write_text(yaml.safe_dump({**config, "root": "at-the-hospital"}))
+        entries.append({"config": f"sites/{site}.yaml"})
     (root / "federation.yaml").write_text(yaml.safe_dump({"name": "canary", "task": "chest-xray", "sites": entries}))
 
 
 # --- the two processes (run as `python tests/test_privacy_canary.py site|centre ROOT`) -------------------
 def run_site(root: Path) -> None:
-    """A hospital: onboard and preprocess (its Prefect flow runs report to the central Prefect server)."""
+    """A hospital: onboard and preprocess (its Prefect flow runs report to the central Prefect server), its
+    worker set up as infra/README.md says: its site YAMLs in $FEDAUC_SITES, its shards in $FEDAUC_SHARDS."""
     from pipelines.prefect_env import configure_prefect_env
 
     configure_prefect_env()
+    os.environ.update(FEDAUC_SITES=str(root / HOSPITAL), FEDAUC_SHARDS=str(root / "shards"))
     from pipelines import flows
+    from pipelines.preprocess_flow import preprocess_site
 
     for site in SITES:
-        flows.onboard_site(str(root / f"{site}.yaml"))
-    flows.preprocess_federation(str(root / "federation.yaml"), str(root / "shards"), workers=0)
+        flows.onboard_site(site)
+        preprocess_site(site, workers=0)
 
 
 def run_centre(root: Path) -> None:
@@ -296,7 +305,7 @@ def scan(paths: list[Path], source_chunks: list[bytes]) -> list[str]:
 def source_chunks(root: Path) -> list[bytes]:
     """32 bytes from the middle of every source image file: its compressed pixel stream."""
     chunks = []
-    for file in sorted((root / "data").rglob("*.png")):
+    for file in sorted((root / HOSPITAL / "data").rglob("*.png")):
         data = file.read_bytes()
         if len(data) >= 96:
             chunks.append(data[len(data) // 2 - 16: len(data) // 2 + 16])

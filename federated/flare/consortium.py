@@ -4,8 +4,8 @@ Prefect deployment do).
 
 Every check fails with a ``ConfigError`` / ``DataError`` that says what to do, before NVFlare starts: a
 private key others may read, an expired certificate or one the kit's root CA did not sign, a server that
-cannot be reached (named by address), a site YAML whose site is not the kit's, and shards that do not fit
-the federation.
+cannot be reached (named by address), a site YAML whose site is not the kit's, shards that do not fit
+the federation, and a client of this kit that already runs (two clients of one name would both train).
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from federated.flare.installed import allow_components
+from federated.flare.leave import COMPONENT as LEAVE_ON_STOP
 from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
 from federated.flare.spec import SITE_FILE
-from federated.flare.supervise import run_until_stopped
+from federated.flare.supervise import claim, claimed_by, run_until_stopped
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
 from preprocessing.shard_format import read_shard_info
@@ -54,6 +57,25 @@ def read_kit(kit: str | Path) -> ClientKit:
     config = json.loads(config_path.read_text())
     host, _, port = config["servers"][0]["service"]["target"].rpartition(":")
     return ClientKit(root, config["client"]["fqsn"], host, int(port))
+
+
+PID_FILE = "fedauc-site.pid"  # in the kit's local/: the `start-site` that runs it
+_CLIENT_MODULE = "nvflare.private.fed.app.client.client_train"
+
+
+def running_client(kit: ClientKit) -> int | None:
+    """The pid of a live ``start-site`` of this kit (its pid file), or of an NVFlare client of this kit that
+    runs without one (started otherwise, or orphaned by an older fedauc); None when there is none."""
+    pid = claimed_by(kit.root / "local" / PID_FILE)
+    if pid is not None:
+        return pid
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if _CLIENT_MODULE in command and "-m" in command[:-1]:
+            with_kit = Path(command[command.index("-m") + 1])
+            if with_kit.is_absolute() and with_kit.resolve() == kit.root:
+                return process.pid
+    return None
 
 
 def check_certificate(kit: ClientKit, now: dt.datetime | None = None) -> dt.datetime:
@@ -94,6 +116,10 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     its own it runs (``allowed_code_versions``); its component allow-list admits fedauc's job only and its
     own authorization policy refuses shell commands and custom code (``lockdown.site_policy``)."""
     client = read_kit(kit)
+    pid = running_client(client)
+    if pid is not None:
+        raise ConfigError(f"site {client.name} already runs from {client.root} (pid {pid}); stop it (`kill {pid}` or "
+                          "`systemctl stop fedauc-site`) before starting it again")
     site = load_site(site_yaml)
     if site.name != client.name:
         raise ConfigError(f"{site_yaml} is site {site.name!r}, the kit {client.root} was issued to {client.name!r}",
@@ -108,7 +134,10 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     write_owner_only(client.root / "local" / SITE_FILE, json.dumps({
         "site": site.name, "shards": str(shard_dir), "sharing": site.sharing.model_dump(),
         "allowed_code_versions": site.allowed_code_versions}))
-    allow_components(client.root / "local")
+    resources = allow_components(client.root / "local")
+    config = json.loads(resources.read_text())
+    config["components"] = [c for c in config.get("components", []) if c["id"] != LEAVE_ON_STOP["id"]] + [LEAVE_ON_STOP]
+    write_owner_only(resources, json.dumps(config, indent=2))
     install_site_policy(client.root / "local")
     return client
 
@@ -129,5 +158,12 @@ def client_env() -> dict[str, str]:
 
 def run_site(kit: ClientKit) -> int:
     """Run the site's client until it stops (its exit status) or this process gets SIGTERM / SIGINT, which
-    stops the client and its job processes with it (``federated.flare.supervise``: then 0)."""
-    return run_until_stopped(client_command(kit), client_env(), kit.root)
+    stops the client and its job processes with it (``federated.flare.supervise``: then 0); this process
+    named in the kit's pid file meanwhile. The client leaves the consortium as it stops
+    (``federated.flare.leave``), and stops when this process dies in any way."""
+    pid_file = kit.root / "local" / PID_FILE
+    claim(pid_file)
+    try:
+        return run_until_stopped(client_command(kit), client_env(), kit.root)
+    finally:
+        pid_file.unlink(missing_ok=True)

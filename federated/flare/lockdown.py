@@ -8,7 +8,7 @@ read (:func:`check_private_key`), as ssh refuses such a key.
 Least privilege (NVIDIA FLARE 2.9's authorization policy, ``nvflare/fuel/sec/authz.py``: a role's rights by
 command or category; a right the role does not list is refused): the provisioned policy
 (:func:`centre_policy`) lets the project admin submit, list, abort and download jobs, see status and
-disable a client, and at the server alone read fedauc's files in its workspace and stop it, nothing else. A hospital's own ``local/authorization.json`` (:func:`site_policy`, which
+disable a client, and at the server alone read fedauc's files in its workspace, forget a silent client and stop it, nothing else. A hospital's own ``local/authorization.json`` (:func:`site_policy`, which
 NVFlare reads before the kit's ``authorization.json.default``) grants the same and refuses shell
 commands (``ls``, ``cat``, ``grep``, ``head``, ``tail``, ``pwd``) and custom code (``byoc``), whatever the
 server's policy says: the site checks every command that reaches it against its own file.
@@ -32,8 +32,9 @@ ADMIN_RIGHTS = ("submit_job", "list_jobs", "get_job_meta", "abort_job", "abort",
                 "disable_client")
 # What the project admin may do at the server alone: read fedauc's files in the server's own workspace (a
 # running job's round records and the sites' heartbeats, federated/flare/live.py; its log: when each site
-# joined) and stop the server (federated/flare/operate.py). Every hospital refuses all three.
-SERVER_RIGHTS = ("cat", "grep", "shutdown")
+# joined), drop a hospital that stopped heartbeating from its list and stop the server
+# (federated/flare/operate.py). Every hospital refuses them all.
+SERVER_RIGHTS = ("cat", "grep", "remove_client", "shutdown")
 # What a hospital refuses whatever the server's policy says.
 SITE_REFUSES = ("shell_commands", "byoc")
 STORES = "stores"  # in the server's workspace: jobs/ and snapshots/

@@ -10,7 +10,10 @@ Nothing is asked of a hospital's machine.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -34,7 +37,8 @@ def admin_session(kit: str | Path, timeout_s: float = 30.0):
                           fix="pass the admin@... folder that `fedauc consortium provision` wrote")
     username = json.loads(config.read_text())["admin"]["username"]
     try:
-        return new_secure_session(username, str(kit), timeout=timeout_s)
+        with _quiet():
+            return new_secure_session(username, str(kit), timeout=timeout_s)
     except Exception as err:  # NVFlare's NoConnection, timeouts, refused logins
         raise ConfigError(f"cannot reach the consortium's server with the admin kit {kit}: {err}",
                           fix="check that the server runs and that this machine can reach its port") from None
@@ -101,39 +105,91 @@ def consortium_status(kit: str | Path) -> ConsortiumStatus:
         sites = [SiteStatus(c.name, joined.get(c.name), c.last_connect_time,
                             versions.get(c.name, {}).get("fedauc"), versions.get(c.name, {}).get("last_heartbeat"))
                  for c in sorted(info.client_info, key=lambda c: c.name)]
+        # NVIDIA FLARE's system info names a job by its app ("app"); its job list by the name fedauc gave it
+        # (the training's run name).
+        names = {j.get("job_id"): j.get("job_name") or j.get("name") for j in session.list_jobs()}
         jobs = []
         for job in info.job_info:
             entries = parse(session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
             start = next((e for e in entries if "job" in e), {})
             rounds = [e["round"] for e in entries if "record" in e]
             failure = next((e["failure"] for e in entries if "failure" in e), None)
-            jobs.append(JobStatus(job.job_id, job.app_name, start.get("sites", []),
+            jobs.append(JobStatus(job.job_id, names.get(job.job_id) or job.app_name, start.get("sites", []),
                                   max(rounds) + 1 if rounds else 0, failure))
-        return ConsortiumStatus(str(info.server_info.start_time), sites, jobs)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.server_info.start_time)))
+        return ConsortiumStatus(started, sites, jobs)
     finally:
         session.close()
 
 
-def stop_server(kit: str | Path, timeout_s: float = 60.0) -> None:
+# NVIDIA FLARE's clients heartbeat every 10 s (client_train's ``heart_beat_interval``): a client silent for
+# this long has stopped, whatever the server's own 600 s limit says.
+SILENT_S = 25.0
+
+
+def stop_server(kit: str | Path, timeout_s: float = 60.0, silent_s: float = SILENT_S) -> list[str]:
     """Shut the consortium's server down (NVIDIA FLARE's admin ``shutdown server``), no question asked, and
-    return once it no longer answers. NVIDIA FLARE stops its server only when no client is connected and no
-    job runs; the hospitals decide when their own clients stop (they refuse the centre's ``shutdown``)."""
+    return once it no longer answers; the hospitals it dropped as gone.
+
+    NVIDIA FLARE stops its server only when no client is connected and no job runs, and lists a client that
+    died without logging out until its heartbeat timeout (600 s). So the clients it lists are watched for up
+    to ``timeout_s``: one that heartbeats meanwhile is running, and the stop is refused, naming it (the
+    hospitals decide when their own clients stop: they refuse the centre's ``shutdown``); one silent for
+    ``silent_s`` is dropped from the list (``remove_client``)."""
     from nvflare.fuel.flare_api.api_spec import ClientsStillRunning, JobNotDone
 
     session = admin_session(kit)
+    fix = ("the hospitals stop their clients (`systemctl stop fedauc-site`, or SIGTERM to `fedauc consortium "
+           "start-site`), or stop the server at its machine (`systemctl stop fedauc-server`)")
     try:
-        connected = sorted(c.name for c in session.get_system_info().client_info)
-        session.shutdown("server", wait=True, timeout=timeout_s)
+        dropped = _drop_silent_clients(session, time.monotonic() + timeout_s, silent_s, fix)
+        with _quiet():
+            session.shutdown("server", wait=True, timeout=timeout_s)
+        return dropped
     except ClientsStillRunning:
-        raise ConfigError(f"the server still has connected hospitals ({', '.join(connected)}); NVIDIA FLARE stops "
-                          "its server only after its clients",
-                          fix="the hospitals stop their clients (`systemctl stop fedauc-site`, or SIGTERM to `fedauc "
-                              "consortium start-site`), or stop the server at its machine (`systemctl stop "
-                              "fedauc-server`)") from None
+        names = sorted(c.name for c in session.get_system_info().client_info)
+        raise ConfigError(f"the server still has connected hospitals ({', '.join(names)}); NVIDIA FLARE stops "
+                          "its server only after its clients", fix=fix) from None
     except JobNotDone as err:
         raise ConfigError(f"a job is running on the consortium ({err})",
                           fix="wait for it to end, or abort it with the admin kit, then stop the server") from None
     except TimeoutError as err:
         raise ConfigError(f"the server did not stop: {err}", fix="read the server's log.txt in its workspace") from None
     finally:
-        session.close()
+        with _quiet():
+            session.close()
+
+
+def _drop_silent_clients(session, deadline: float, silent_s: float, fix: str) -> list[str]:
+    first_seen: dict[str, float] = {}
+    dropped = []
+    while clients := session.get_system_info().client_info:
+        # One heartbeat seen while watching is enough to refuse; the refusal names every hospital still listed.
+        if any(c.last_connect_time > first_seen.setdefault(c.name, c.last_connect_time) for c in clients):
+            raise ConfigError(f"the server still has connected hospitals ({', '.join(sorted(c.name for c in clients))})"
+                              "; NVIDIA FLARE stops its server only after its clients", fix=fix)
+        for client in clients:
+            if time.time() - client.last_connect_time > silent_s:
+                session.remove_client(client.name)
+                dropped.append(client.name)
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the server still lists hospitals ({', '.join(c.name for c in clients)}) after the "
+                              "wait", fix=fix)
+        time.sleep(1.0)
+    return dropped
+
+
+@contextlib.contextmanager
+def _quiet():
+    """NVIDIA FLARE's connector errors (its admin connection losing a server that stops on purpose) and its
+    prints stay out of fedauc's output."""
+    loggers = [logging.getLogger(name) for name in ("nvflare", "")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

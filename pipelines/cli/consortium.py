@@ -58,9 +58,12 @@ def consortium_start_site(
     shards: str = typer.Option(..., "--shards", help="Where `fedauc preprocess` wrote this site's shards (OUT of --out)."),
 ) -> None:
     """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
-    in the foreground until it stops."""
+    in the foreground until it stops. The client and its jobs end with this command, however it ends."""
     from federated.flare.consortium import check_certificate, prepare_site, run_site
+    from pipelines.lifeline import guard_children
     from preprocessing.errors import FedaucError
+
+    guard_children()  # after a kill -9 of this process, its guardian ends what the client started too
 
     try:
         client = prepare_site(kit, site_yaml, shards)
@@ -87,9 +90,17 @@ def consortium_stop_server(
     kit: str = typer.Option(..., "--kit", help="The admin's startup kit (the admin@... folder of `provision`)."),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="Seconds to wait for the server to stop."),
 ) -> None:
-    """Stop the consortium's server (no question asked) and wait until it no longer answers; NVIDIA FLARE
-    refuses while hospitals are connected (the command names them)."""
-    from federated.flare.operate import stop_server
+    """Stop the consortium's server (no question asked) and wait until it no longer answers. Refused while a
+    hospital's client still heartbeats (the command names them); one silent for 25 s (stopped without
+    logging out) is dropped from the server's list first."""
+    from federated.flare.operate import SILENT_S, stop_server
+    from preprocessing.errors import FedaucError
 
-    stop_server(kit, timeout)
+    try:
+        dropped = stop_server(kit, timeout)
+    except FedaucError as err:
+        fail(err)
+    for name in dropped:
+        typer.echo(f"hospital {name}: silent for over {SILENT_S:.0f} s (stopped without logging out), dropped from the "
+                   "server's list")
     typer.echo("the consortium's server stopped")

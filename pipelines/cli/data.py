@@ -3,6 +3,8 @@ the shards that training reads."""
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from pipelines.cli.application import quiet_prefect_user_errors
@@ -78,17 +80,20 @@ def preprocess(
     check_site(site_yaml)
     check_site_free(out / load_site(site_yaml).name)
     configure_prefect_env()
+    from pipelines.onboarding import SHARDS_ENV
     from pipelines.preprocess_flow import preprocess_site
+    from pipelines.site_params import name_here
 
     quiet_prefect_user_errors()
 
-    summary = preprocess_site(site_yaml, str(out), workers)
+    os.environ[SHARDS_ENV] = str(out.resolve())  # the flow run carries names only (pipelines.site_params)
+    summary = preprocess_site(name_here(site_yaml), workers=workers)
     state = "unchanged, nothing to do" if summary["reused"] else "written"
-    typer.echo(f"{summary['site']}: shards {state} in {summary['site_dir']}")
+    typer.echo(f"{summary['site']}: shards {state} in {out / summary['site_dir']}")
     typer.echo(f"  counts per split: {summary['counts']}")
     typer.echo(
         f"  input rows {summary['input_rows']} = kept {summary['kept']} + quarantined {summary['quarantined']}"
     )
-    typer.echo(f"  QC report: {summary['report_md']}")
+    typer.echo(f"  QC report: {out / summary['report_md']}")
     for warning in summary["warnings"]:
         typer.echo(f"  warning: {warning}", err=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from pipelines.cli.application import flows, quiet_prefect_user_errors
+from pipelines.cli.application import fail, flows, quiet_prefect_user_errors
 
 
 def demo(
@@ -46,14 +46,26 @@ def ui(
 
 def deploy(
     prefect_file: str = typer.Option("infra/prefect.yaml", "--prefect-file", help="The Prefect project file."),
+    role: str = typer.Option(None, "--role", help="centre (the central pool's, demo-only ones aside), hospital "
+                             "(with --site: the pool site-NAME's), or demo (all)."),
+    site: str = typer.Option(None, "--site", help="With --role hospital: the hospital's site name."),
+    name: list[str] = typer.Option([], "--name", help="A deployment to register (repeatable), instead of a role."),
+    schedules_active: bool = typer.Option(False, "--schedules-active",
+                                          help="Register schedules active (default: paused, started in the UI)."),
 ) -> None:
-    """Register every deployment of PREFECT_FILE with the Prefect server at PREFECT_API_URL, creating the work
-    pools they name first; all or nothing (what this command created is removed again on failure)."""
+    """Register the deployments of one role (or those named) of PREFECT_FILE with the Prefect server at
+    PREFECT_API_URL, creating the work pools they name first; all or nothing (what this command created is
+    removed again on failure). Schedules are registered paused unless --schedules-active."""
     from pipelines.prefect_env import configure_prefect_env
 
     configure_prefect_env()
     from pipelines.deploy import deploy as deploy_all
+    from preprocessing.errors import FedaucError
 
     quiet_prefect_user_errors()
-    result = deploy_all(prefect_file, echo=typer.echo)
+    try:
+        result = deploy_all(prefect_file, echo=typer.echo, role=role, site=site, names=tuple(name),
+                            schedules_active=schedules_active)
+    except FedaucError as err:
+        fail(err)
     typer.echo(f"registered {len(result.deployments)} deployments: {', '.join(result.deployments)}")

@@ -138,6 +138,10 @@ def train_command(
     typer.echo(json.dumps(summary, indent=2))
 
 
+COMPARE_SUMMARY = ("run", "federation", "status", "algorithm", "I", "AUC macro", "pAUC0.3 macro", "MB sent",
+                   "minutes")
+
+
 def compare_command(
     experiment: str = typer.Option("chest-xray", "--experiment", help="chest-xray or melanoma."),
     sort_by: str = typer.Option("AUC macro", "--sort-by", help="A column of the table."),
@@ -145,9 +149,12 @@ def compare_command(
     federation: str = typer.Option(None, "--federation", help="Only this federation's trainings (its name)."),
     csv_path: str = typer.Option(None, "--csv", help="Also write the table to this CSV file."),
     html_path: str = typer.Option(None, "--html", help="Also write the table to this HTML file."),
+    wide: bool = typer.Option(False, "--wide", help="Every column (sites, per-disease AUC / pAUC), not the "
+                              "100-column summary."),
 ) -> None:
-    """The experiment's trainings as a table: federation, sites, status, algorithm, I, per-disease pooled test
-    AUC [95 % interval] / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
+    """The experiment's trainings as a table: run, federation, status, algorithm, I, pooled test macro AUC
+    [95 % interval] and pAUC, MB sent, minutes (--wide: sites and per disease too; --csv / --html: all).
+    Unfinished runs are hidden unless --all."""
     from rich.console import Console
 
     from pipelines.compare import compare_runs
@@ -164,7 +171,11 @@ def compare_command(
     if federation is not None and not frame.empty:
         frame = frame[frame["federation"] == federation].reset_index(drop=True)
     title = f"{experiment}{f' / {federation}' if federation else ''}: pooled test metrics, best first"
-    Console(width=240).print(rich_table(fold_intervals(frame), title, keep_whole=("run", "federation", "sites")))
+    shown = fold_intervals(frame)
+    if not wide:  # readable in a 100-column terminal; the rest in --wide, --csv, --html and MLflow
+        shown = shown[[c for c in COMPARE_SUMMARY if c in shown]]
+    Console(width=240 if wide else 100).print(
+        rich_table(shown, title, keep_whole=("run", "federation", "sites") if wide else ()))
     if hidden:
         typer.echo(f"{hidden} unfinished training(s) hidden (failed, killed or running); --all lists them")
     for path in filter(None, (csv_path, html_path)):

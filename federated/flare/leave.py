@@ -1,0 +1,49 @@
+"""A hospital's NVFlare client leaves the consortium when it is stopped, instead of vanishing.
+
+NVFlare's client dies on SIGTERM without a word to the server, which then lists it until its heartbeat
+timeout (600 s in a provisioned kit) and refuses to stop meanwhile. :class:`LeaveOnStop`, a component of the
+client process (``local/resources.json``, written by ``federated.flare.consortium.prepare_site``), turns
+SIGTERM into NVIDIA FLARE's own client shutdown (``ClientEngine.shutdown``: the client logs out, the server
+drops it at once), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
+processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone).
+
+SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop, and from the kernel when
+``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_component import FLComponent
+from nvflare.apis.fl_context import FLContext
+
+# The entry of ``local/resources.json``'s ``components`` that installs it.
+COMPONENT = {"id": "fedauc_leave_on_stop", "path": "federated.flare.leave.LeaveOnStop", "args": {}}
+
+
+class LeaveOnStop(FLComponent):
+    def __init__(self, grace_s: float = 10.0):
+        super().__init__()
+        self.grace_s = grace_s
+        self._leaving = threading.Event()
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext):
+        # The client process fires SYSTEM_BOOTSTRAP from its main thread, the only one that may set handlers.
+        if event_type == EventType.SYSTEM_BOOTSTRAP and threading.current_thread() is threading.main_thread():
+            engine = fl_ctx.get_engine()
+            signal.signal(signal.SIGTERM, lambda *_: self.leave(engine))
+
+    def leave(self, engine) -> None:
+        if self._leaving.is_set():
+            return
+        self._leaving.set()
+        self.logger.info("SIGTERM: leaving the consortium")
+        # Not in the handler itself: shutdown takes locks the interrupted main thread may hold.
+        threading.Thread(target=engine.shutdown, name="fedauc-leave", daemon=True).start()
+        deadline = threading.Timer(self.grace_s, os._exit, args=(0,))
+        deadline.daemon = True  # a process that ended by itself does not wait for it
+        deadline.start()

@@ -1,0 +1,58 @@
+"""What a hospital's flow run may carry to the centre: names, never the hospital's paths.
+
+A site's flow runs (``onboard_site``, ``preprocess_site``) report to the consortium's Prefect server, which
+stores their parameters and results. So they take the site's name (or its YAML's path relative to the
+worker's folder, as the shipped deployments name ``sites/demo/<name>.yaml``) and, optionally, a shards
+folder relative to the worker's folder; the site resolves both itself: the YAML from ``$FEDAUC_SITES`` (the
+hospital's folder of site YAMLs, default ``sites/``), the shards by ``pipelines.onboarding.shards_root``
+(``$FEDAUC_SHARDS``, else ``shards/``). An absolute path is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pipelines.onboarding import shards_root
+from preprocessing.errors import ConfigError
+
+SITES_ENV = "FEDAUC_SITES"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _relative(value: str, what: str) -> Path:
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"{what} {value!r}: a flow run's parameters reach the consortium's Prefect server, so "
+                          "they carry no path of the hospital's",
+                          fix=f"pass the site's name (its YAML in ${SITES_ENV}, else sites/) and set ${SITES_ENV} / "
+                              "$FEDAUC_SHARDS on the hospital's worker")
+    return path
+
+
+def site_yaml(site: str) -> Path:
+    """The YAML of ``site``: a name, looked up in $FEDAUC_SITES (else ``sites/``), or a relative path."""
+    if site.endswith((".yaml", ".yml")):
+        return _relative(site, "site")
+    if not _NAME.match(site):
+        raise ConfigError(f"site {site!r}: not a site's name", fix="pass the `name:` of the site's YAML")
+    folder = Path(os.environ.get(SITES_ENV, "sites"))
+    for path in (folder / f"{site}.yaml", folder / f"{site}.yml"):
+        if path.is_file():
+            return path
+    raise ConfigError(f"site {site!r}: no {site}.yaml in {folder}",
+                      fix=f"set ${SITES_ENV} to the folder of this hospital's site YAMLs on its worker")
+
+
+def site_shards(shards: str | None = None) -> Path:
+    """Where the site's shards go: ``shards`` (relative to the worker's folder), else $FEDAUC_SHARDS, else shards/."""
+    return shards_root(_relative(shards, "shards folder") if shards else None)
+
+
+def name_here(config_path: str | Path) -> str:
+    """For a flow run started at the site itself (``fedauc preprocess``, the demo): the name to pass for the
+    site YAML ``config_path``, whose folder becomes this process's $FEDAUC_SITES."""
+    path = Path(config_path).resolve()
+    os.environ[SITES_ENV] = str(path.parent)
+    return path.stem
