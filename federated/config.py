@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from federated import secagg_graph
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
 from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
@@ -148,6 +149,12 @@ class TrainConfig(BaseModel):
     # Pairwise-masked secure aggregation of every mean and sum (federated/secure_aggregation.py): whoever
     # combines (the FLARE server) receives ring elements uniform whatever a site's values, and decodes only sums.
     secure_aggregation: bool = False
+    # SecAgg+ (federated/secagg_graph.py): each site masks with O(log K) neighbours on a public random graph
+    # instead of all K - 1, safe while at most ``secure_colluding`` of the sites collude with the combiner,
+    # except with probability 2^-secure_failure_bits; the full graph where that saves little (small K).
+    secure_neighbours: Literal["all", "secagg+"] = "all"
+    secure_colluding: float = Field(default=1 / 3, ge=0, lt=1)
+    secure_failure_bits: int = Field(default=40, ge=1, le=128)
     prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
     # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:
@@ -192,6 +199,12 @@ class TrainConfig(BaseModel):
             raise ValueError("sites of kind 'tensor' live in this process; the distributed backend needs "
                              "'shard' or 'synthetic' sites")
         return self
+
+    def mask_degree(self) -> int | None:
+        """Secure aggregation's neighbours per site: None for every other site."""
+        if self.secure_neighbours == "all":
+            return None
+        return secagg_graph.degree(len(self.sites), self.secure_colluding, self.secure_failure_bits)
 
     def resolve_device(self, local_rank: int = 0) -> torch.device:
         if self.device != "auto":

@@ -98,7 +98,8 @@ class Engine:
         self.commits_checkpoints = self.is_leader or own_checkpoints
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
         self.datas = load_sites(config.sites, backend.local_sites)
-        self.secure = SecureBackend(backend, [d.name for d in self.datas]) if config.secure_aggregation else None
+        self.secure = (SecureBackend(backend, [d.name for d in self.datas], config.mask_degree())
+                       if config.secure_aggregation else None)
         self.backend = backend = self.secure or backend
         self.input_shape = model_input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
