@@ -42,6 +42,7 @@ from federated.registry import get_algorithm
 from federated.secure_aggregation import RING_BYTES, SecureBackend
 from federated.sites import site_names
 from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
+from federated.timing import COLUMNS, RoundClock, record_times, with_times
 
 RoundCallback = Callable[[dict], None]
 
@@ -286,10 +287,10 @@ class Engine:
             t0 = time.perf_counter()
             if self.secure:
                 self.secure.round = r
-            losses = []
+            losses, clock = [], RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
             for site, update in zip(self.sites, self.updates):
                 update.restart(self._tensors(site))
-                with site.rng(), local_steps(cfg, site.model) as step_begins:
+                with site.rng(), local_steps(cfg, site.model) as step_begins, clock.site():
                     total, first = torch.zeros((), device=self.device), None
                     for batch in site.loader.batches(cfg.local_steps):
                         step_begins()
@@ -314,11 +315,11 @@ class Engine:
                 received = [b + extra for b, extra in zip(received, initial[1])]
             # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
             # checked before a diverged model is evaluated or checkpointed.
-            rows = [site_row(site.index, b_s, b_r, loss, n) for site, b_s, b_r, loss, n
-                    in zip(self.sites, sent, received, losses, norms)]
+            rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
+                    in enumerate(zip(self.sites, sent, received, losses, norms))]
             per_site = self.backend.gather([row if self.device.type == "cuda" and self.backend.name == "distributed"
                                             else row.cpu() for row in rows]).cpu()
-            health = self.health.check(r, per_site)
+            health = self.health.check(r, per_site[:, :-COLUMNS])
             sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
             last = r == cfg.rounds - 1
             evaluated = None
@@ -328,7 +329,8 @@ class Engine:
                 received = [b + evaluated.bytes_received[0] for b in received]
             record = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
                       "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
-                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health}
+                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health,
+                      **record_times(per_site, self.health.site_names)}
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
                 test_histograms = evaluated.test_histograms

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from federated.flare.feed import parse
 from federated.flare.live import LIVE_FILE, SITES_FILE
+from federated.timing import describe_slowest
 from preprocessing.errors import ConfigError
 
 _JOINED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*New client (\S+?)@\S* joined")
@@ -56,6 +57,18 @@ class JobStatus:
     sites: list[str] = field(default_factory=list)
     rounds_done: int = 0  # rounds site 0 has finished
     failure: str | None = None
+    slowest: str | None = None  # the last round's slowest site and how long it held the round up
+
+
+def job_status(job_id: str, name: str, live_text: str) -> JobStatus:
+    """A running job's status from its live file (``federated.flare.live``)."""
+    entries = parse(live_text)
+    start = next((e for e in entries if "job" in e), {})
+    records = [e["record"] for e in entries if "record" in e]
+    failure = next((e["failure"] for e in entries if "failure" in e), None)
+    last = max(records, key=lambda r: r["round"]) if records else {}
+    return JobStatus(job_id, name, start.get("sites", []), last["round"] + 1 if records else 0, failure,
+                     describe_slowest(last))
 
 
 @dataclass
@@ -74,9 +87,9 @@ class ConsortiumStatus:
                   f"{when(s.fedauc_heartbeat)} |" for s in self.sites]
         lines += ["", f"{len(self.jobs)} running job(s)"]
         if self.jobs:
-            lines += ["", "| job | name | sites | rounds done | failure |", "|---|---|---|---|---|"]
-            lines += [f"| {j.job_id} | {j.name} | {', '.join(j.sites)} | {j.rounds_done} | {j.failure or '-'} |"
-                      for j in self.jobs]
+            lines += ["", "| job | name | sites | rounds done | last round | failure |", "|---|---|---|---|---|---|"]
+            lines += [f"| {j.job_id} | {j.name} | {', '.join(j.sites)} | {j.rounds_done} | {j.slowest or '-'} | "
+                      f"{j.failure or '-'} |" for j in self.jobs]
         return "\n".join(lines)
 
 
@@ -101,14 +114,8 @@ def consortium_status(kit: str | Path) -> ConsortiumStatus:
         sites = [SiteStatus(c.name, joined.get(c.name), c.last_connect_time,
                             versions.get(c.name, {}).get("fedauc"), versions.get(c.name, {}).get("last_heartbeat"))
                  for c in sorted(info.client_info, key=lambda c: c.name)]
-        jobs = []
-        for job in info.job_info:
-            entries = parse(session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
-            start = next((e for e in entries if "job" in e), {})
-            rounds = [e["round"] for e in entries if "record" in e]
-            failure = next((e["failure"] for e in entries if "failure" in e), None)
-            jobs.append(JobStatus(job.job_id, job.app_name, start.get("sites", []),
-                                  max(rounds) + 1 if rounds else 0, failure))
+        jobs = [job_status(job.job_id, job.app_name, session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
+                for job in info.job_info]
         return ConsortiumStatus(str(info.server_info.start_time), sites, jobs)
     finally:
         session.close()
