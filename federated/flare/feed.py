@@ -98,17 +98,31 @@ def local_reader(folder: Path) -> Callable[[], str | None]:
     return read
 
 
-def admin_reader(kit: Path, username: str, job_id: str) -> Callable[[], str | None]:
-    """The live file of job ``job_id`` on the consortium's server, through the admin's own session."""
+@contextlib.contextmanager
+def admin_reader(kit: Path, username: str, job_id: str):
+    """Yields a reader of job ``job_id``'s live file on the consortium's server through one admin session of
+    the admin's own kit, kept for the job (a new session a poll cost a TLS login each time), opened again
+    after a dropped connection; closed on leaving."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
+    held: list = []
+
     def read():
-        session = new_secure_session(username, str(kit), timeout=10.0)
+        if not held:
+            held.append(new_secure_session(username, str(kit), timeout=10.0))
         try:
-            return session.cat_target("server", file=f"{job_id}/{LIVE_FILE}")
-        finally:
+            return held[0].cat_target("server", file=f"{job_id}/{LIVE_FILE}")
+        except Exception:
+            session = held.pop()
+            with contextlib.suppress(Exception):  # the connection is gone already
+                session.close()
+            raise
+
+    try:
+        yield read
+    finally:
+        for session in held:
             session.close()
-    return read
 
 
 VALID_AUC = "valid/pooled/auc_macro"

@@ -219,7 +219,8 @@ def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_f
             exec_env.abort_job(job_id)
 
         feed.on_failure = stop
-        with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
+        with (admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id) as read,
+              feed.reading(read)):
             folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
             status = run.get_status()
     if feed.failure is not None:
