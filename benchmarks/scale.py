@@ -305,7 +305,7 @@ def main() -> None:
         for mode, algorithm, secure, K in grid:
             job = {"mode": mode, "algorithm": algorithm, "secure": secure, "rounds": args.rounds,
                    "local_steps": args.local_steps, "federation": str(make_federation(data, K)),
-                   "store": str(Path(tmp) / f"mlflow-{len(rows)}")}
+                   "store": str(Path(tmp) / "mlflow")}  # one store: its tables are made once
             started = time.perf_counter()
             done = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)], capture_output=True, text=True)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
