@@ -34,9 +34,9 @@ import torch
 
 import federated
 from federated import ShardSite, TrainConfig
-from federated.backends import InProcessBackend
+from federated.backends import InProcessTransport
 from federated.data import to_model_input
-from federated.secure_aggregation import SecureBackend
+from federated.secure_aggregation import SecureTransport
 from models.networks import build_network
 from models.objectives import masked_bce_with_logits
 from preprocessing.shard_format import (
@@ -90,10 +90,10 @@ def plain_loop(dirs: list[Path], batch: int, steps: int, device: torch.device, s
     return steps * total / (time.perf_counter() - wall), steps * total / (time.process_time() - cpu)
 
 
-def engine_config(dirs, args, backend: str) -> TrainConfig:
+def engine_config(dirs, args) -> TrainConfig:
     return TrainConfig(algorithm="fedavg", sites=[ShardSite(path=d) for d in dirs], network="small_resnet",
                        rounds=args.steps // args.local_steps + 1, local_steps=args.local_steps,
-                       batch_size=args.batch, lr=0.01, progress=False, backend=backend, loader_workers=2)
+                       batch_size=args.batch, lr=0.01, progress=False, loader_workers=2)
 
 
 def rate_from_history(history: list[dict], samples_per_round: int) -> float:
@@ -112,14 +112,14 @@ def engine_rates(config: TrainConfig, samples_per_round: int) -> tuple[float, fl
             rounds * samples_per_round / (marks[-1][1] - marks[0][1]))
 
 
-def aggregation_seconds(backend, K: int, repeats: int = 5) -> float:
-    """Median seconds of one mean of small_resnet's floating tensors over K sites through ``backend``."""
+def aggregation_seconds(transport, K: int, repeats: int = 5) -> float:
+    """Median seconds of one mean of small_resnet's floating tensors over K sites through ``transport``."""
     states = [[t.clone() for t in build_network("small_resnet", num_classes=1, in_channels=1).state_dict().values()
                if t.is_floating_point()] for _ in range(K)]
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()
-        backend.mean_(states, [1.0 / K] * K)
+        transport.mean_(states, [1.0 / K] * K)
         seconds.append(time.perf_counter() - started)
     return float(np.median(seconds))
 
@@ -130,12 +130,12 @@ def secure_cost(dirs: list[Path], args) -> None:
     rows: dict[bool, list[dict]] = {False: [], True: []}
     for _ in range(args.repeats):
         for secure in (False, True):
-            config = engine_config(dirs[:K], args, "inprocess").model_copy(update={"secure_aggregation": secure})
+            config = engine_config(dirs[:K], args).model_copy(update={"secure_aggregation": secure})
             rows[secure].append(federated.train(config).history[1:])  # round 0 is the warm-up
     sent = {s: rows[s][0][0]["bytes_sent"][0] for s in rows}
     seconds = {s: float(np.median([h["seconds"] for run in rows[s] for h in run])) for s in rows}
-    plain_mean = aggregation_seconds(InProcessBackend(K), K)
-    secure_mean = aggregation_seconds(SecureBackend(InProcessBackend(K), [f"site{k}" for k in range(K)]), K)
+    plain_mean = aggregation_seconds(InProcessTransport(K), K)
+    secure_mean = aggregation_seconds(SecureTransport(InProcessTransport(K), [f"site{k}" for k in range(K)]), K)
     print(f"\nsecure aggregation, in-process, K={K}, small_resnet, I={args.local_steps}, {args.repeats} interleaved repeats")
     print(f"bytes sent per site and round: plain {sent[False]:,}, secure {sent[True]:,} "
           f"(ratio {sent[True] / sent[False]:.2f}, target <= 2)")
@@ -173,7 +173,7 @@ def main() -> None:
         plain, engine = [], []
         for _ in range(args.repeats):  # interleaved, so load from other processes hits both alike
             plain.append(plain_loop(dirs, args.batch, args.steps, device, seed=0))
-            engine.append(engine_rates(engine_config(dirs, args, "inprocess"), per_round))
+            engine.append(engine_rates(engine_config(dirs, args), per_round))
         plain_wall, plain_cpu = np.array(plain).T
         engine_wall, engine_cpu = np.array(engine).T
         print(f"device {device}, threads {torch.get_num_threads()}, small_resnet {args.image}x{args.image}, "
@@ -190,7 +190,7 @@ def main() -> None:
         if args.skip_distributed:
             return
         cfg_path = Path(tmp) / "cfg.json"
-        cfg_path.write_text(engine_config(dirs, args, "distributed").model_dump_json())
+        cfg_path.write_text(engine_config(dirs, args).model_dump_json())
         out = Path(tmp) / "result.pt"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.sites),
                "--master-addr", "127.0.0.1", "--master-port", "29581", "-m", "federated.distributed",

@@ -19,6 +19,7 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
+from federated import schema
 from pipelines import tracking
 from pipelines.servers import mlflow_runs_url, ui_commands, wait_for
 
@@ -28,7 +29,7 @@ PORT = 5077
 
 def champion_roc(task: str, out: Path) -> None:
     client = MlflowClient()
-    champion = client.get_model_version_by_alias(tracking.registered_model_name(task), tracking.CHAMPION_ALIAS)
+    champion = client.get_model_version_by_alias(schema.registered_model_name(task), schema.CHAMPION_ALIAS)
     local = mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path="roc_test_pooled.png",
                                                 dst_path=tempfile.mkdtemp())
     shutil.copyfile(local, out)

@@ -78,7 +78,7 @@ def robust_rule(rule: str, trim_fraction: float, num_sites: int) -> Robust | Non
 
 
 def combine_payloads(payloads: list[dict]) -> list[torch.Tensor]:
-    """NVIDIA FLARE's server: every site's flat tensors (``FlareBackend`` payloads, in site order) under the rule
+    """NVIDIA FLARE's server: every site's flat tensors (``FlareTransport`` payloads, in site order) under the rule
     the sites sent (the same at every site: one job config)."""
     robust = from_payload(payloads[0]["robust"])
     return [robust([p["flats"][g] for p in payloads], []) for g in range(len(payloads[0]["flats"]))]

@@ -1,14 +1,15 @@
-"""Communication backends: the engine calls these with the tensors an algorithm declared.
+"""Communication: the engine calls these with the tensors an algorithm declared.
 
-``InProcessBackend`` holds all K sites in one process and reduces with a plain loop (on CPU a loop over
-sites beats vmap, see CONTRIBUTING). ``DistributedBackend`` runs one site per process and uses
-``torch.distributed`` collectives (gloo on CPU, NCCL on GPU). Both flatten every dtype group into one
-buffer so a round costs one collective per kind, not one per tensor.
+Two of the engine's transports (the protocol: federated/transport.py). ``InProcessTransport`` holds all K
+sites in one process and reduces with a plain loop (on CPU a loop over sites beats vmap, see CONTRIBUTING).
+``DistributedTransport`` runs one site per process and uses ``torch.distributed`` collectives (gloo on CPU,
+NCCL on GPU). Both flatten every dtype group into one buffer so a round costs one collective per kind, not
+one per tensor.
 
-Every backend reduces with :func:`weighted_sum`, in site order: float addition is not associative, and an
+Every transport reduces with :func:`weighted_sum`, in site order: float addition is not associative, and an
 all-reduce sums in an order of its own (ring chunks), so a few ulps differ per round, and at the demo's
 learning rates (element-wise clipped steps of size 1) those few ulps grew into a different model within
-rounds. Summing the same numbers in the same order on every backend keeps one computation.
+rounds. Summing the same numbers in the same order on every transport keeps one computation.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from federated.transport import gathered_public_keys
 from preprocessing.errors import ConfigError
 
 
@@ -40,7 +42,7 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def weighted_sum(flats: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """sum_k weights[k] * flats[k], accumulated in site order (the one reduction every backend uses)."""
+    """sum_k weights[k] * flats[k], accumulated in site order (the one reduction every transport uses)."""
     total = flats[0] * weights[0]
     for w, flat in zip(weights[1:], flats[1:]):
         total.add_(flat, alpha=w)
@@ -71,16 +73,16 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     torch._foreach_copy_(tensors, [piece.view_as(t) for piece, t in zip(pieces, tensors)])
 
 
-class InProcessBackend:
+class InProcessTransport:
     """All sites in this process; ``local_sites`` is every site index."""
 
-    name = "inprocess"
-
-    def __init__(self, num_sites: int):
+    def __init__(self, num_sites: int, device: torch.device | str = "cpu"):
         self.num_sites = num_sites
         self.local_sites = list(range(num_sites))
+        self.device = torch.device(device)
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None,
+              names: Sequence[str] = ()) -> None:
         """Replace every site's tensors by the weighted mean over sites (weights sum to 1), or by ``robust``
         (``combine``)."""
         if not per_site or not per_site[0]:
@@ -98,18 +100,22 @@ class InProcessBackend:
         """The sum modulo 2^64 of every site's int64 vector."""
         return ring_sum(per_site)
 
+    def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
+        return gathered_public_keys(self, own)
+
     def barrier(self) -> None:
         """Nothing to wait for: every site runs in this process."""
 
+    def close(self) -> None:
+        """Nothing to release."""
 
-class DistributedBackend:
+
+class DistributedTransport:
     """One site per process. ``site`` is this process's site index, decided by the caller from the site's
     name (``federated.distributed --site``), never by the order in which processes reached the rendezvous:
-    the backend learns which rank holds which site, and every reduction and gather runs in site order.
+    the transport learns which rank holds which site, and every reduction and gather runs in site order.
     ``site=None`` takes the local rank, which only a single-machine launch fixes. ``timeout_s`` bounds
     every collective."""
-
-    name = "distributed"
 
     def __init__(self, timeout_s: float, device: torch.device, site: int | None = None):
         if site is None:
@@ -156,7 +162,8 @@ class DistributedBackend:
         self._run(what, lambda: dist.all_gather(out, local))
         return [out[r] for r in self.rank_of_site]
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None,
+              names: Sequence[str] = ()) -> None:
         (tensors,) = per_site
         if not tensors:
             return
@@ -181,6 +188,9 @@ class DistributedBackend:
     def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site
         return ring_sum(self._all_gather("all_gather (secure sum)", local.to(self.device)))
+
+    def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
+        return gathered_public_keys(self, own)
 
     def barrier(self) -> None:
         self._run("barrier", dist.barrier)

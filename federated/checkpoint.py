@@ -6,11 +6,11 @@ refuses any other object, so a crafted file cannot run code), ``site_<k>.json`` 
 loader's numpy RNG state and the fingerprint of its data), ``meta.json`` (round, history and the
 fingerprint of the configuration) and ``<dir>/LATEST`` naming the newest complete round. ``LATEST`` is
 replaced atomically after every site file is on disk, so a crash mid-write leaves the previous checkpoint
-valid. With the distributed backend across machines, ``checkpoint_dir`` must be a shared file system (or
+valid. Under torchrun across machines, ``checkpoint_dir`` must be a shared file system (or
 each machine resumes from its own copy holding its sites' files).
 
 Resuming checks that the checkpoint belongs to this run: the configuration fingerprint (every field that
-changes the computation; ``rounds``, ``eval_every``, the device, the backend and the like may change) and
+changes the computation; ``rounds``, ``eval_every``, the device and the like may change) and
 each site's data fingerprint (a shard's content hash, an in-memory site's array bytes) must match, or a
 ``ConfigError`` names what differs.
 """
@@ -35,7 +35,7 @@ LATEST = "LATEST"
 # TrainConfig fields a resumed run may change: they do not change the model a round computes.
 # ``lr`` among them: a diverged training continues from its last good round at a lower learning rate (every
 # round's record says the rate it ran with).
-RESUMABLE_FIELDS = frozenset({"rounds", "eval_every", "eval_bins", "eval_min_count", "device", "backend",
+RESUMABLE_FIELDS = frozenset({"rounds", "eval_every", "eval_bins", "eval_min_count", "device",
                               "timeout_s", "checkpoint_dir", "resume", "loader_workers", "progress", "lr",
                               "divergence_factor", "outlier_factor"})
 
@@ -138,7 +138,7 @@ def load_round(round_dir: Path, sites: list[Site], config: TrainConfig, site_fin
             f"{round_dir.parent}: the checkpoint was written by another training configuration "
             f"(differs in: {', '.join(differ) or 'unknown fields'})",
             fix="resume with the configuration the checkpoint was written with, or train into a new checkpoint "
-                "directory (only rounds, eval_every, device, backend and the like may change on resume)")
+                "directory (only rounds, eval_every, device and the like may change on resume)")
     for site in sites:
         stem = round_dir / f"site_{site.index}"
         for path in (stem.with_suffix(".pt"), stem.with_suffix(".json")):

@@ -36,7 +36,7 @@ class ShardSite(BaseModel):
 
 
 class SyntheticSite(BaseModel):
-    """Gaussian multi-label data generated from seeds (tests, benchmarks, the distributed backend)."""
+    """Gaussian multi-label data generated from seeds (tests, benchmarks, torchrun)."""
 
     kind: Literal["synthetic"] = "synthetic"
     n_train: int = Field(gt=0)
@@ -62,7 +62,7 @@ class SyntheticSite(BaseModel):
 
 
 class TensorSite(BaseModel):
-    """In-memory data (Python API only: not serializable, so not usable with the distributed backend)."""
+    """In-memory data (Python API only: not serializable, so not usable under torchrun)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     kind: Literal["tensor"] = "tensor"
@@ -131,7 +131,7 @@ class TrainConfig(BaseModel):
     # error bound shrinks as 1/eval_bins, the evaluation payload grows as 16 * C * eval_bins bytes per site.
     eval_bins: int = Field(default=1000, ge=1)
     eval_min_count: int = Field(default=10, ge=1)  # site metrics from fewer positives or negatives are suppressed
-    device: str = "auto"  # "auto" = cuda when available; in the distributed backend cuda:<local rank>
+    device: str = "auto"  # "auto" = cuda when available; under torchrun cuda:<local rank>
     amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
     channels_last: bool = True  # CUDA only
     # torch.compile each site's network for its training steps (network.training_forward: state_dict keys
@@ -140,8 +140,7 @@ class TrainConfig(BaseModel):
     # torch.compile's mode. "reduce-overhead" replays the forward and backward passes as CUDA graphs: at the
     # usual per-site batches a GPU step is bound by kernel launches, not by the GPU (docs/performance.md).
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    backend: Literal["inprocess", "distributed"] = "inprocess"
-    timeout_s: float = Field(default=300.0, gt=0)  # distributed: a silent site fails the job after this
+    timeout_s: float = Field(default=300.0, gt=0)  # torchrun, FLARE: a silent site fails the job after this
     checkpoint_dir: Path | None = None
     resume: bool = False
     bn_stats: Literal["mean", "local"] = "mean"
@@ -186,18 +185,14 @@ class TrainConfig(BaseModel):
     def _consistent(self) -> TrainConfig:
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir")
-        if self.warmup_rounds and (self.warmup_rounds >= self.rounds or self.backend != "inprocess"
-                                   or self.checkpoint_dir is not None):
-            raise ValueError(f"warmup_rounds={self.warmup_rounds} needs rounds > warmup_rounds (got {self.rounds}), "
-                             "the in-process backend and no checkpoint_dir")
+        if self.warmup_rounds and (self.warmup_rounds >= self.rounds or self.checkpoint_dir is not None):
+            raise ValueError(f"warmup_rounds={self.warmup_rounds} needs rounds > warmup_rounds (got {self.rounds}) "
+                             "and no checkpoint_dir (federated.train runs it, in-process)")
         if self.secure_aggregation and self.robust_aggregation != "mean":
             raise ValueError(f"--aggregation {self.robust_aggregation} needs every site's values at the combiner, "
                              "and secure aggregation shows it their sum only: use one or the other")
         if self.compile_mode != "default" and not self.compile_network:
             raise ValueError(f"compile_mode={self.compile_mode!r} needs compile_network=True")
-        if self.backend == "distributed" and any(isinstance(s, TensorSite) for s in self.sites):
-            raise ValueError("sites of kind 'tensor' live in this process; the distributed backend needs "
-                             "'shard' or 'synthetic' sites")
         return self
 
     def mask_degree(self) -> int | None:

@@ -4,7 +4,7 @@
 For many GPUs or machines inside one trust domain (plain TCP, no identities: across hospitals use the
 NVFlare consortium, infra/README.md). On one machine the process of local rank k holds site k. Across
 machines every process names its site (``--site <name>``): the rendezvous assigns ranks in arrival order,
-so a rank says nothing about the site, and the backend maps sites to ranks by these names. The config is
+so a rank says nothing about the site, and the transport maps sites to ranks by these names. The config is
 a ``TrainConfig`` as JSON (sites of kind ``shard`` or ``synthetic``; ``fedauc train --backend torchrun``
 writes one from a federation YAML). The process holding site 0 writes the result (global model state
 and history) with torch.save. A site that dies or stops answering makes every other site exit with
@@ -22,21 +22,22 @@ from pathlib import Path
 
 import torch
 
-from federated.backends import DistributedBackend, SiteFailure
-from federated.config import TrainConfig
+from federated.backends import DistributedTransport, SiteFailure
+from federated.config import TensorSite, TrainConfig
 from federated.engine import Engine
+from federated.network import training_device
 from federated.sites import site_index, site_names
 from preprocessing.errors import ConfigError, FedaucError
 
 
-def _check_same_config(config: TrainConfig, backend: DistributedBackend) -> None:
+def _check_same_config(config: TrainConfig, transport: DistributedTransport) -> None:
     """Every process must train the same job: a process started with another learning rate or algorithm
     would otherwise be averaged in silently. Shard paths may differ between machines; site names may not."""
     job = json.loads(config.model_dump_json(exclude={"sites", "device"}))
     job["sites"] = site_names(config)
     digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).digest()
-    mine = torch.tensor(list(digest), dtype=torch.uint8, device=backend.device)[None]
-    everyone = backend.gather([mine])
+    mine = torch.tensor(list(digest), dtype=torch.uint8, device=transport.device)[None]
+    everyone = transport.gather([mine])
     differing = [name for name, row in zip(job["sites"], everyone) if not torch.equal(row, everyone[0])]
     if differing:
         raise ConfigError(f"the processes of site(s) {', '.join(differing)} run another config than site "
@@ -55,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as err:
         print(f"{args.config}: cannot read the config: {err}", file=sys.stderr)
         return 2
-    raw["backend"] = "distributed"
     try:
         config = TrainConfig.model_validate(raw)
+        if any(isinstance(s, TensorSite) for s in config.sites):
+            raise ConfigError("sites of kind 'tensor' live in the process that made them; one site per process "
+                              "needs 'shard' or 'synthetic' sites", fix="write the sites' data as shards")
         site = None if args.site is None else site_index(config, args.site)
-        device = config.resolve_device(int(os.environ.get("LOCAL_RANK", "0")))
-        backend = DistributedBackend(config.timeout_s, device, site)
-        _check_same_config(config, backend)
-        engine = Engine(config, backend)
+        device = training_device(config, int(os.environ.get("LOCAL_RANK", "0")))
+        transport = DistributedTransport(config.timeout_s, device, site)
+        _check_same_config(config, transport)
+        engine = Engine(config, transport)
     except FedaucError as err:
         print(f"fedauc distributed: {err}", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and engine.is_leader:
         torch.save({"global_state": result.global_state, "history": result.history,
                     "input_shape": result.input_shape, "num_classes": result.num_classes}, args.out)
-    engine.backend.close()
+    engine.transport.close()
     return 0
 
 

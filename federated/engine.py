@@ -3,9 +3,9 @@
 One round: every site runs I local steps (``algorithm.local_step``), ``before_communication``, then the
 engine communicates every declared tensor by its kind (federated/state.py), then ``round_end``, then at
 stage boundaries the combined ``stage_statistics`` go to ``stage_start``. Bytes each site sends and
-receives are counted from the tensors actually handed to the backend. Sites in this process run one
-after another, every hook under the site's own RNG stream, so the in-process and distributed backends
-follow the same computation and give the same model to float tolerance.
+receives are counted from the tensors actually handed to the transport (federated/transport.py). Sites in
+this process run one after another, every hook under the site's own RNG stream, so every transport
+(in-process, torchrun, NVIDIA FLARE) follows the same computation and gives the same model to float tolerance.
 
 The network and device come from federated/network.py, evaluation from federated/evaluation.py,
 checkpoints from federated/checkpoint.py.
@@ -25,7 +25,7 @@ from torch import nn
 from federated import evaluation
 from federated.aggregation import robust_rule
 from federated.algorithms.base import Algorithm, FederationContext, Site
-from federated.backends import DistributedBackend, InProcessBackend
+from federated.backends import InProcessTransport
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader, label_counts
@@ -39,10 +39,11 @@ from federated.network import (
     training_forward,
 )
 from federated.registry import get_algorithm
-from federated.secure_aggregation import RING_BYTES, SecureBackend
+from federated.secure_aggregation import RING_BYTES, SecureTransport
 from federated.sites import site_names
 from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
 from federated.timing import COLUMNS, RoundClock, record_times, with_times
+from federated.transport import Transport
 
 RoundCallback = Callable[[dict], None]
 
@@ -74,44 +75,43 @@ def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
 
 
 class Engine:
-    """The round loop of one federated run. The sites of this process, their algorithm and the backend
-    that connects them to the others; ``close()`` releases a backend the engine created."""
+    """The round loop of one federated run. The sites of this process, their algorithm and the transport
+    that connects them to the others (default: every site in this process); ``close()`` releases a transport
+    the engine created."""
 
-    def __init__(self, config: TrainConfig, backend=None, initial_state: dict[str, torch.Tensor] | None = None,
-                 own_checkpoints: bool = False):
+    def __init__(self, config: TrainConfig, transport: Transport | None = None,
+                 initial_state: dict[str, torch.Tensor] | None = None, own_checkpoints: bool = False):
         if config.warmup_rounds:
             # Only federated.train runs the warm-up; an engine started elsewhere (FLARE, torchrun) would skip it.
             raise ValueError(f"warmup_rounds={config.warmup_rounds}: the warm-up is run by federated.train, "
                              "not by an Engine (set warmup_rounds=0 here)")
         self.config = config
         self.initial_state = initial_state
-        self.device = training_device(config)
-        self.owns_backend = backend is None
-        if backend is None:
-            backend = (DistributedBackend(config.timeout_s, self.device) if config.backend == "distributed"
-                       else InProcessBackend(len(config.sites)))
-        self.backend = backend
-        if backend.num_sites != len(config.sites):
-            raise ValueError(f"the config lists {len(config.sites)} sites but the {backend.name} backend runs "
-                             f"{backend.num_sites} (torchrun --nproc-per-node must equal the number of sites)")
-        self.is_leader = 0 in backend.local_sites
+        self.owns_transport = transport is None
+        if transport is None:
+            transport = InProcessTransport(len(config.sites), training_device(config))
+        self.device = transport.device
+        if transport.num_sites != len(config.sites):
+            raise ValueError(f"the config lists {len(config.sites)} sites but the transport connects "
+                             f"{transport.num_sites} (torchrun --nproc-per-node must equal the number of sites)")
+        self.is_leader = 0 in transport.local_sites
         # Every process commits its own checkpoint folder (NVIDIA FLARE: each hospital's), not site 0's alone.
         self.commits_checkpoints = self.is_leader or own_checkpoints
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
-        self.datas = load_sites(config.sites, backend.local_sites)
-        self.secure = (SecureBackend(backend, [d.name for d in self.datas], config.mask_degree())
+        self.datas = load_sites(config.sites, transport.local_sites)
+        self.secure = (SecureTransport(transport, [d.name for d in self.datas], config.mask_degree())
                        if config.secure_aggregation else None)
-        self.backend = backend = self.secure or backend
+        self.transport = transport = self.secure or transport
         self.input_shape = model_input_shape(self.datas[0])
         self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
                  for d in self.datas]
-        self.backend.mean_(flags, [1.0 / backend.num_sites] * len(flags))
+        self.transport.mean_(flags, [1.0 / transport.num_sites] * len(flags))
         self.has_eval_data = bool(flags[0][0] > 0)
         self.algorithm: Algorithm = get_algorithm(config.algorithm)(config.params, self.fed)
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
-                      zip(backend.local_sites, self.datas, self.weights, local_priors)]
+                      zip(transport.local_sites, self.datas, self.weights, local_priors)]
         self.spec = {**model_state_spec(self.sites[0].model, config.bn_stats),
                      **self.algorithm.state_spec(self.sites[0])}
         for site in self.sites:
@@ -126,7 +126,7 @@ class Engine:
         # every site, and the byte accounting is checked against these declared sizes every round.
         self.mean_layout = {n: (tuple(tensors[n].shape), tensors[n].dtype) for n, c in self.spec.items()
                             if c is Comm.MEAN}
-        self.robust = robust_rule(config.robust_aggregation, config.trim_fraction, backend.num_sites)
+        self.robust = robust_rule(config.robust_aggregation, config.trim_fraction, transport.num_sites)
         groups = update_groups(self.spec, tensors)
         self.updates = [SiteUpdate(self._tensors(site), groups) for site in self.sites]
         self.health = HealthMonitor(site_names(config), list(groups), config)
@@ -135,9 +135,9 @@ class Engine:
                              f"I = {config.local_steps}: stages change at communication rounds")
 
     def close(self) -> None:
-        """Release the process group of a distributed backend this engine created (idempotent)."""
-        if self.owns_backend and hasattr(self.backend, "close"):
-            self.backend.close()
+        """Release the transport if this engine created it (idempotent)."""
+        if self.owns_transport:
+            self.transport.close()
 
     # --- setup ------------------------------------------------------------------------------------
     def _federation(self, diseases):
@@ -147,9 +147,9 @@ class Engine:
             pos, known = label_counts(data.train.labels)
             counts.append([torch.tensor(pos), torch.tensor(known), torch.tensor([float(len(data.train))])])
         local = [[t.clone() for t in c] for c in counts]
-        K = self.backend.num_sites
+        K = self.transport.num_sites
         on_device = [[t.to(self.device) for t in c] for c in counts]  # NCCL reduces device tensors only
-        self.backend.mean_(on_device, [1.0] * len(counts))  # weights 1: the sum over sites, exact counts
+        self.transport.mean_(on_device, [1.0] * len(counts))  # weights 1: the sum over sites, exact counts
         pos, known, n = (t.cpu() for t in on_device[0])
         for c, name in enumerate(diseases):
             if known[c] == 0:
@@ -202,15 +202,15 @@ class Engine:
         tensors = [self._tensors(s) for s in self.sites]
         mean_names = [n for n, c in self.spec.items() if c is Comm.MEAN and c in kinds]
         check_layout(self.config.algorithm, tensors, mean_names, self.mean_layout)
-        self.backend.mean_([[t[n] for n in mean_names] for t in tensors], self.weights,
-                           **self._named(mean_names, robust=True))
+        self.transport.mean_([[t[n] for n in mean_names] for t in tensors], self.weights, self.robust,
+                             names=mean_names)
         for i, t in enumerate(tensors):
             b = sum(self._mean_bytes(t[n]) for n in mean_names)
             sent[i] += b
             received[i] += b
         for name in (n for n, c in self.spec.items() if c is Comm.GATHER and c in kinds):
             own = [s.state[name] for s in self.sites]
-            result = self.backend.gather(own)
+            result = self.transport.gather(own)
             for i, site in enumerate(self.sites):
                 sent[i] += nbytes(own[i])
                 received[i] += nbytes(result) - nbytes(own[i])
@@ -230,38 +230,46 @@ class Engine:
                              f"statistic {sorted(stats[0])} the kind mean or sum")
         for kind, weights in ((Comm.MEAN, self.weights), (Comm.SUM, [1.0] * len(self.sites))):
             names = sorted(n for n, c in spec.items() if c is kind)
-            self.backend.mean_([[st[n] for n in names] for st in stats], weights, **self._named(names))
+            self.transport.mean_([[st[n] for n in names] for st in stats], weights, names=names)
         for site, st in zip(self.sites, stats):
             with site.rng():
                 self.algorithm.stage_start(site, st)
         return sum(self._mean_bytes(t) for t in stats[0].values())
-
-    def _named(self, names: list[str], robust: bool = False) -> dict:
-        """Secure aggregation's errors name the tensor; the plain backends do not check values. A robust rule
-        (federated/aggregation.py) combines the round's MEAN tensors only."""
-        if self.secure:
-            return {"names": names}
-        return {"robust": self.robust} if robust and self.robust else {}
 
     def _mean_bytes(self, t: torch.Tensor) -> int:
         return t.numel() * RING_BYTES if self.secure else nbytes(t)
 
     # --- evaluation ---------------------------------------------------------------------------
     def global_model(self) -> nn.Module:
-        return evaluation.global_model(self.sites, self.backend, self.weights, self.config.bn_stats)
+        return evaluation.global_model(self.sites, self.transport, self.weights, self.config.bn_stats)
 
     def evaluate(self) -> evaluation.Evaluation:
         """``evaluation.evaluate`` of the global model on every site's valid and test splits."""
         cfg = self.config
-        return evaluation.evaluate(self.global_model(), self.sites, self.backend, self.fed, cfg.bn_stats,
+        return evaluation.evaluate(self.global_model(), self.sites, self.transport, self.fed, cfg.bn_stats,
                                    cfg.eval_bins, cfg.eval_min_count)
 
     def _site_fingerprints(self) -> dict[int, str]:
         if self.site_fingerprints is None:
-            self.site_fingerprints = {k: self.config.sites[k].fingerprint(k) for k in self.backend.local_sites}
+            self.site_fingerprints = {k: self.config.sites[k].fingerprint(k) for k in self.transport.local_sites}
         return self.site_fingerprints
 
     # --- the loop -----------------------------------------------------------------------------
+    def local_round(self, site: Site, update: SiteUpdate) -> torch.Tensor:
+        """Site ``site``'s I local steps under its own RNG stream; its (mean, first) loss of the round, on the
+        device (read back with the round's one per-site gather)."""
+        cfg = self.config
+        update.restart(self._tensors(site))
+        with site.rng(), local_steps(cfg, site.model) as step_begins:
+            total, first = torch.zeros((), device=self.device), None
+            for batch in site.loader.batches(cfg.local_steps):
+                step_begins()
+                loss = self.algorithm.local_step(site, batch)
+                first = loss.detach().clone() if first is None else first  # a copy: the loss may be a reused buffer
+                total += loss
+                site.iteration += 1
+        return torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())])
+
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
         cfg = self.config
         history: list[dict] = []
@@ -287,18 +295,8 @@ class Engine:
             t0 = time.perf_counter()
             if self.secure:
                 self.secure.round = r
-            losses, clock = [], RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
-            for site, update in zip(self.sites, self.updates):
-                update.restart(self._tensors(site))
-                with site.rng(), local_steps(cfg, site.model) as step_begins, clock.site():
-                    total, first = torch.zeros((), device=self.device), None
-                    for batch in site.loader.batches(cfg.local_steps):
-                        step_begins()
-                        loss = self.algorithm.local_step(site, batch)
-                        first = loss.detach().clone() if first is None else first  # a copy: the loss may be a reused buffer
-                        total += loss
-                        site.iteration += 1
-                    losses.append(torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())]))
+            clock = RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
+            losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
             check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
@@ -317,8 +315,7 @@ class Engine:
             # checked before a diverged model is evaluated or checkpointed.
             rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
                     in enumerate(zip(self.sites, sent, received, losses, norms))]
-            per_site = self.backend.gather([row if self.device.type == "cuda" and self.backend.name == "distributed"
-                                            else row.cpu() for row in rows]).cpu()
+            per_site = self.transport.gather([row.to(self.device) for row in rows]).cpu()
             health = self.health.check(r, per_site[:, :-COLUMNS])
             sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
             last = r == cfg.rounds - 1
@@ -337,7 +334,7 @@ class Engine:
             history.append(record)
             if ckpt_dir is not None:
                 save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
-                           self.backend.barrier, cfg, self._site_fingerprints())
+                           self.transport.barrier, cfg, self._site_fingerprints())
             if self.is_leader:
                 warn_outliers(record)
                 for cb in callbacks:

@@ -10,7 +10,7 @@ Per split, in three separate steps (the NVIDIA FLARE transport runs the same two
    of its positives' and negatives' scores in B equal-width bins of [0, 1] (``TrainConfig.eval_bins``).
    Small-count suppression happens here: for a disease with fewer than ``min_count`` positives or
    negatives the site's metrics are NaN and flagged, and each count below ``min_count`` is sent as -1.
-2. The backend exchanges them: ``report`` gathered (K rows; 8 (3 + M) C bytes per site), ``histograms``
+2. The transport exchanges them: ``report`` gathered (K rows; 8 (3 + M) C bytes per site), ``histograms``
    summed over sites (8 * 2 * B * C bytes per site). Both are counted in the round's bytes.
 3. ``combine(reports, histograms, ...)`` anywhere: the flat float metrics and the suppression record.
 
@@ -66,7 +66,7 @@ def _batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._NormBase]:
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_var is not None]
 
 
-def global_model(sites: list[Site], backend, weights: list[float], bn_stats: str = "mean") -> nn.Module:
+def global_model(sites: list[Site], transport, weights: list[float], bn_stats: str = "mean") -> nn.Module:
     """The global network (what is registered and served), in eval mode: the weighted mean of the site
     models' parameters.
 
@@ -83,7 +83,7 @@ def global_model(sites: list[Site], backend, weights: list[float], bn_stats: str
             for bn in _batch_norms(m):
                 bn.running_var.add_(bn.running_mean.square())  # E[x^2] per site
     floats = [[t for t in model_tensors(m).values() if t.is_floating_point()] for m in models]
-    backend.mean_(floats, weights)
+    transport.mean_(floats, weights)
     model = models[0]
     if pooled_bn:
         for bn in _batch_norms(model):
@@ -225,7 +225,7 @@ def pooled_auc_intervals(histograms: np.ndarray, diseases: list[str], macro: flo
     return out
 
 
-# --- 2. through the backend -----------------------------------------------------------------------
+# --- 2. through the transport -----------------------------------------------------------------------
 @dataclass
 class Evaluation:
     metrics: dict[str, float]  # flat ``<split>/...`` floats (module docstring)
@@ -237,13 +237,13 @@ class Evaluation:
     test_histograms: np.ndarray | None = None
 
 
-def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContext, bn_stats: str, bins: int,
+def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationContext, bn_stats: str, bins: int,
              min_count: int) -> Evaluation:
     """Evaluate ``model`` on every site's ``valid`` and ``test`` split: each site summarises its own split,
-    the backend gathers the reports and sums the histograms, every process combines. A collective: every
+    the transport gathers the reports and sums the histograms, every process combines. A collective: every
     site takes part (with an empty summary when it has no such split)."""
     out = Evaluation({}, {}, [0] * len(sites), [0] * len(sites))
-    C, K = fed.num_classes, backend.num_sites
+    C, K = fed.num_classes, transport.num_sites
     for split in SPLITS:
         reports, histograms = [], []
         for site in sites:
@@ -251,8 +251,8 @@ def evaluate(model: nn.Module, sites: list[Site], backend, fed: FederationContex
                                          min_count, fed.device, fed.amp, fed.channels_last)
             reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
             histograms.append(torch.from_numpy(hist).to(fed.device))
-        gathered = backend.gather(reports)
-        backend.mean_([[h] for h in histograms], [1.0] * len(sites))  # weights 1: the sum over sites
+        gathered = transport.gather(reports)
+        transport.mean_([[h] for h in histograms], [1.0] * len(sites))  # weights 1: the sum over sites
         for i in range(len(sites)):
             out.bytes_sent[i] += nbytes(reports[i]) + nbytes(histograms[i])
             out.bytes_received[i] += (K - 1) * nbytes(reports[i]) + nbytes(histograms[i])

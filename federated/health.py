@@ -7,7 +7,7 @@ tensor the algorithm declares: one float64 norm per tensor (``torch._foreach_nor
 A NaN or an infinity anywhere in what a site sends makes its group norm non-finite, so one ``isfinite``
 over the G group norms checks everything it sends. The numbers ride in the round's existing per-site
 gather (federated/engine.py), which already waits for the round, so the check adds no host sync, and every
-backend (in-process, torchrun, NVIDIA FLARE) sees every site's numbers: aggregate numbers, nothing per image.
+transport (in-process, torchrun, NVIDIA FLARE) sees every site's numbers: aggregate numbers, nothing per image.
 
 With every site's row on the host, :meth:`HealthMonitor.check` stops the training at that round with a
 :class:`TrainingDiverged` naming the site, the round and what went wrong, before the round is evaluated or

@@ -19,7 +19,6 @@ queues step t + 1 while the GPU replays step t.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -106,7 +105,7 @@ def model_input_shape(data: SiteData) -> tuple[int, ...]:
     return tuple(images.shape[1:])
 
 
-def training_device(config: TrainConfig) -> torch.device:
-    """The device this process trains on: under the distributed backend, GPU ``LOCAL_RANK`` of its machine."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if config.backend == "distributed" else 0
+def training_device(config: TrainConfig, local_rank: int = 0) -> torch.device:
+    """The device this process trains on: GPU ``local_rank`` of its machine (under torchrun, the process's
+    ``LOCAL_RANK``), or the config's own device."""
     return config.resolve_device(local_rank)

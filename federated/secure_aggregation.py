@@ -3,12 +3,12 @@ Machine Learning", CCS 2017, without its dropout recovery): whoever combines the
 NVIDIA FLARE server, or every rank of an all-gather) receives from each site a vector that is uniform over
 the ring Z_(2^64) whatever the site's values, and can decode only the sum over all sites.
 
-``TrainConfig.secure_aggregation`` wraps the run's backend in :class:`SecureBackend`, so every ``mean_``
+``TrainConfig.secure_aggregation`` wraps the run's transport in :class:`SecureTransport`, so every ``mean_``
 (the declared MEAN and SUM tensors, the global model, the label counts and the evaluation's summed
-histograms) goes through it, on every backend alike (docs/algorithms.md section 13):
+histograms) goes through it, on every transport alike (docs/algorithms.md section 13):
 
 1. Key agreement, once per run: every site draws a fresh X25519 key pair; the public keys go to every
-   site through the backend (over FLARE signed with the site's consortium key and checked against the
+   site through the transport (over FLARE signed with the site's consortium key and checked against the
    consortium's root CA: federated/flare/keys.py); each pair (i, j) derives the X25519 shared secret.
 2. Fixed point: site k sends v_k = round(2^F * w_k * x_k) as an int64, w_k its aggregation weight (1 for
    a SUM). A value with |v_k| >= 2^(63 - ceil(log2 K)) stops the run with a :class:`SecureAggregationError`
@@ -18,8 +18,8 @@ histograms) goes through it, on every backend alike (docs/algorithms.md section 
    pair (i, j > i) and subtracts that of every pair (j < i, i) modulo 2^64. The masks cancel in the sum.
    The pairs: every two sites, or with SecAgg+ the edges of a public random graph of degree O(log K)
    (``TrainConfig.secure_neighbours``, federated/secagg_graph.py).
-4. The combiner adds the K vectors modulo 2^64 (``federated.backends.ring_sum``, every backend's one integer
-   reduction: an integer sum has no order, so every backend gets the same bits); each site decodes sum / 2^F.
+4. The combiner adds the K vectors modulo 2^64 (``federated.backends.ring_sum``, every transport's one integer
+   reduction: an integer sum has no order, so every transport gets the same bits); each site decodes sum / 2^F.
 
 Rounding: |decoded - sum_k w_k x_k| <= K * 2^-(F+1) + 2^-53 * sum_k |w_k x_k| before the cast to the
 tensor's dtype (docs/algorithms.md section 13 states the bound and what it means for a float32 model).
@@ -103,35 +103,40 @@ class PairMasks:
         return torch.from_numpy(out.view(np.int64))
 
 
-class SecureBackend:
-    """``inner`` with every ``mean_`` made a masked fixed-point sum; everything else is ``inner``'s.
+class SecureTransport:
+    """``inner`` (any transport, federated/transport.py) with every ``mean_`` made a masked fixed-point sum;
+    gathers, barriers and the key exchange are ``inner``'s.
 
     ``site_names``: the names of this process's sites (errors name them). ``round`` is set by the engine
-    at each round so that an error says where it happened. The inner backend needs ``ring_sum(per_site)``
-    and, optionally, ``exchange_public_keys(own)`` (a signed exchange); without it the public keys travel
-    through ``gather``."""
+    at each round so that an error says where it happened. The public keys are exchanged once, through
+    ``inner.exchange_public_keys`` (signed and checked over NVIDIA FLARE)."""
 
     def __init__(self, inner, site_names: Sequence[str], degree: int | None = None):
         self.inner = inner
+        self.num_sites = inner.num_sites
+        self.local_sites = inner.local_sites
+        self.device = inner.device
         self.site_names = dict(zip(inner.local_sites, site_names))
         self.round: int | None = None
         self._seq = 0
         keys = {k: new_key() for k in inner.local_sites}
-        own = {k: public for k, (_, public) in keys.items()}
-        exchange = getattr(inner, "exchange_public_keys", None)
-        public_keys = exchange(own) if exchange is not None else self._gather_keys(own)
+        public_keys = inner.exchange_public_keys({k: public for k, (_, public) in keys.items()})
         self.masks = {k: PairMasks(k, private, public_keys, degree) for k, (private, _) in keys.items()}
 
-    def __getattr__(self, name: str):
-        if name == "inner":  # not set yet (a copy being built): no recursion through __getattr__
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        return self.inner.gather(per_site)
 
-    def _gather_keys(self, own: dict[int, bytes]) -> list[bytes]:
-        device = getattr(self.inner, "device", torch.device("cpu"))  # NCCL gathers device tensors only
-        rows = [torch.tensor(list(own[k]), dtype=torch.uint8, device=device).reshape(1, -1)
-                for k in self.inner.local_sites]
-        return [bytes(row.cpu().tolist()) for row in self.inner.gather(rows)]
+    def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
+        return self.inner.ring_sum(per_site)
+
+    def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
+        return self.inner.exchange_public_keys(own)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def _where(self, site: int, names: Sequence[str], sizes: list[int], position: int) -> str:
         ends = np.cumsum(sizes)
@@ -161,9 +166,11 @@ class SecureBackend:
                 fix="the training diverged: lower lr (or check the site's data)")
         return scaled.to(torch.int64)
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], names: Sequence[str] = ()
-              ) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None,
+              names: Sequence[str] = ()) -> None:
         """Replace every site's tensors by sum_k weights[k] * tensors_k, computed as a masked ring sum."""
+        if robust is not None:  # TrainConfig refuses the combination: a robust rule needs every site's values
+            raise ValueError("secure aggregation decodes sums only: no robust aggregation rule over its values")
         if not per_site or not per_site[0]:
             return
         self._seq += 1

@@ -1,7 +1,8 @@
 """A federation's sites as training sites: one named ``ShardSite`` per hospital, checked against the federation.
 
-Every launcher builds its config here (in-process training, ``torchrun``, NVFlare), so a site's name, its
-shard folder and the check that its shards fit the federation (task, diseases) are decided once.
+Every launcher's training is built here (``federation_config``: in-process, ``torchrun``, NVIDIA FLARE), so a
+site's name, its shard folder and the check that its shards fit the federation (task, diseases) are decided
+once; every launcher's result is checked here too (``check_site_reports``).
 """
 
 from __future__ import annotations
@@ -34,18 +35,34 @@ def check_shard(site: str, shard_dir: Path, task: str, diseases: tuple[str, ...]
                         f"{list(diseases)}", fix="preprocess the site again with this version of fedauc")
 
 
-def federation_config(federation: Federation, shards_root: Path, settings: dict) -> TrainConfig:
-    """``settings`` (a TrainConfig without sites) on every site's shards ``<shards_root>/<site>``, in the
-    federation's order, each checked with :func:`check_shard`."""
+def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
+    """Each site's shard folder ``<shards_root>/<site>``, in the federation's order, checked where the shards
+    are read: every site that was not preprocessed named at once, then each with :func:`check_shard` (its
+    name, task and diseases)."""
+    dirs = [Path(shards_root) / site.name for site in federation.sites]
+    missing = [str(d) for d in dirs if not is_finished(d)]
+    if missing:
+        raise DataError(f"federation {federation.name!r}: no shards at {', '.join(missing)}",
+                        fix=f"run `fedauc preprocess <site.yaml> --out {shards_root}` for each of those sites first, "
+                            "or point --shards at where they were written")
+    for site, shard_dir in zip(federation.sites, dirs):
+        check_shard(site.name, shard_dir, federation.task, site.diseases)
+    return dirs
+
+
+def federation_config(federation: Federation, shards_root: Path, settings: dict, read_shards: bool = True
+                      ) -> TrainConfig:
+    """The training: ``settings`` (a TrainConfig without sites) on every site's shards ``<shards_root>/<site>``,
+    in the federation's order. ``read_shards``: the shards are on this machine and are checked
+    (:func:`site_shard_dirs`); otherwise (a running consortium) each hospital checks its own and the
+    folders here are names only."""
     if "sites" in settings:
         raise ConfigError("the training settings list sites; the federation YAML decides them",
                           fix="remove 'sites' from the settings")
-    sites = []
-    for site in federation.sites:
-        shard_dir = Path(shards_root) / site.name
-        check_shard(site.name, shard_dir, federation.task, site.diseases)
-        sites.append(ShardSite(name=site.name, path=shard_dir))
-    return TrainConfig.model_validate({**settings, "sites": sites})
+    dirs = (site_shard_dirs(federation, shards_root) if read_shards
+            else [Path(shards_root) / site.name for site in federation.sites])
+    return TrainConfig.model_validate({**settings, "sites": [ShardSite(name=site.name, path=shard_dir)
+                                                             for site, shard_dir in zip(federation.sites, dirs)]})
 
 
 def site_names(config: TrainConfig) -> list[str]:

@@ -15,16 +15,18 @@ the time the round would have been shorter without its delay (0 with one site).
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 COLUMNS = 2  # compute, wait: the last columns of a site's row
+T = TypeVar("T")
 
 
 class RoundClock:
-    """Times the sites of this process through one round: ``site()`` around each site's local steps, then
-    ``row(i)`` once the round's collectives have returned."""
+    """Times the sites of this process through one round: ``time`` runs each site's local steps, in site
+    order, then ``row(i)`` once the round's collectives have returned."""
 
     def __init__(self, num_sites: int, device: torch.device):
         self.device = device
@@ -32,15 +34,16 @@ class RoundClock:
         self.ended = [0.0] * num_sites
         self._next = 0
 
-    @contextmanager
-    def site(self):
+    def time(self, local_steps: Callable[..., T], *args) -> T:
+        """``local_steps(*args)``, timed as the next site's compute."""
         i, start = self._next, time.perf_counter()
-        yield
+        out = local_steps(*args)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.ended[i] = time.perf_counter()
         self.compute[i] = self.ended[i] - start
         self._next += 1
+        return out
 
     def row(self, i: int) -> torch.Tensor:
         """Site ``i``'s columns (float64, CPU): its compute, and its wait from then until now."""

@@ -8,8 +8,8 @@ model is scored instead. A champion with no score on that fingerprint (it was tr
 before a site joined or changed its shards) is first re-evaluated on the candidate's federation, where its
 sites are: in this process, or at the hospitals over NVIDIA FLARE with the training's own environment.
 (A champion trained on images of another size or task cannot score them: its score there is undefined, and
-any defined score beats it.) Then ``tracking.promote_best`` compares the two on that one evaluation. Both
-scores are recorded: each on its model version (``tracking.SCORE_TAG_PREFIX`` + fingerprint) and on the
+any defined score beats it.) Then ``registry.promote_best`` compares the two on that one evaluation. Both
+scores are recorded: each on its model version (``schema.SCORE_TAG_PREFIX`` + fingerprint) and on the
 training's run (the metric ``valid/pooled/auc_macro`` and ``champion_check/valid/pooled/auc_macro`` with the
 tag ``champion_check.version``), the re-evaluation also as its own evaluation run (``purpose:
 champion-check``).
@@ -20,48 +20,73 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import torch
 
-from federated import TrainConfig
+from federated.data import to_model_input
+from federated.launch import Launcher, Trained
+from federated.schema import COLLAPSED_TAG, SELECTION_METRIC
 from federated.scoring import ModelToScore
-from pipelines import evaluations, tracking
+from pipelines import evaluations, registry
 from preprocessing.federation import Federation
 
-SELECTION_METRIC = "valid/pooled/auc_macro"
 
-
-def register_candidate(model: torch.nn.Module, federation: Federation, config: TrainConfig, input_shape: tuple[int, ...],
-                       num_classes: int, own_score: float, collapsed: list[str], reports: list[dict], input_example,
-                       shards_root: Path | None, flare: dict | None) -> tuple[str, bool]:
-    """Register ``model`` (trained on ``federation``, whose sites reported ``reports``) in the active training
-    run and move the champion alias if it wins on equal terms (a ``collapsed`` one never does: see
-    ``tracking.register_model``). Returns (version, promoted)."""
+def register_candidate(federation: Federation, trained: Trained, shards_root: Path | None, launcher: Launcher
+                       ) -> tuple[str, bool]:
+    """Register the model of ``trained`` (a training on ``federation``, whose sites reported
+    ``trained.site_reports``) in the active training run and move the champion alias if it wins on equal terms
+    (a collapsed one, whose scores were constant on a split, never does: see ``registry.register_model``).
+    Both scores are known before registering: the candidate's (its training's, or with local BatchNorm
+    statistics the registered model's own evaluation) and the current champion's on these sites (re-evaluated
+    here where it has none), so promotion only compares. Returns (version, promoted)."""
+    result, reports, config = trained.result, trained.site_reports, trained.result.config
+    input_shape, num_classes = result.input_shape, result.num_classes
+    model = result.model().eval()
+    own_score = result.history[-1].get("metrics", {}).get(SELECTION_METRIC, float("nan"))
+    collapsed = registry.collapsed_splits(result.history[-1].get("metrics", {}))
+    if collapsed:
+        mlflow.set_tag(COLLAPSED_TAG, ",".join(collapsed))
     hashes = {report["site"]: report["shard_hash"] for report in reports}
     evaluation = evaluations.fingerprint(hashes)
 
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
-        return evaluations.score_models(federation, models, shards_root, flare)
+        return evaluations.score_models(federation, models, shards_root, launcher)
 
     if config.bn_stats == "local":
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
         own_score = score([(candidate, model.state_dict())])[0].evaluation.metrics.get(SELECTION_METRIC, float("nan"))
         mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+    champion = registry.champion_version(federation.task)
+    if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
+        registry.record_score(federation.task, champion, evaluation, _score_champion(
+            champion, federation, input_shape, num_classes, score, launcher))
+    return registry.register_model(model, federation.task, synthetic_input_example(input_shape), own_score,
+                                   collapsed, evaluation)
 
-    def score_champion(version: str) -> float:
-        mlflow.set_tag("champion_check.version", version)
-        champion = evaluations.model_to_score(federation.task, version)
-        if (tuple(champion[0].input_shape), champion[0].num_classes) != (tuple(input_shape), num_classes):
-            # Trained on other images (another size or task): it cannot score these sites' splits at all.
-            mlflow.set_tag("champion_check.skipped", f"the champion takes input {tuple(champion[0].input_shape)} "
-                                                     f"with {champion[0].num_classes} classes, these sites give "
-                                                     f"{tuple(input_shape)} with {num_classes}")
-            return float("nan")
-        (scored,) = score([champion])
-        evaluations.record(federation, scored, flare, champion=version, purpose="champion-check")
-        value = scored.evaluation.metrics.get(SELECTION_METRIC, float("nan"))
-        mlflow.log_metric(f"champion_check/{SELECTION_METRIC}", value)
-        return value
 
-    return tracking.register_model(model, federation.task, input_example, own_score, collapsed, evaluation,
-                                   score_champion)
+def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
+    """Two mid-gray images of the model's input shape (channels first) as the model sees them: uint8 rows
+    of the shard layout through the training's own conversion. The registered model's signature and
+    example, and torch.export's sample input, without a patient's pixels and without opening any shard."""
+    channels, height, width = input_shape
+    rows = np.full((2, height, width) if channels == 1 else (2, height, width, channels), 128, dtype=np.uint8)
+    return to_model_input(rows, torch.device("cpu")).numpy()
+
+
+def _score_champion(version: str, federation: Federation, input_shape: tuple[int, ...], num_classes: int, score,
+                    launcher: Launcher) -> float:
+    """The champion's pooled valid macro AUC on ``federation``'s sites, recorded on the training's run and as its
+    own evaluation run; NaN where it cannot score them (trained on images of another size or task)."""
+    mlflow.set_tag("champion_check.version", version)
+    champion = evaluations.model_to_score(federation.task, version)
+    if (tuple(champion[0].input_shape), champion[0].num_classes) != (tuple(input_shape), num_classes):
+        mlflow.set_tag("champion_check.skipped", f"the champion takes input {tuple(champion[0].input_shape)} "
+                                                 f"with {champion[0].num_classes} classes, these sites give "
+                                                 f"{tuple(input_shape)} with {num_classes}")
+        return float("nan")
+    (scored,) = score([champion])
+    evaluations.record(federation, scored, launcher, champion=version, purpose="champion-check")
+    value = scored.evaluation.metrics.get(SELECTION_METRIC, float("nan"))
+    mlflow.log_metric(f"champion_check/{SELECTION_METRIC}", value)
+    return value

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from federated.launch import Launcher
 from pipelines.onboarding import shards_root
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
@@ -22,22 +23,20 @@ def check_site(site_yaml: str | Path) -> None:
 
 
 def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict,
-                   local_sites: bool = True) -> tuple[Federation, Path]:
-    """The federation and its site files, every site's shards (``shards``, or where ``shards_root`` says;
-    only when ``local_sites``: the sites train on this machine, not at the hospitals of a running
-    consortium) and ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters.
-    Returns the federation and its shards folder."""
-    from federated import ShardSite, TrainConfig, get_algorithm
-    from pipelines.runs import site_shard_dirs
+                   launcher: Launcher) -> tuple[Federation, Path]:
+    """Where it runs (``launcher``, checked when it was built: whether it takes the algorithm), the federation and its
+    site files, ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters, and every
+    site's shards where this machine reads them (``federated.sites.federation_config``: the same check every
+    launcher's training makes). Returns the federation and its shards folder."""
+    from federated import get_algorithm
+    from federated.sites import federation_config
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
+    launcher.check_algorithm(config["algorithm"])
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
-    if local_sites:
-        site_shard_dirs(federation, root)
     try:
-        validated = TrainConfig.model_validate({**config, "sites": [ShardSite(name=site.name, path=root / site.name)
-                                                                    for site in federation.sites]})
+        validated = federation_config(federation, root, config, read_shards=launcher.reads_shards_here)
         get_algorithm(validated.algorithm).Params(**validated.params)
     except ValidationError as err:
         problems = validation_problems("training config", err)
@@ -47,14 +46,14 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
 
 
 def check_evaluation(federation_yaml: str | Path, shards: str | Path | None,
-                     flare_env: str | None = None) -> tuple[Federation, Path | None]:
-    """The federation and, where the sites are on this machine (in-process, NVFlare ``sim`` and ``poc``), every
-    site's shards. Under ``prod`` the hospitals read their own: no shard folder is located here, and one
-    given is refused rather than silently read."""
-    from pipelines.runs import site_shard_dirs
+                     launcher: Launcher) -> tuple[Federation, Path | None]:
+    """The federation and, where the sites are on this machine (``launcher.reads_shards_here``), every site's
+    shards. Where the hospitals read their own, no shard folder is located here, and one given is refused
+    rather than silently read."""
+    from federated.sites import site_shard_dirs
 
     federation = load_federation(federation_yaml)
-    if flare_env == "prod":
+    if not launcher.reads_shards_here:
         if shards is not None:
             raise ConfigError("--shards with --flare-env prod: the centre reads no shards, each hospital's client "
                               "scores its own", fix="leave out --shards (the hospitals gave theirs to "

@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from pipelines import flows, tracking
+from pipelines import compare, flows, tracking
 from pipelines.schedule import Job, Stopwatch, run_schedule
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.federation import load_federation
@@ -129,7 +129,7 @@ def _one_thread() -> None:
 def demo_table(task: str) -> str:
     """The experiment's trainings, best first, as the README shows them: AUC cells carry their 95 % interval,
     the per-disease pAUC columns are left to ``fedauc compare``."""
-    table = tracking.compare_runs(task)
+    table = compare.compare_runs(task)
     bounds = [c for c in table.columns if c.endswith((" low", " high"))]
     shown = [c for c in table.columns if c in SHOWN or (c.startswith("AUC ") and c not in bounds)]
     return markdown_table(fold_intervals(table[shown + bounds]))

@@ -4,10 +4,10 @@ The champion by default, or chosen versions in one evaluation (a comparison on t
 site scores each model on its own valid and test splits (``federated.scoring.score_site``: the site-local
 summaries training's evaluation rounds exchange, small counts suppressed at the site) and the summaries
 are pooled here (``federated.evaluation.combine_sites``: per-site, pooled and macro-over-sites metrics,
-95 % intervals, the pooled test ROC from the summed histograms). ``flare=None``: this machine holds every
-site's shards and scores them in this process; ``flare={"env", "workspace", "kit"}``: an NVIDIA FLARE
-job (federated/flare/evaluate.py) carries the models to the sites and brings back only their summaries
-and shard hashes; under ``prod`` nothing here opens or even locates a shard.
+95 % intervals, the pooled test ROC from the summed histograms). Where the sites score is the launcher's
+(federated/launch.py): in this process where this machine holds every site's shards, or an NVIDIA FLARE
+job that carries the models to the sites and brings back only their summaries and shard hashes (under
+``prod`` nothing here opens or even locates a shard).
 
 Each model's evaluation is one MLflow run (tag ``fedauc_role: evaluation``): its metrics, which were
 suppressed or undefined and why, the pooled test ROC, and what it was evaluated on (the sites, each
@@ -30,14 +30,14 @@ import torch
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from federated import TrainConfig
-from federated.data import load_shard
+from federated import TrainConfig, schema
 from federated.evaluation import Evaluation, combine_sites
-from federated.scoring import ModelToScore, score_site
-from pipelines import tracking
+from federated.launch import InProcess, Launcher
+from federated.schema import MetricKey
+from federated.scoring import ModelToScore
+from pipelines import plots, registry, tracking
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
-from preprocessing.shard_format import shard_content_hash
 
 UNDEFINED = {
     "site": "undefined at this site: no labelled positive or no labelled negative image in the split",
@@ -64,19 +64,11 @@ def fingerprint(shard_hashes: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def champion_version(task: str) -> str | None:
-    client = MlflowClient()
-    try:
-        return str(client.get_model_version_by_alias(tracking.registered_model_name(task), tracking.CHAMPION_ALIAS).version)
-    except mlflow.exceptions.MlflowException:
-        return None
-
-
 def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, torch.Tensor]]:
     """Registered version ``version`` of ``fedauc-<task>`` as it travels to the sites: the network named in its
     training's config (``config.json`` of the run that logged it), its input shape and classes from the
     registered signature, and the registered weights."""
-    name = tracking.registered_model_name(task)
+    name = schema.registered_model_name(task)
     uri = f"models:/{name}/{version}"
     try:
         info = mlflow.models.get_model_info(uri)
@@ -92,56 +84,46 @@ def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, tor
 
 
 def score_models(federation: Federation, models: list[tuple[ModelToScore, dict[str, torch.Tensor]]],
-                 shards_root: Path | None, flare: dict | None = None) -> list[Scored]:
-    """Every model of ``models`` (with its weights) scored by every site of ``federation`` (see the module
-    docstring)."""
+                 shards_root: Path | None, launcher: Launcher) -> list[Scored]:
+    """Every model of ``models`` (with its weights) scored by every site of ``federation`` where ``launcher``
+    runs them (see the module docstring)."""
     names = [site.name for site in federation.sites]
     diseases = list(federation.sites[0].diseases)
     specs, states = [spec for spec, _ in models], [state for _, state in models]
-    if flare is None:
-        from pipelines.runs import site_shard_dirs
-
-        dirs = site_shard_dirs(federation, Path(shards_root))
-        per_site = [score_site(name, specs, states, load_shard(d), BINS, MIN_COUNT, torch.device("cpu"))
-                    for name, d in zip(names, dirs)]
-        hashes = {name: shard_content_hash(d) for name, d in zip(names, dirs)}
-    else:
-        from federated.flare.evaluate import evaluate_flare
-
-        per_site, hashes = evaluate_flare(specs, states, federation, shards_root, flare["env"], Path(flare["workspace"]),
-                                          flare.get("kit"), BINS, MIN_COUNT)
+    per_site, hashes = launcher.score(specs, states, federation, shards_root, BINS, MIN_COUNT)
     return [Scored(spec.label, combine_sites([summaries[m] for summaries in per_site], names, diseases, MIN_COUNT),
                    hashes)
             for m, spec in enumerate(specs)]
 
 
-def record(federation: Federation, scored: Scored, flare: dict | None, champion: str | None,
+def record(federation: Federation, scored: Scored, launcher: Launcher, champion: str | None,
            purpose: str = "evaluate") -> str:
     """``scored`` as an MLflow evaluation run of the task's experiment (its own run, also while a training's
     run is active: a champion's re-evaluation); its run id."""
     client = MlflowClient()
-    name = tracking.registered_model_name(federation.task)
+    name = schema.registered_model_name(federation.task)
     experiment = tracking.experiment_id(federation.task)
     tracking.close_abandoned_runs(experiment)
     metrics, histograms = scored.evaluation.metrics, scored.evaluation.test_histograms
-    tags = {"fedauc_role": "evaluation", "purpose": purpose, "model_uri": f"models:/{name}/{scored.version}",
-            "model_version": scored.version, "federation": federation.name,
+    tags = {schema.ROLE_TAG: schema.EVALUATION_ROLE, schema.PURPOSE_TAG: purpose,
+            schema.MODEL_URI_TAG: f"models:/{name}/{scored.version}", schema.MODEL_VERSION_TAG: scored.version,
+            schema.FEDERATION_TAG: federation.name,
             "champion_at_evaluation": str(scored.version == champion).lower(), **tracking.owner_tags()}
     run_id = client.create_run(experiment, run_name=f"{purpose}-v{scored.version}", tags=tags).info.run_id
     status = "FAILED"
     try:
-        params = {"backend": "inprocess" if flare is None else "flare", **({"flare_env": flare["env"]} if flare else {}),
-                  "sites": ",".join(scored.shard_hashes), "evaluation": fingerprint(scored.shard_hashes),
+        params = {**launcher.params(), "sites": ",".join(scored.shard_hashes), "evaluation": fingerprint(scored.shard_hashes),
                   **{f"shard_hash.{site}": h for site, h in scored.shard_hashes.items()}}
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                          params=[Param(k, str(v)) for k, v in params.items()])
         # Why a metric is absent (suppressed at its site) or NaN (undefined), next to the numbers.
         client.log_dict(run_id, scored.evaluation.suppressed, "suppressed_metrics.json")
-        client.log_dict(run_id, {key: UNDEFINED[key.split("/")[1]] for key, value in metrics.items() if np.isnan(value)},
+        client.log_dict(run_id, {key: UNDEFINED[MetricKey.parse(key).scope] for key, value in metrics.items()
+                                 if np.isnan(value)},
                         "undefined_metrics.json")
         if histograms is not None and histograms.sum():
-            figure = tracking.roc_figure(histograms, federation.sites[0].diseases,
+            figure = plots.roc_figure(histograms, federation.sites[0].diseases,
                                          f"{federation.name}: model v{scored.version}, pooled test ROC")
             client.log_figure(run_id, figure, "roc_test_pooled.png")
             plt.close(figure)
@@ -152,20 +134,21 @@ def record(federation: Federation, scored: Scored, flare: dict | None, champion:
 
 
 def evaluate_registered(federation: Federation, shards_root: Path | None, versions: Sequence[str] = (),
-                        flare: dict | None = None) -> list[dict]:
+                        launcher: Launcher | None = None) -> list[dict]:
     """Registered ``versions`` of the task's model (default: the champion) on every site's valid and test
     splits in one evaluation, each logged as an evaluation run. Per model, in ``versions``' order:
     ``{"model_version", "champion", "run_id", "metrics"}``."""
     tracking.configure()
-    champion = champion_version(federation.task)
+    launcher = launcher or InProcess()
+    champion = registry.champion_version(federation.task)
     versions = list(dict.fromkeys(versions)) or ([champion] if champion else [])
     if not versions:
         raise ConfigError(f"no registered model fedauc-{federation.task} with a champion at {mlflow.get_tracking_uri()}",
                           fix="train one first (`fedauc train`), or pass --model-version")
     models = [model_to_score(federation.task, v) for v in versions]
     results = []
-    for scored in score_models(federation, models, shards_root, flare):
-        run_id = record(federation, scored, flare, champion)
+    for scored in score_models(federation, models, shards_root, launcher):
+        run_id = record(federation, scored, launcher, champion)
         results.append({"model_version": scored.version, "champion": scored.version == champion, "run_id": run_id,
                         "metrics": scored.evaluation.metrics})
     return results
@@ -189,12 +172,10 @@ def comparison_rows(results: list[dict]) -> list[dict]:
 
 
 def metrics_rows(metrics: dict[str, float]) -> list[dict]:
-    """``<split>/<scope>/<metric>`` keys as one row per split and scope (pooled, macro_over_sites, site/<name>)."""
+    """Metric keys as one row per split and scope (pooled, macro_over_sites, site/<name>)."""
     rows: dict[tuple[str, str], dict] = {}
     for key, value in metrics.items():
-        split, rest = key.split("/", 1)
-        parts = rest.split("/")
-        width = 2 if parts[0] == "site" else 1
-        name, metric = "/".join(parts[:width]), "/".join(parts[width:])
-        rows.setdefault((split, name), {"split": split, "scope": name})[metric] = value
+        parsed = MetricKey.parse(key)
+        rows.setdefault((parsed.split, parsed.scope_name), {"split": parsed.split, "scope": parsed.scope_name}
+                        )[parsed.metric] = value
     return list(rows.values())

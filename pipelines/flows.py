@@ -20,8 +20,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 
+from federated import launch
 from federated.backends import SiteFailure
+from federated.sites import site_shard_dirs
 from pipelines import evaluations, runs, tracking
+from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, preprocess_site
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
@@ -92,39 +95,41 @@ def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, 
 # --- training -----------------------------------------------------------------------------------------
 def _training_cache_key(context, parameters) -> str | None:
     """Shard content hashes + the whole config: same data, same config, same trained model. None (never
-    cached) for a running consortium (``flare`` env ``prod``): its shards are at the hospitals, their
+    cached) where the shards are not on this machine (a running consortium's are at the hospitals, their
     hashes known only from the sites' reports after the training, so a cache key cannot say that the data
-    is unchanged."""
-    flare = parameters.get("flare")
-    if flare is not None and flare.get("env") == "prod":
+    is unchanged)."""
+    where = launch.launcher(parameters.get("launcher"))
+    if not where.reads_shards_here:
         return None
     federation = load_federation(parameters["federation_yaml"])
-    hashes = [shard_content_hash(d) for d in runs.site_shard_dirs(federation, Path(parameters["shards_root"]))]
+    hashes = [shard_content_hash(d) for d in site_shard_dirs(federation, Path(parameters["shards_root"]))]
     payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),
-                          "name": parameters.get("run_name"), "flare": parameters.get("flare")}, sort_keys=True, default=str)
+                          "name": parameters.get("run_name"), "launcher": where.model_dump(mode="json")},
+                         sort_keys=True, default=str)
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
 
 
 @task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=_transient,
       cache_key_fn=_training_cache_key, persist_result=True)
 def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
-               flare: dict | None = None) -> dict:
+               launcher: dict | None = None) -> dict:
     federation = load_federation(federation_yaml)
-    result = runs.train_tracked(federation, Path(shards_root), config, run_name, flare)
+    result = runs.train_tracked(federation, Path(shards_root), config, run_name, launch.launcher(launcher))
     return runs.training_summary(result)
 
 
 @flow(name="train_federated")
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
-                    flare: dict | None = None) -> dict:
-    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites); ``flare``
-    (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) runs it as an NVIDIA FLARE job.
+                    launcher: dict | None = None) -> dict:
+    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites), where
+    ``launcher`` says (its JSON form, federated/launch.py: default in this process; e.g.
+    ``{"kind": "flare", "env": "prod", "workspace": folder, "kit": admin kit}`` for a running consortium).
     ``{flow_run}`` in ``run_name`` becomes this flow run's name: a scheduled deployment's runs are named apart."""
     if run_name is not None and "{flow_run}" in run_name:
         from prefect.runtime import flow_run
 
         run_name = run_name.replace("{flow_run}", flow_run.name)
-    summary = train_task(federation_yaml, shards_root, config, run_name, flare)
+    summary = train_task(federation_yaml, shards_root, config, run_name, launcher)
     training_artifact(summary)
     return summary
 
@@ -147,18 +152,19 @@ def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
 # --- evaluation and comparison ------------------------------------------------------------------------
 @task(name="evaluate-models", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
 def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions: list[str] | None,
-                  flare: dict | None) -> list[dict]:
+                  launcher: dict | None) -> list[dict]:
     return evaluations.evaluate_registered(load_federation(federation_yaml),
-                                           None if shards_root is None else Path(shards_root), model_versions or (), flare)
+                                           None if shards_root is None else Path(shards_root), model_versions or (),
+                                           launch.launcher(launcher))
 
 
 @flow(name="evaluate")
 def evaluate(federation_yaml: str, shards_root: str | None = None, model_versions: list[str] | None = None,
-             flare: dict | None = None) -> list[dict]:
+             launcher: dict | None = None) -> list[dict]:
     """Registered models (default: the task's champion) on every site's valid and test splits and pooled, in one
-    evaluation; ``flare`` (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit}``) scores
-    them at the sites as an NVIDIA FLARE job (``prod``: ``shards_root`` None, nothing read here)."""
-    results = evaluate_task(federation_yaml, shards_root, model_versions, flare)
+    evaluation, where ``launcher`` says (its JSON form, federated/launch.py; an NVIDIA FLARE job scores them at
+    the sites; ``prod``: ``shards_root`` None, nothing read here)."""
+    results = evaluate_task(federation_yaml, shards_root, model_versions, launcher)
     for result in results:
         create_table_artifact(key=f"evaluate-v{result['model_version']}", table=evaluations.metrics_rows(result["metrics"]),
                               description=f"model v{result['model_version']}: valid and test metrics")
@@ -177,7 +183,7 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
     summaries = [train_task(federation_yaml, shards_root, {**base_config, "algorithm": algorithm, "local_steps": i},
                             f"{algorithm}-I{i}")
                  for algorithm in algorithms for i in local_steps]
-    table = tracking.compare_runs(load_federation(federation_yaml).task)
+    table = compare_runs(load_federation(federation_yaml).task)
     create_markdown_artifact(key="compare", markdown=markdown_table(fold_intervals(table)),
                              description="runs of the experiment, best first")
     return summaries

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -24,25 +23,30 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import mlflow
-import numpy as np
 import pandas as pd
-import torch
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from federated import ShardSite, TrainConfig, get_algorithm, train
-from federated.algorithms.centralized import centralize
-from federated.data import to_model_input
-from federated.sites import site_report
-from pipelines import tracking
-from pipelines.champion import SELECTION_METRIC, register_candidate
+from federated import TrainConfig, get_algorithm
+from federated.flare.version import code_version
+from federated.launch import InProcess, Launcher
+from federated.schema import (
+    FEDERATION_TAG,
+    HEADLINE_METRIC,
+    ROLE_TAG,
+    SELECTION_METRIC,
+    SITE,
+    SITE_ROLE,
+    SITE_TAG,
+    TRAINING_ROLE,
+    MetricKey,
+)
+from federated.sites import federation_config
+from pipelines import plots, tracking
+from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
-from preprocessing.errors import DataError
 from preprocessing.federation import Federation
 from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed, suppressed_label_counts
-from preprocessing.shard_format import is_finished
-
-HEADLINE_METRIC = "test/pooled/auc_macro"
 
 
 @dataclass
@@ -55,29 +59,6 @@ class TrainingRun:
     promoted: bool
     final_metrics: dict[str, float]
     seconds: float
-
-
-def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
-    """Each site's shard directory; a site that was not preprocessed is an error naming it."""
-    dirs = [Path(shards_root) / site.name for site in federation.sites]
-    missing = [str(d) for d in dirs if not is_finished(d)]
-    if missing:
-        raise DataError(f"federation {federation.name!r}: no shards at {', '.join(missing)}",
-                        fix=f"run `fedauc preprocess <site.yaml> --out {shards_root}` for each of those sites first, "
-                            "or point --shards at where they were written")
-    return dirs
-
-
-def code_version() -> str:
-    """The git commit of the running code, with '+dirty' when the work tree has changes."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def training_params(config: TrainConfig, federation: Federation) -> dict[str, str]:
@@ -134,10 +115,9 @@ class RoundLogger:
                     if math.isfinite(value):
                         metrics[f"{key}/{group}"] = value
         for key, value in record.get("metrics", {}).items():
-            split, scope, *rest = key.split("/")
-            if scope == "site":
-                site, metric = int(rest[0]), "/".join(rest[1:])
-                children[site][f"{split}/{metric}"] = value
+            parsed = MetricKey.parse(key)
+            if parsed.scope == SITE:  # the engine's record names a site by its index
+                children[int(parsed.site)][f"{parsed.split}/{parsed.metric}"] = value
             else:
                 parent[key] = value
         self._log(self.parent_id, parent, step, now)
@@ -158,10 +138,10 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
     tracking.close_abandoned_runs(experiment)
     owner = tracking.owner_tags()
     with mlflow.start_run(experiment_id=experiment, run_name=run_name,
-                          tags={"fedauc_role": "federated-training", "federation": federation, **owner}) as parent:
+                          tags={ROLE_TAG: TRAINING_ROLE, FEDERATION_TAG: federation, **owner}) as parent:
         child_ids = [
             client.create_run(experiment, run_name=f"{run_name}/{site}",
-                              tags={"mlflow.parentRunId": parent.info.run_id, "fedauc_role": "site", "site": site,
+                              tags={"mlflow.parentRunId": parent.info.run_id, ROLE_TAG: SITE_ROLE, SITE_TAG: site,
                                     **owner}).info.run_id
             for site in sites
         ]
@@ -182,61 +162,41 @@ def train_tracked(
     shards_root: Path,
     config: dict,
     run_name: str | None = None,
-    flare: dict | None = None,
+    launcher: Launcher | None = None,
 ) -> TrainingRun:
-    """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards and record it
-    in MLflow. ``flare`` (``{"env": "sim" | "poc" | "prod", "workspace": folder, "kit": admin kit (prod)}``)
-    trains over NVIDIA FLARE instead of in this process; the records are the same. What is recorded about
-    the sites' data (shard hashes, QC summaries, model input) comes from their reports
-    (``federated.sites.site_report``): an NVIDIA FLARE site sends its own, so ``prod`` reads no shards here
-    (``shards_root`` is not opened); in-process, this machine holds the shards and reports for them."""
+    """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards where
+    ``launcher`` says (default: in this process) and record it in MLflow; the records are the same wherever
+    it ran. The training is built and checked once here (``federated.sites.federation_config``: where this
+    machine holds the shards, every site's folder, task and diseases). What is recorded about the sites' data
+    (shard hashes, QC summaries, model input) comes from their reports (``federated.sites.site_report``),
+    checked against the federation: an NVIDIA FLARE site sends its own, so ``prod`` reads no shards here."""
+    launcher = launcher or InProcess()
     names = [site.name for site in federation.sites]
-    if flare is None or flare["env"] != "prod":  # the sites run on this machine: their shards must be here
-        site_shard_dirs(federation, shards_root)
-    config = TrainConfig.model_validate({**config, "sites": [ShardSite(name=name, path=Path(shards_root) / name)
-                                                             for name in names]})
-    # An algorithm that pools the sites (centralized) trains one in-memory site holding them all; what is
-    # logged names the federation's shard sites it pooled.
-    pooled = centralize(config) if flare is None and get_algorithm(config.algorithm).pools_sites else None
-    if pooled is not None:
-        config = pooled.model_copy(update={"sites": config.sites})
+    launcher.check()
+    launcher.check_algorithm(config["algorithm"])
+    config = federation_config(federation, shards_root, config, read_shards=launcher.reads_shards_here)
+    pooled = launcher.pools(config.algorithm)
     tracking.configure()
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()
     run_name = run_name or f"{config.algorithm}-I{config.local_steps}"
     # Before the run starts: an unknown algorithm or hyperparameter must not leave a FAILED run behind.
-    params = {**training_params(config, federation), **({"backend": "flare"} if flare is not None else {})}
+    params = {**training_params(config, federation), **launcher.params()}
     with training_runs(experiment, run_name, federation.name, names) as (parent, child_ids):
         mlflow.log_params(params)
         mlflow.log_dict(json.loads(config.model_dump_json()), "config.json")
-        # A pooled training has no per-site rounds: its one site's records go to the parent only.
-        logger = RoundLogger(client, parent.info.run_id, [] if pooled is not None else child_ids)
-        if flare is None:
-            result = train(pooled or config, callbacks=[logger])
-            reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes)
-                       for site, spec in zip(federation.sites, config.sites)]
-        else:
-            from federated.flare.job import train_flare
-
-            mlflow.log_param("flare_env", flare["env"])
-            kit = flare.get("kit")
-            result = train_flare(config, federation, Path(shards_root), flare["env"], Path(flare["workspace"]),
-                                 Path(kit) if kit else None, [logger], name=run_name)
-            reports = result.site_reports
+        # A pooled training (centralized: one site holding every site's data) has no per-site rounds: its
+        # one site's records go to the parent only.
+        logger = RoundLogger(client, parent.info.run_id, [] if pooled else child_ids)
+        trained = launcher.train(config, federation, shards_root, [logger], name=run_name)
+        result, reports = trained.result, trained.site_reports
         mlflow.log_params(site_params(reports))
-        model = result.model().eval()
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
         mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
-        collapsed = tracking.collapsed_splits(final)
-        if collapsed:
-            mlflow.set_tag(tracking.COLLAPSED_TAG, ",".join(collapsed))
-        version, promoted = register_candidate(model, federation, config, result.input_shape, result.num_classes,
-                                               final.get(SELECTION_METRIC, float("nan")), collapsed, reports,
-                                               synthetic_input_example(result.input_shape),
-                                               None if flare is not None and flare["env"] == "prod" else Path(shards_root),
-                                               flare)
+        version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
+                                               else None, launcher)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
@@ -255,19 +215,10 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
                     grid.write_bytes(report["qc_grid"])
                     client.log_artifact(target, str(grid), artifact_path=folder)
     if test_histograms is not None and test_histograms.sum():
-        figure = tracking.roc_figure(test_histograms, federation.sites[0].diseases,
+        figure = plots.roc_figure(test_histograms, federation.sites[0].diseases,
                                      f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, "roc_test_pooled.png")
         plt.close(figure)
-
-
-def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:
-    """Two mid-gray images of the model's input shape (channels first) as the model sees them: uint8 rows
-    of the shard layout through the training's own conversion. The registered model's signature and
-    example, and torch.export's sample input, without a patient's pixels and without opening any shard."""
-    channels, height, width = input_shape
-    rows = np.full((2, height, width) if channels == 1 else (2, height, width, channels), 128, dtype=np.uint8)
-    return to_model_input(rows, torch.device("cpu")).numpy()
 
 
 def training_summary(run: TrainingRun) -> dict:

@@ -17,7 +17,8 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from pipelines import tracking
+from federated import schema
+from pipelines import registry
 from pipelines.cli import app
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def _checks(client: MlflowClient) -> list:
 
 
 def _champion(client: MlflowClient) -> str:
-    return str(client.get_model_version_by_alias(MODEL, tracking.CHAMPION_ALIAS).version)
+    return str(client.get_model_version_by_alias(MODEL, schema.CHAMPION_ALIAS).version)
 
 
 def test_a_three_site_champion_is_re_evaluated_on_four_sites_before_the_comparison(evaluable_melanoma, four_sites,
@@ -86,7 +87,7 @@ def test_a_three_site_champion_is_re_evaluated_on_four_sites_before_the_comparis
         client = MlflowClient()
         assert _champion(client) == "1" and _checks(client) == []
         second = _train(four, four_shards, "four-sites", lr=0.05)
-        e3, e4 = (client.get_model_version(MODEL, v).tags[tracking.SELECTION_EVALUATION_TAG] for v in ("1", "2"))
+        e3, e4 = (client.get_model_version(MODEL, v).tags[schema.SELECTION_EVALUATION_TAG] for v in ("1", "2"))
         assert e3 != e4  # a site joined: another evaluation
 
         # The champion was scored on the four sites' validation splits, at the centre's request, and recorded.
@@ -99,7 +100,7 @@ def test_a_three_site_champion_is_re_evaluated_on_four_sites_before_the_comparis
         assert second.data.tags["champion_check.version"] == "1"
         assert second.data.metrics["champion_check/valid/pooled/auc_macro"] == on_four["1"]
         for version, score in on_four.items():
-            assert float(client.get_model_version(MODEL, version).tags[tracking.SCORE_TAG_PREFIX + e4]) == score
+            assert float(client.get_model_version(MODEL, version).tags[schema.SCORE_TAG_PREFIX + e4]) == score
         assert not math.isnan(on_four["1"]) and not math.isnan(on_four["2"]) and on_four["1"] != on_four["2"]
         better = "2" if on_four["2"] > on_four["1"] else "1"
         assert _champion(client) == better
@@ -108,14 +109,14 @@ def test_a_three_site_champion_is_re_evaluated_on_four_sites_before_the_comparis
         # (the old rule, still what promote_best does without an evaluation) would choose the other model.
         other = "1" if better == "2" else "2"
         own_three = 1.0 if other == "1" else 0.0
-        client.set_model_version_tag(MODEL, "1", tracking.SELECTION_METRIC_TAG, repr(own_three))
-        client.set_registered_model_alias(MODEL, tracking.CHAMPION_ALIAS, "1")
-        tracking.promote_best(client, MODEL, "2", e4)
+        client.set_model_version_tag(MODEL, "1", schema.SELECTION_METRIC_TAG, repr(own_three))
+        client.set_registered_model_alias(MODEL, schema.CHAMPION_ALIAS, "1")
+        registry.promote_best(client, MODEL, "2", e4)
         assert _champion(client) == better
-        client.set_registered_model_alias(MODEL, tracking.CHAMPION_ALIAS, "1")
-        tracking.promote_best(client, MODEL, "2")
+        client.set_registered_model_alias(MODEL, schema.CHAMPION_ALIAS, "1")
+        registry.promote_best(client, MODEL, "2")
         assert _champion(client) == other
-        client.set_registered_model_alias(MODEL, tracking.CHAMPION_ALIAS, better)
+        client.set_registered_model_alias(MODEL, schema.CHAMPION_ALIAS, better)
 
         # The same four sites again: the champion already has a score there, nothing is re-evaluated.
         third = _train(four, four_shards, "four-sites-again", lr=0.05)

@@ -148,11 +148,11 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(pr
             assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
         deployment = client.read_deployment_by_name("train_federated/consortium-melanoma-codasca")
         declared = deployment.parameters
-        assert declared["flare"]["env"] == "prod" and declared["flare"]["kit"].endswith("admin@fedauc.org")
+        assert declared["launcher"]["env"] == "prod" and declared["launcher"]["kit"].endswith("admin@fedauc.org")
         assert declared["config"]["timeout_s"] > 0 and deployment.schedules
         flow_run = client.create_flow_run_from_deployment(deployment.id, parameters={
             "federation_yaml": str(federation), "shards_root": str(root / "shards"),
-            "flare": {"env": "sim", "workspace": str(tmp_path / "flare")},
+            "launcher": {"kind": "flare", "env": "sim", "workspace": str(tmp_path / "flare")},
             "config": {**declared["config"], "rounds": 1, "local_steps": 2, "batch_size": 16, "eval_every": 1,
                        "network_kwargs": {"widths": [8, 16, 32]}, "loader_workers": 0, "progress": False,
                        "checkpoint_dir": str(tmp_path / "checkpoints")}})

@@ -134,3 +134,20 @@ def test_federation_config_names_sites_and_refuses_shards_that_do_not_fit(tmp_pa
     (swapped / "vienna" / "shard.json").write_text(json.dumps({**meta, "diseases": ["Nevus"]}))
     with pytest.raises(DataError, match=r"its shards have diseases \['Nevus'\], the federation trains \['Melanoma'\]"):
         federation_config(federation, swapped, {"algorithm": "fedavg", "rounds": 1})
+
+
+def test_the_torchrun_launcher_trains_the_in_process_model_and_reports_every_site(melanoma_shards):
+    """`fedauc train --backend torchrun`'s launcher: one process per site, the same model bit for bit, every
+    round's record to the callbacks, and the sites' reports checked as every launcher's are."""
+    from federated.launch import InProcess, Torchrun
+
+    root, federation = melanoma_shards
+    cfg = _config(melanoma_shards)
+    records = []
+    launched = Torchrun().train(cfg, load_federation(federation), root / "shards", [records.append])
+    local = InProcess().train(cfg, load_federation(federation), root / "shards")
+    assert [r["round"] for r in records] == [0, 1]
+    _assert_same_training(local.result, {"history": launched.result.history,
+                                         "global_state": launched.result.global_state})
+    assert [r["site"] for r in launched.site_reports] == list(SITES)
+    assert launched.site_reports == local.site_reports

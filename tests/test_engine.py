@@ -215,8 +215,6 @@ def test_config_errors_are_explicit():
         _cfg(resume=True)
     with pytest.raises(ValueError, match="compile_mode='reduce-overhead' needs compile_network=True"):
         _cfg(compile_mode="reduce-overhead")
-    with pytest.raises(ValueError, match="distributed backend needs"):
-        _cfg(backend="distributed", sites=[TensorSite(train=(torch.zeros(4, 2), torch.zeros(4, 1)))])
 
 
 def test_device_augmentation_flips_and_shifts_within_bounds():
@@ -275,7 +273,7 @@ def test_a_mean_tensor_that_changes_shape_is_refused():
 def test_in_process_mean_writes_the_weighted_mean_into_every_layout():
     """The averaged buffer goes back in one multi-tensor copy: channels-last (as convolution weights are on
     a GPU), transposed and plain tensors of two dtypes each get their own weighted mean, in place."""
-    from federated.backends import InProcessBackend
+    from federated.backends import InProcessTransport
 
     torch.manual_seed(0)
     sites = [[torch.randn(4, 3, 2, 2).contiguous(memory_format=torch.channels_last), torch.randn(3, 5).t(),
@@ -283,7 +281,7 @@ def test_in_process_mean_writes_the_weighted_mean_into_every_layout():
     weights = [0.5, 0.3, 0.2]
     expected = [sum(w * site[i] for w, site in zip(weights, sites)) for i in range(4)]
     storages = [[t.data_ptr() for t in site] for site in sites]
-    InProcessBackend(3).mean_(sites, weights)
+    InProcessTransport(3).mean_(sites, weights)
     for site, pointers in zip(sites, storages):
         assert [t.data_ptr() for t in site] == pointers  # in place: optimizers and CUDA graphs hold these tensors
         assert site[0].is_contiguous(memory_format=torch.channels_last)

@@ -84,8 +84,13 @@ def test_train_closes_the_process_group_it_opened(monkeypatch):
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)
-    cfg = _cfg(backend="distributed", sites=_cfg().sites[:1], rounds=1, device="cpu")
-    federated.train(cfg)
+    from federated.backends import DistributedTransport
+
+    cfg = _cfg(sites=_cfg().sites[:1], rounds=1, device="cpu")
+    engine = Engine(cfg, DistributedTransport(cfg.timeout_s, torch.device("cpu")))
+    assert torch.distributed.is_initialized()
+    engine.run()
+    engine.transport.close()
     assert not torch.distributed.is_initialized()
 
 

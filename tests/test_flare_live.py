@@ -33,10 +33,10 @@ from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.resume import CHECKPOINTS
 from federated.flare.supervise import family
+from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from federated.sites import federation_config
 from pipelines.cli import app
 from pipelines.prefect_env import configure_prefect_env
-from pipelines.tracking import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from preprocessing.federation import load_federation
 
 # Prefect sets up its console logging once per process, on the stream stderr is at its first import: here,

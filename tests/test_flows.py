@@ -8,11 +8,12 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from pipelines import compare
 from pipelines.prefect_env import configure_prefect_env
 
 configure_prefect_env()
 
-from pipelines import flows, runs, tracking  # noqa: E402
+from pipelines import flows  # noqa: E402
 from preprocessing.synth import generate_site  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -107,28 +108,29 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store):
     assert all(key.split("/")[:2] in (["valid", "site"], ["test", "site"]) and key not in evaluated for key in suppressed)
     assert evaluation.data.params["shard_hash.alpha"] == parent.data.params["shard_hash.alpha"]
 
-    table = tracking.compare_runs("chest-xray")
+    table = compare.compare_runs("chest-xray")
     assert list(table["run"]) == ["codasca-tiny"] and table.loc[0, "I"] == 2
     assert table.loc[0, "MB sent"] > 0
 
     # Same shards, same config: the training task is cached, no second MLflow run.
     assert flows.train_federated(str(federation / "federation.yaml"), str(shards), config, "codasca-tiny") == summary
-    assert len(tracking.compare_runs("chest-xray")) == 1
+    assert len(compare.compare_runs("chest-xray")) == 1
 
     shared = {key: value for key, value in config.items() if key not in ("algorithm", "params")}
     swept = flows.compare(str(federation / "federation.yaml"), str(shards), {**shared, "rounds": 1}, ["fedavg"], [1, 2])
     assert [s["run_name"] for s in swept] == ["fedavg-I1", "fedavg-I2"]
-    table = tracking.compare_runs("chest-xray")
+    table = compare.compare_runs("chest-xray")
     assert sorted(table["run"]) == ["codasca-tiny", "fedavg-I1", "fedavg-I2"]
     assert sorted(table.loc[table["algorithm"] == "fedavg", "I"]) == [1, 2]
 
 
 def test_training_without_shards_names_the_missing_site(federation, tmp_path):
+    from federated.sites import site_shard_dirs
     from preprocessing.errors import DataError
     from preprocessing.federation import load_federation
 
     with pytest.raises(DataError, match=r"federation 'tiny': no shards at .*alpha(.|\n)*run `fedauc preprocess"):
-        runs.site_shard_dirs(load_federation(federation / "federation.yaml"), tmp_path)
+        site_shard_dirs(load_federation(federation / "federation.yaml"), tmp_path)
 
 
 def test_missing_shards_are_not_retried():

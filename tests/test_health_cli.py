@@ -11,10 +11,11 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from pipelines import tracking
+from federated import schema
+from federated.schema import FAILURE_TAG
+from pipelines import registry, tracking
 from pipelines.cli import app
 from pipelines.runs import RoundLogger, training_runs
-from pipelines.tracking import FAILURE_TAG
 
 pytestmark = pytest.mark.slow
 
@@ -49,27 +50,27 @@ def test_a_collapsed_version_is_never_champion_even_the_first(tmp_path, monkeypa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
     metrics = {"valid/pooled/auc/A": 0.5, "valid/pooled/auc/B": 0.5, "valid/pooled/auc_macro": 0.5,
                "test/pooled/auc/A": 0.5, "test/pooled/auc/B": 0.61}
-    assert tracking.collapsed_splits(metrics) == ["valid"]
-    assert tracking.collapsed_splits({**metrics, "valid/pooled/auc/B": 0.5001}) == []
+    assert registry.collapsed_splits(metrics) == ["valid"]
+    assert registry.collapsed_splits({**metrics, "valid/pooled/auc/B": 0.5001}) == []
     client, name = MlflowClient(), "fedauc-test"
     client.create_registered_model(name)
 
     def version(metric, collapsed=None):
         v = client.create_model_version(name, source=str(tmp_path)).version
-        client.set_model_version_tag(name, v, tracking.SELECTION_METRIC_TAG, repr(metric))
+        client.set_model_version_tag(name, v, schema.SELECTION_METRIC_TAG, repr(metric))
         if collapsed:
-            client.set_model_version_tag(name, v, tracking.COLLAPSED_TAG, collapsed)
+            client.set_model_version_tag(name, v, schema.COLLAPSED_TAG, collapsed)
         return str(v)
 
     first = version(0.5, "valid,test")
-    assert not tracking.promote_best(client, name, first)
+    assert not registry.promote_best(client, name, first)
     with pytest.raises(mlflow.exceptions.MlflowException):
-        client.get_model_version_by_alias(name, tracking.CHAMPION_ALIAS)
+        client.get_model_version_by_alias(name, schema.CHAMPION_ALIAS)
     second = version(0.3)
-    assert tracking.promote_best(client, name, second)  # worse than the collapsed one's 0.5, still champion
+    assert registry.promote_best(client, name, second)  # worse than the collapsed one's 0.5, still champion
     third = version(0.9, "valid")
-    assert not tracking.promote_best(client, name, third)
-    assert str(client.get_model_version_by_alias(name, tracking.CHAMPION_ALIAS).version) == second
+    assert not registry.promote_best(client, name, third)
+    assert str(client.get_model_version_by_alias(name, schema.CHAMPION_ALIAS).version) == second
 
 
 def test_each_sites_update_norms_reach_its_child_run(tmp_path, monkeypatch):

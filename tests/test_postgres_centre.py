@@ -21,9 +21,9 @@ import psutil
 import psycopg2
 import pytest
 
+from federated.schema import CHAMPION_ALIAS, registered_model_name
 from pipelines.prefect_env import PROJECT_ROOT
 from pipelines.servers import MLFLOW_SERVER_ENV, free_port, start_server, stop_server
-from pipelines.tracking import CHAMPION_ALIAS, registered_model_name
 
 pytestmark = pytest.mark.slow
 

@@ -114,29 +114,30 @@ def run_centre(root: Path) -> None:
     import torch
 
     import federated.engine
-    from federated.backends import InProcessBackend
+    from federated.backends import InProcessTransport
     from pipelines import flows
 
     traffic: list[tuple[str, torch.Tensor]] = []
 
-    class RecordingBackend(InProcessBackend):
-        """The in-process backend, keeping a copy of every tensor a site hands to it."""
+    class RecordingTransport(InProcessTransport):
+        """The in-process transport, keeping a copy of every tensor a site hands to it."""
 
-        def mean_(self, per_site, weights):
+        def mean_(self, per_site, weights, robust=None, names=()):
             traffic.extend(("mean", t.detach().cpu().clone()) for tensors in per_site for t in tensors)
-            super().mean_(per_site, weights)
+            super().mean_(per_site, weights, robust, names)
 
         def gather(self, per_site):
             traffic.extend(("gather", t.detach().cpu().clone()) for t in per_site)
             return super().gather(per_site)
 
-    federated.engine.InProcessBackend = RecordingBackend
+    federated.engine.InProcessTransport = RecordingTransport
     config = {"algorithm": "codasca", "params": {"T0": 2}, "network": "small_resnet", "rounds": 2,
               "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False}
     flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary")
     flows.evaluate(str(root / "federation.yaml"), str(root / "shards"))
     # The champion scored at the sites as an NVIDIA FLARE job: what the server receives is scanned below.
-    flows.evaluate(str(root / "federation.yaml"), str(root / "shards"), flare={"env": "sim", "workspace": str(root / "flare")})
+    flows.evaluate(str(root / "federation.yaml"), str(root / "shards"),
+                   launcher={"kind": "flare", "env": "sim", "workspace": str(root / "flare")})
     torch.save(traffic, root / "backend-traffic.pt")
 
 
@@ -152,7 +153,7 @@ def run_flare(root: Path) -> None:
     config = {"algorithm": "codasca", "params": {"T0": 2}, "network": "small_resnet", "rounds": 2,
               "local_steps": 2, "batch_size": 8, "lr": 0.05, "eval_every": 1, "progress": False, "timeout_s": 120}
     flows.train_federated(str(root / "federation.yaml"), str(root / "shards"), config, "canary-flare",
-                          flare={"env": "poc", "workspace": str(root / "flare")})
+                          launcher={"kind": "flare", "env": "poc", "workspace": str(root / "flare")})
 
 
 def run_role(role: str, root: Path, centre: Path) -> subprocess.CompletedProcess:

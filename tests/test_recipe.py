@@ -52,9 +52,7 @@ def test_warmup_callbacks_see_the_numbering_of_the_whole_run():
     assert seen == [2, 4, 6]
 
 
-@pytest.mark.parametrize("kw", [dict(warmup_rounds=5), dict(warmup_rounds=1, checkpoint_dir="ckpt"),
-                                dict(warmup_rounds=1, backend="distributed", sites=[
-                                    {"kind": "synthetic", "n_train": 8}, {"kind": "synthetic", "n_train": 8}])])
+@pytest.mark.parametrize("kw", [dict(warmup_rounds=5), dict(warmup_rounds=1, checkpoint_dir="ckpt")])
 def test_warmup_is_refused_where_it_cannot_run(kw):
     with pytest.raises(ValueError, match="warmup_rounds"):
         _config(**kw)

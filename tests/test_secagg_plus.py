@@ -14,13 +14,13 @@ import torch
 from scipy import stats
 
 from federated import SyntheticSite, TrainConfig, train
-from federated.backends import InProcessBackend
+from federated.backends import InProcessTransport
 from federated.secagg_graph import cut_probability, degree, neighbours, ring_order
-from federated.secure_aggregation import SecureBackend, rounding_bound
+from federated.secure_aggregation import SecureTransport, rounding_bound
 
 
-class ObservedBackend(InProcessBackend):
-    """The in-process backend, keeping what each site handed to the ring sum: the combiner's view."""
+class ObservedTransport(InProcessTransport):
+    """The in-process transport, keeping what each site handed to the ring sum: the combiner's view."""
 
     def __init__(self, num_sites: int):
         super().__init__(num_sites)
@@ -32,8 +32,8 @@ class ObservedBackend(InProcessBackend):
 
 
 def _secure(K: int, k: int | None):
-    inner = ObservedBackend(K)
-    return SecureBackend(inner, [f"hosp-{i}" for i in range(K)], k), inner
+    inner = ObservedTransport(K)
+    return SecureTransport(inner, [f"hosp-{i}" for i in range(K)], k), inner
 
 
 def _as_unit(v: torch.Tensor) -> np.ndarray:

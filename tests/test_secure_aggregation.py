@@ -14,19 +14,19 @@ from scipy import stats
 
 import federated
 from federated import SyntheticSite, TrainConfig
-from federated.backends import InProcessBackend
+from federated.backends import InProcessTransport
 from federated.engine import Engine
 from federated.secure_aggregation import (
     FRACTION_BITS,
     SecureAggregationError,
-    SecureBackend,
+    SecureTransport,
     rounding_bound,
     value_limit,
 )
 
 
-class ObservedBackend(InProcessBackend):
-    """The in-process backend, keeping what each site handed to the ring sum: the combiner's view."""
+class ObservedTransport(InProcessTransport):
+    """The in-process transport, keeping what each site handed to the ring sum: the combiner's view."""
 
     def __init__(self, num_sites: int):
         super().__init__(num_sites)
@@ -38,8 +38,8 @@ class ObservedBackend(InProcessBackend):
 
 
 def _secure(K: int):
-    inner = ObservedBackend(K)
-    return SecureBackend(inner, [f"hosp-{k}" for k in range(K)]), inner
+    inner = ObservedTransport(K)
+    return SecureTransport(inner, [f"hosp-{k}" for k in range(K)]), inner
 
 
 def _as_unit(v: torch.Tensor) -> np.ndarray:
@@ -101,7 +101,7 @@ def test_the_decoded_sum_is_the_plain_sum_within_the_stated_bound():
     half_ulp = torch.finfo(torch.float32).eps / 2 * exact.abs()
     assert bool(((masked[0][0].double() - exact).abs() <= rounding_bound(K, magnitudes) + half_ulp * 1.001).all())
     plain = [[m.clone()] for m in model]
-    InProcessBackend(K).mean_(plain, [1 / K] * K)
+    InProcessTransport(K).mean_(plain, [1 / K] * K)
     assert bool(((plain[0][0].double() - exact).abs() <= K * torch.finfo(torch.float32).eps * magnitudes).all())
 
 

@@ -14,7 +14,8 @@ import torch
 from mlflow import MlflowClient
 from sklearn.metrics import roc_auc_score
 
-from pipelines import runs, tracking
+from federated import schema
+from pipelines import compare, plots, registry, runs, tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,11 +47,11 @@ def test_champion_moves_only_to_a_better_model(store):
     # only because there is none; any defined score then replaces it, and NaN never wins again.
     for seed, metric in [(0, float("nan")), (1, 0.71), (2, 0.69), (3, float("nan")), (4, 0.75)]:
         with mlflow.start_run(experiment_id=experiment):
-            versions.append(tracking.register_model(_trained_like_model(seed), "chest-xray", example, metric))
+            versions.append(registry.register_model(_trained_like_model(seed), "chest-xray", example, metric))
     assert versions == [("1", True), ("2", True), ("3", False), ("4", False), ("5", True)]
     champion = MlflowClient().get_model_version_by_alias("fedauc-chest-xray", "champion")
     assert str(champion.version) == "5"
-    assert float(champion.tags[tracking.SELECTION_METRIC_TAG]) == 0.75
+    assert float(champion.tags[schema.SELECTION_METRIC_TAG]) == 0.75
 
 
 def _python(script: str, *args: str, timeout: float = 300) -> subprocess.Popen:
@@ -64,7 +65,7 @@ RACER = """
     import json, sys, time
     from pathlib import Path
     from mlflow import MlflowClient
-    from pipelines import tracking
+    from pipelines import registry, tracking
     tracking.configure()
     gate, racers, me, version, races = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     won = []
@@ -72,7 +73,7 @@ RACER = """
         (gate / f"{race}-{me}").touch()
         while len(list(gate.glob(f"{race}-*"))) < racers:
             time.sleep(0.001)
-        won.append(tracking.promote_best(MlflowClient(), f"race-{race}", version))
+        won.append(registry.promote_best(MlflowClient(), f"race-{race}", version))
     print(json.dumps(won))
 """
 
@@ -86,8 +87,8 @@ def test_racing_promotions_have_one_winner(store, tmp_path):
         client.create_registered_model(f"race-{race}")
         for version, metric in metrics.items():
             assert client.create_model_version(f"race-{race}", source=(tmp_path / "model").as_uri()).version == int(version)
-            client.set_model_version_tag(f"race-{race}", version, tracking.SELECTION_METRIC_TAG, repr(metric))
-        client.set_registered_model_alias(f"race-{race}", tracking.CHAMPION_ALIAS, "1")
+            client.set_model_version_tag(f"race-{race}", version, schema.SELECTION_METRIC_TAG, repr(metric))
+        client.set_registered_model_alias(f"race-{race}", schema.CHAMPION_ALIAS, "1")
     gate = tmp_path / "gate"
     gate.mkdir()
     racers = {version: _python(RACER, str(gate), "3", f"racer{version}", version, str(races)) for version in "234"}
@@ -98,7 +99,7 @@ def test_racing_promotions_have_one_winner(store, tmp_path):
         won[version] = json.loads(out)
     assert won == {"2": [False] * races, "3": [True] * races, "4": [False] * races}
     for race in range(races):
-        assert str(client.get_model_version_by_alias(f"race-{race}", tracking.CHAMPION_ALIAS).version) == "3"
+        assert str(client.get_model_version_by_alias(f"race-{race}", schema.CHAMPION_ALIAS).version) == "3"
 
 
 def test_runs_of_a_killed_training_are_closed_as_killed_on_the_next_start(store):
@@ -122,11 +123,11 @@ def test_runs_of_a_killed_training_are_closed_as_killed_on_the_next_start(store)
     assert len(orphans) == 3 and {status(r) for r in orphans} == {"RUNNING"}
     owner = tracking.owner_tags()
     alive = client.create_run(experiment, tags=owner).info.run_id  # this process: still working
-    elsewhere = client.create_run(experiment, tags={**owner, tracking.OWNER_HOST_TAG: "another-host"}).info.run_id
-    reused_pid = client.create_run(experiment, tags={**owner, tracking.OWNER_STARTED_TAG: "1.0"}).info.run_id
+    elsewhere = client.create_run(experiment, tags={**owner, schema.OWNER_HOST_TAG: "another-host"}).info.run_id
+    reused_pid = client.create_run(experiment, tags={**owner, schema.OWNER_STARTED_TAG: "1.0"}).info.run_id
     with runs.training_runs(experiment, "next", "tiny", ["alpha"]) as (parent, _):
         assert {status(r) for r in [*orphans, reused_pid]} == {"KILLED"}
-        assert "ended without closing the run" in client.get_run(orphans[0]).data.tags[tracking.END_REASON_TAG]
+        assert "ended without closing the run" in client.get_run(orphans[0]).data.tags[schema.END_REASON_TAG]
         assert status(alive) == status(elsewhere) == "RUNNING"
     assert status(parent.info.run_id) == "FINISHED"
 
@@ -144,7 +145,7 @@ def test_registered_model_reproduces_eval_mode_outputs(store):
     model = _trained_like_model(0)
     batch = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
     with mlflow.start_run(experiment_id=tracking.experiment_id("melanoma")):
-        tracking.register_model(model, "melanoma", batch[:2], 0.8)
+        registry.register_model(model, "melanoma", batch[:2], 0.8)
     loaded = mlflow.pytorch.load_model("models:/fedauc-melanoma@champion")
     with torch.no_grad():
         expected = model.eval()(torch.from_numpy(batch))
@@ -153,7 +154,7 @@ def test_registered_model_reproduces_eval_mode_outputs(store):
 
 def test_register_rejects_single_row_example(store):
     with pytest.raises(ValueError, match="at least 2 rows"):
-        tracking.register_model(_trained_like_model(0), "melanoma", np.zeros((1, 4), np.float32), 0.5)
+        registry.register_model(_trained_like_model(0), "melanoma", np.zeros((1, 4), np.float32), 0.5)
 
 
 def test_roc_figure_from_histograms_matches_sklearn_within_its_bound_and_reports_undefined():
@@ -166,7 +167,7 @@ def test_roc_figure_from_histograms_matches_sklearn_within_its_bound_and_reports
     y_true[:10, 0] = np.nan  # missing labels are left out
     y_score = np.clip(y_true * 0.3 + rng.random((200, 4)) * 0.7, 0, 1)
     histograms = np.stack([np.stack(score_histograms(y_true[:, c], y_score[:, c], 1000)) for c in range(4)])
-    fig = tracking.roc_figure(histograms, ("A", "B", "C", "D"), "test")
+    fig = plots.roc_figure(histograms, ("A", "B", "C", "D"), "test")
     labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
     keep = ~np.isnan(y_true[:, 0])
     for label, exact in ((labels[0], roc_auc_score(y_true[keep, 0], y_score[keep, 0])),
@@ -181,4 +182,4 @@ def test_roc_figure_from_histograms_matches_sklearn_within_its_bound_and_reports
 
 def test_compare_runs_unknown_experiment_names_it(store):
     with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
-        tracking.compare_runs("nope")
+        compare.compare_runs("nope")

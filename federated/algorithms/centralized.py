@@ -44,5 +44,5 @@ def centralize(config: TrainConfig) -> TrainConfig:
         if present:
             splits[split] = (_concat([p.images for p in present]), np.concatenate([p.labels for p in present]))
     site = TensorSite(name="centralized", diseases=datas[0].diseases, **splits)
-    return config.model_copy(update={"algorithm": "centralized", "sites": [site], "backend": "inprocess",
+    return config.model_copy(update={"algorithm": "centralized", "sites": [site],
                                      "batch_size": config.batch_size * len(datas)})

@@ -1,6 +1,6 @@
 """The site's half of a collective: one call to the server's published ``collective`` per mean, gather,
 barrier, ring sum or key exchange, carrying exactly the tensors the engine hands over (flattened per dtype
-group, as every backend does) and returning the combined result. One serialisation each way per collective.
+group, as every transport does) and returning the combined result. One serialisation each way per collective.
 With secure aggregation the server receives only masked ring elements (``ring_sum``) and signed public keys
 (``exchange_public_keys``, federated/flare/keys.py)."""
 
@@ -17,11 +17,9 @@ from federated.flare.keys import SiteKeys
 CollectiveCall = Callable[[int, str, int, object], object]
 
 
-class FlareBackend:
-    """Site ``site`` of ``num_sites``, its collectives made through ``call``; ``keys`` signs and checks
-    secure aggregation's public keys."""
-
-    name = "flare"
+class FlareTransport:
+    """Site ``site`` of ``num_sites``, its collectives made through ``call`` (the engine's transport at a
+    hospital, federated/transport.py); ``keys`` signs and checks secure aggregation's public keys."""
 
     def __init__(self, num_sites: int, site: int, call: CollectiveCall, device: torch.device,
                  keys: SiteKeys | None = None):
@@ -42,7 +40,8 @@ class FlareBackend:
         except Exception as err:  # the transport's own error types (CollabCallError, timeouts)
             raise SiteFailure(f"site {self.site}: {what} failed: {err}") from err
 
-    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None) -> None:
+    def mean_(self, per_site: list[list[torch.Tensor]], weights: Sequence[float], robust=None,
+              names: Sequence[str] = ()) -> None:
         (tensors,) = per_site
         if not tensors:
             return
@@ -71,3 +70,6 @@ class FlareBackend:
 
     def barrier(self) -> None:
         self._collective("barrier", None)
+
+    def close(self) -> None:
+        """Nothing to release: NVIDIA FLARE's client owns the connection."""

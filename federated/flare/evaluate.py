@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from federated.data import load_shard
-from federated.flare.job import check_flare_env, result_folder, submit_in_env
+from federated.flare.environments import check_flare_env
+from federated.flare.job import result_folder, submit_in_env
 from federated.flare.server import FAILURE_MARK, result_dir
 from federated.flare.site_failure import FAILED
 from federated.flare.spec import EvaluationRequest, FlareJob

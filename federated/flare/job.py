@@ -22,15 +22,15 @@ import torch
 
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
+from federated.flare.environments import check_flare_algorithm, check_flare_env
 from federated.flare.feed import LiveFeed, admin_reader, local_reader, progress_printer
 from federated.flare.installed import InstalledRecipe, allow_components
 from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
 from federated.flare.spec import FlareJob
 from federated.flare.version import code_version
 from federated.health import as_diverged, warn_outliers
-from federated.registry import get_algorithm
 from federated.sites import check_site_reports, site_names
-from preprocessing.errors import ConfigError, FedaucError
+from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
 
 T = TypeVar("T")
@@ -235,37 +235,6 @@ def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_f
         raise FlareJobFailed(f"the NVFlare job {run.get_job_id()} failed: {reason}",
                              fix=f"the server's log of the job is under {folder}")
     return Path(folder)
-
-
-# The NVFlare environments a training can run in (``fedauc train --flare-env``): the simulator, a provisioned
-# consortium started on this machine for the job, a running consortium reached with an admin's kit.
-FLARE_ENVS = ("sim", "poc", "prod")
-
-
-def check_flare_env(env: str, kit: str | Path | None) -> Path | None:
-    """The admin kit ``prod`` submits with (None for the others); raises on a combination that cannot run."""
-    if env not in FLARE_ENVS:
-        raise ConfigError(f"NVFlare environment {env!r} is not available (available: {', '.join(FLARE_ENVS)})",
-                          fix="train with --flare-env sim, poc or prod")
-    if (kit is not None) != (env == "prod"):
-        raise ConfigError("--kit (the admin's startup kit) goes with --flare-env prod, and only with it",
-                          fix="--flare-env prod --kit <the admin kit from `fedauc consortium provision`>")
-    if kit is None:
-        return None
-    admin = Path(kit).resolve()
-    if not (admin / "startup" / "fed_admin.json").is_file():
-        raise ConfigError(f"{admin}: not an admin's startup kit (no startup/fed_admin.json)",
-                          fix="pass the admin@... folder that `fedauc consortium provision` wrote")
-    return admin
-
-
-def check_flare_algorithm(algorithm: str) -> None:
-    """Refuse an algorithm that pools the sites' data: over NVIDIA FLARE the data stays at the hospitals."""
-    if get_algorithm(algorithm).pools_sites:
-        raise ConfigError(f"algorithm {algorithm!r} pools every site's data at one place, which moves patient data "
-                          "out of the hospitals: it does not run over NVIDIA FLARE",
-                          fix="train it in-process on data you may pool (--backend inprocess), or choose a federated "
-                              "algorithm")
 
 
 def submit_in_env(env: str, federation: Federation, shards_root: Path | None, workspace: Path, admin: Path | None,

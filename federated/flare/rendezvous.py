@@ -102,8 +102,8 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
     return [weighted_sum([p["flats"][g] for p in payloads], weights) for g in range(len(payloads[0]["flats"]))]
 
 
-# How the server combines each kind of collective (FlareBackend's payloads), in site order; "inputs": every
-# site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareBackend numbers from 1).
+# How the server combines each kind of collective (FlareTransport's payloads), in site order; "inputs": every
+# site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareTransport numbers from 1).
 # Secure aggregation: "keys" hands every site's signed public key to every site (each checks them all),
 # "ring_sum" adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
 # "resume": every site's committed checkpoint rounds, before the model inputs (federated/flare/resume.py).

@@ -20,7 +20,7 @@ from federated.flare.spec import FlareJob
 from preprocessing.errors import DataError
 
 CHECKPOINTS = "fedauc_checkpoints"
-RESUME_SEQ = -1  # the one collective before the engine's (FlareBackend numbers from 1, the model inputs at 0)
+RESUME_SEQ = -1  # the one collective before the engine's (FlareTransport numbers from 1, the model inputs at 0)
 
 
 def site_checkpoint_dir(job: FlareJob, site: str, workspace_root: Path) -> Path | None:

@@ -1,6 +1,6 @@
 """The server's half of the NVFlare job: start every site's engine, serve their collectives, keep the result.
 
-``run`` (``@collab.main``) calls every site's ``train`` once; while the sites train, their backends call
+``run`` (``@collab.main``) calls every site's ``train`` once; while the sites train, their transports call
 ``collective`` here, which returns only when all K sites have contributed (``Rendezvous``). The server
 holds no model of its own and sees what the sites' engines declared for communication. Site 0's final
 model, history and summed test histograms, and every site's report on its data (hash, QC summary, model

@@ -1,8 +1,8 @@
 """The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site; ``evaluate`` scores
 the models an evaluation job sends (federated/flare/evaluate.py). Both start with ``prelude``.
 
-The engine is the one every backend runs (federated/engine.py); its collectives go to the server through
-:class:`FlareBackend`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
+The engine is the one every transport runs (federated/engine.py); its collectives go to the server through
+:class:`FlareTransport`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
 lives in this call's engine; only the tensors a collective carries, every site's report on its data
 (``federated.sites.site_report``: shard hash, QC summary as its sharing policy allows, model input) and,
 from site 0, the final global model, the round history (bytes, losses, metrics: what the in-process run
@@ -18,7 +18,7 @@ import torch
 from nvflare.collab import collab
 
 from federated.engine import Engine
-from federated.flare.backend import FlareBackend
+from federated.flare.backend import FlareTransport
 from federated.flare.evaluate import score_here
 from federated.flare.heartbeat import Heartbeat
 from federated.flare.keys import SiteKeys, load_identity
@@ -79,8 +79,8 @@ def _train(job: dict) -> dict:
         if ckpt_dir is not None and config.resume:
             agree_on_round(server.collective, site, spec.sites, ckpt_dir)
         keys = SiteKeys(load_identity(collab.workspace.get_startup_kit_dir()), collab.fl_ctx.get_job_id(), spec.sites)
-        engine = Engine(config, backend=FlareBackend(len(spec.sites), site, server.collective, training_device(config),
-                                                     keys), own_checkpoints=True)
+        transport = FlareTransport(len(spec.sites), site, server.collective, training_device(config), keys)
+        engine = Engine(config, transport=transport, own_checkpoints=True)
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}

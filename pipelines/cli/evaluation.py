@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from pipelines.cli.application import flows
-from pipelines.cli.training import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend
+from pipelines.cli.training import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend, launcher_from_options
 
 
 def evaluate_command(
@@ -17,8 +17,8 @@ def evaluate_command(
     model_version: list[str] = typer.Option([], "--model-version", help="A registered version of fedauc-<task>; "
                                             "repeat it to compare several on the same data (default: the champion)."),
     backend: TrainBackend = typer.Option("inprocess", "--backend",
-                                         help="inprocess: every site's shards are here and scored in this process; "
-                                              "flare: an NVIDIA FLARE job scores them at the sites."),
+                                         help="inprocess or torchrun: every site's shards are here and scored in "
+                                              "this process; flare: an NVIDIA FLARE job scores them at the sites."),
     flare_env: FlareEnv = FLARE_ENV,
     flare_workspace: str = FLARE_WORKSPACE,
     kit: str = ADMIN_KIT,
@@ -31,14 +31,10 @@ def evaluate_command(
     from pipelines.evaluations import comparison_rows, metrics_rows
     from pipelines.tables import markdown_table
 
-    flare = None
-    if backend is TrainBackend.flare:
-        from federated.flare.job import check_flare_env
-
-        check_flare_env(flare_env.value, kit)
-        flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
-    _, shards_root = check_evaluation(federation, shards, None if flare is None else flare["env"])
-    results = flows().evaluate(federation, None if shards_root is None else str(shards_root), model_version, flare)
+    launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
+    _, shards_root = check_evaluation(federation, shards, launcher)
+    results = flows().evaluate(federation, None if shards_root is None else str(shards_root), model_version,
+                               launcher.model_dump(mode="json"))
     typer.echo(markdown_table(pd.DataFrame(comparison_rows(results))))
     if len(results) == 1:
         typer.echo("")

@@ -7,24 +7,31 @@ from enum import Enum
 
 import typer
 
+from federated.aggregation import RULES
+from federated.flare.environments import FLARE_ENVS
+from federated.launch import LAUNCHERS, Launcher
 from pipelines.cli.application import flows
+from preprocessing.errors import ConfigError
+
+# The command line's choices, derived from the one definition of each (federated/launch.py LAUNCHERS,
+# federated/aggregation.py RULES, federated/flare/environments.py FLARE_ENVS).
+TrainBackend = Enum("TrainBackend", {kind: kind for kind in LAUNCHERS}, type=str)
+Aggregation = Enum("Aggregation", {rule: rule for rule in RULES}, type=str)
+FlareEnv = Enum("FlareEnv", {env: env for env in FLARE_ENVS}, type=str)
 
 
-class TrainBackend(str, Enum):
-    inprocess = "inprocess"
-    flare = "flare"
+def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_workspace: str, kit: str | None) -> Launcher:
+    """The launcher the options name, checked (a wrong combination is one line with its fix)."""
+    from pathlib import Path
 
-
-class Aggregation(str, Enum):  # federated/aggregation.py RULES
-    mean = "mean"
-    trimmed_mean = "trimmed-mean"
-    median = "median"
-
-
-class FlareEnv(str, Enum):  # federated/flare/job.py FLARE_ENVS
-    sim = "sim"
-    poc = "poc"
-    prod = "prod"
+    if backend.value != "flare" and kit is not None:
+        raise ConfigError("--kit (the admin's startup kit) goes with --backend flare --flare-env prod",
+                          fix="leave out --kit, or train over the consortium with --backend flare --flare-env prod")
+    options = ({"env": flare_env.value, "workspace": Path(flare_workspace), "kit": kit and Path(kit)}
+               if backend.value == "flare" else {})
+    chosen = LAUNCHERS[backend.value](**options)
+    chosen.check()
+    return chosen
 
 
 # Where a FLARE job runs, shared by `fedauc train` and `fedauc evaluate` so that both say it alike.
@@ -58,12 +65,13 @@ def train_command(
                                             "beside the MLflow store; with --flare-env prod, at each hospital)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
     backend: TrainBackend = typer.Option("inprocess", "--backend",
-                                help="inprocess: every site in this process; flare: an NVIDIA FLARE job."),
+                                         help="inprocess: every site in this process; torchrun: one process per "
+                                              "site here (torch.distributed); flare: an NVIDIA FLARE job."),
     flare_env: FlareEnv = FLARE_ENV,
     flare_workspace: str = FLARE_WORKSPACE,
     kit: str = ADMIN_KIT,
     site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
-                                       help="With --backend flare: seconds the sites wait for a silent site at a "
+                                       help="With --backend torchrun or flare: seconds the sites wait for a silent site at a "
                                             "communication before the job fails naming it."),
     secure_aggregation: bool = typer.Option(
         False, "--secure-aggregation",
@@ -95,30 +103,21 @@ def train_command(
         except json.JSONDecodeError:
             params[name] = value
     run_name = run_name or f"{algorithm}-I{local_steps}"
+    launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
     if checkpoint_dir is None:
-        # A running consortium's hospitals checkpoint on their own machines: a path relative to where each
-        # site's client runs, not this machine's folders.
-        hospitals = backend is TrainBackend.flare and flare_env is FlareEnv.prod
-        checkpoint_dir = f"checkpoints/{run_name}" if hospitals else str(run_outputs_dir() / "checkpoints" / run_name)
+        checkpoint_dir = launcher.checkpoint_dir(run_name, run_outputs_dir())
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir, "resume": resume,
               "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value,
               "secure_neighbours": "secagg+" if secagg_plus else "all"}
-    if backend is TrainBackend.flare:
+    if backend.value != "inprocess":
         config["timeout_s"] = site_timeout
     from pipelines.checks import check_training
 
-    flare = None
-    if backend is TrainBackend.flare:
-        from federated.flare.job import check_flare_algorithm, check_flare_env
-
-        check_flare_env(flare_env.value, kit)
-        check_flare_algorithm(algorithm)
-        flare = {"env": flare_env.value, "workspace": flare_workspace, "kit": kit}
-    # A running consortium's sites read their own shards at the hospitals: none are needed here.
-    _, shards_root = check_training(federation, shards, config, local_sites=flare is None or flare["env"] != "prod")
-    summary = flows().train_federated(federation, str(shards_root), config, run_name, flare)
+    _, shards_root = check_training(federation, shards, config, launcher)
+    summary = flows().train_federated(federation, str(shards_root), config, run_name,
+                                      launcher.model_dump(mode="json"))
     typer.echo(json.dumps(summary, indent=2))
 
 
@@ -134,8 +133,9 @@ def compare_command(
     AUC [95 % interval] / pAUC, MB sent, minutes. Unfinished runs are hidden unless --all."""
     from rich.console import Console
 
+    from pipelines.compare import compare_runs
     from pipelines.tables import fold_intervals, rich_table, write_table
-    from pipelines.tracking import compare_runs, configure
+    from pipelines.tracking import configure
 
     configure()
     try:

@@ -1,0 +1,223 @@
+"""Where a training or an evaluation runs: the ``Launcher``.
+
+One value says it, built once by the command line, a Prefect flow's parameters or a deployment, and passed
+down; nothing downstream branches on where the sites are. A launcher owns what differs between places:
+
+- ``reads_shards_here``: whether this machine holds the sites' shards (in-process, torchrun, and NVIDIA
+  FLARE's ``sim`` and ``poc``, which run every site here) or each hospital reads its own (FLARE ``prod``:
+  nothing here opens or even locates a shard);
+- ``pools(algorithm)``: whether an algorithm that pools every site's data (``centralized``) trains as one
+  site here, and ``check_algorithm`` refuses it where pooling would move patient data;
+- ``train(config, federation, shards_root, callbacks, name)``: the training, its records to ``callbacks`` as rounds end,
+  and every site's report on its data (``federated.sites.site_report``), checked against the federation
+  (``check_site_reports``) whichever launcher ran it;
+- ``score(models, states, federation, shards_root, bins, min_count)``: registered models scored by every site
+  on its own valid and test splits (``federated.scoring.score_site``), per site its summaries and shard hash;
+- ``checkpoint_dir(run_name, outputs)``: where the sites checkpoint (this machine's run folder, or a folder
+  relative to each hospital's own working directory);
+- ``params()``: what MLflow records about the place (``backend``, and FLARE's environment).
+
+``LAUNCHERS`` lists the kinds; the command line's ``--backend`` choices are its keys. Adding a launcher:
+README.md "Adding a launcher or a transport".
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from federated.config import ShardSite, TrainConfig
+from federated.data import load_shard
+from federated.engine import RoundCallback, TrainResult
+from federated.flare.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
+from federated.registry import get_algorithm
+from federated.scoring import ModelToScore, Summary, score_site
+from federated.sites import check_site_reports, site_report, site_shard_dirs
+from preprocessing.errors import FedaucError
+from preprocessing.federation import Federation
+from preprocessing.shard_format import shard_content_hash
+
+
+@dataclass
+class Trained:
+    """A finished training and every site's report on its data, in the federation's order."""
+
+    result: TrainResult
+    site_reports: list[dict]
+    pooled: bool  # one site held every site's data (its records are the federation's, not a site's)
+
+
+Scores = tuple[list[list[Summary]], dict[str, str]]  # per site (federation order) one summary per model; hashes
+
+
+class _Launcher(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    reads_shards_here: ClassVar[bool] = True
+
+    def pools(self, algorithm: str) -> bool:
+        return False
+
+    def check(self) -> None:
+        """Raise (a ``ConfigError`` saying the fix) where this launcher cannot run as set."""
+
+    def check_algorithm(self, algorithm: str) -> None:
+        """Raise where ``algorithm`` cannot run here."""
+
+    def checkpoint_dir(self, run_name: str, outputs: Path) -> str:
+        return str(Path(outputs) / "checkpoints" / run_name)
+
+    def params(self) -> dict[str, str]:
+        return {"backend": self.kind}
+
+    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
+              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
+        result = self._train(config, callbacks, name)
+        return Trained(result, _local_reports(federation, config, result), pooled=False)
+
+    def _train(self, config: TrainConfig, callbacks: Sequence[RoundCallback], name: str) -> TrainResult:
+        raise NotImplementedError
+
+    def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
+              shards_root: Path | None, bins: int, min_count: int) -> Scores:
+        """Every site's shards are here: each scored in this process, as each site would score its own."""
+        dirs = site_shard_dirs(federation, Path(shards_root))
+        per_site = [score_site(site.name, models, states, load_shard(d), bins, min_count, torch.device("cpu"))
+                    for site, d in zip(federation.sites, dirs)]
+        return per_site, {site.name: shard_content_hash(d) for site, d in zip(federation.sites, dirs)}
+
+
+class InProcess(_Launcher):
+    """Every site in this process (``federated.train``); the research default and the demo's."""
+
+    kind: Literal["inprocess"] = "inprocess"
+
+    def pools(self, algorithm: str) -> bool:
+        return get_algorithm(algorithm).pools_sites
+
+    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
+              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
+        from federated import train
+        from federated.algorithms.centralized import centralize
+
+        pooled = self.pools(config.algorithm)
+        result = train(centralize(config) if pooled else config, callbacks)
+        return Trained(result, _local_reports(federation, config, result), pooled)
+
+
+class Torchrun(_Launcher):
+    """One process per site on this machine under ``torchrun`` (``python -m federated.distributed``): gloo on
+    CPU, NCCL on GPU, one site per GPU. The records reach ``callbacks`` when the job ends."""
+
+    kind: Literal["torchrun"] = "torchrun"
+
+    def _train(self, config: TrainConfig, callbacks: Sequence[RoundCallback], name: str) -> TrainResult:
+        with tempfile.TemporaryDirectory(prefix=f"fedauc-{name}-") as folder:
+            cfg_path, out = Path(folder) / "config.json", Path(folder) / "result.pt"
+            cfg_path.write_text(config.model_dump_json())
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            # Every site process with this process's thread count, as NVIDIA FLARE's simulator runs them: the
+            # same reductions in the same order, so the same model as in-process.
+            env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                   str(len(config.sites)), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                   "-m", "federated.distributed", str(cfg_path), "--out", str(out)],
+                                  capture_output=True, text=True, env=env)
+            if done.returncode != 0 or not out.is_file():
+                lines = [line for line in done.stderr.splitlines() if "fedauc distributed:" in line]
+                raise TorchrunFailed(f"the torchrun training failed (exit {done.returncode}): "
+                                     f"{lines[0] if lines else done.stderr.strip()[-500:]}",
+                                     fix="its message names the site and the collective; rerun with --backend "
+                                         "inprocess to see the same error in one process")
+            saved = torch.load(out, map_location="cpu", weights_only=True)
+        for record in saved["history"]:
+            for callback in callbacks:
+                callback(record)
+        return TrainResult(saved["global_state"], saved["history"], config, tuple(saved["input_shape"]),
+                           saved["num_classes"])
+
+
+class TorchrunFailed(FedaucError, RuntimeError):
+    """A site process of a torchrun training failed (its message names the site and the collective)."""
+
+
+class Flare(_Launcher):
+    """An NVIDIA FLARE job (federated/flare/job.py): ``env`` ``sim`` (its simulator, every site a process
+    here), ``poc`` (a consortium provisioned and started here for the job) or ``prod`` (the running
+    consortium reached with the admin's startup kit ``kit``; each hospital reads its own shards).
+    ``workspace``: the job's folder here (its logs)."""
+
+    kind: Literal["flare"] = "flare"
+    env: Literal[FLARE_ENVS] = "sim"
+    workspace: Path = Path("flare_workspace")
+    kit: Path | None = None
+
+    def check(self) -> None:
+        check_flare_env(self.env, self.kit)
+
+    @property
+    def reads_shards_here(self) -> bool:  # type: ignore[override]
+        return self.env != "prod"
+
+    def check_algorithm(self, algorithm: str) -> None:
+        check_flare_algorithm(algorithm)
+
+    def checkpoint_dir(self, run_name: str, outputs: Path) -> str:
+        # A running consortium's hospitals checkpoint on their own machines: a path relative to where each
+        # site's client runs, not this machine's folders.
+        return f"checkpoints/{run_name}" if self.env == "prod" else super().checkpoint_dir(run_name, outputs)
+
+    def params(self) -> dict[str, str]:
+        return {"backend": self.kind, "flare_env": self.env}
+
+    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
+              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
+        from federated.flare.job import train_flare
+
+        result = train_flare(config, federation, shards_root if self.reads_shards_here else None, self.env,
+                             self.workspace, self.kit, callbacks, name)
+        return Trained(result, result.site_reports, pooled=False)
+
+    def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
+              shards_root: Path | None, bins: int, min_count: int) -> Scores:
+        from federated.flare.evaluate import evaluate_flare
+
+        return evaluate_flare(models, states, federation, shards_root if self.reads_shards_here else None,
+                              self.env, self.workspace, self.kit, bins, min_count)
+
+
+Launcher = Annotated[InProcess | Torchrun | Flare, Field(discriminator="kind")]
+LAUNCHERS: dict[str, type[_Launcher]] = {cls.model_fields["kind"].default: cls for cls in (InProcess, Torchrun, Flare)}
+_ADAPTER: TypeAdapter = TypeAdapter(Launcher)
+
+
+def launcher(value: Launcher | dict | None) -> Launcher:
+    """A launcher from its JSON form (a Prefect parameter, a deployment's YAML); None: in-process."""
+    if value is None:
+        return InProcess()
+    if isinstance(value, _Launcher):
+        return value
+    return _ADAPTER.validate_python(value)
+
+
+def _local_reports(federation: Federation, config: TrainConfig, result: TrainResult) -> list[dict]:
+    """Every site's report, computed here (its shards are on this machine), checked as FLARE's are."""
+    reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes)
+               for site, spec in zip(federation.sites, config.sites) if isinstance(spec, ShardSite)]
+    check_site_reports(reports, [site.name for site in federation.sites], federation.task,
+                       tuple(federation.sites[0].diseases))
+    return reports
+
+
+__all__ = ["LAUNCHERS", "Flare", "InProcess", "Launcher", "Scores", "Torchrun", "Trained", "launcher"]

@@ -1,0 +1,97 @@
+"""The run schema: what a training reports each round, how its metrics are keyed, and the names MLflow records
+them under. One module, so the engine, the live feed from NVIDIA FLARE, the MLflow loggers, the champion and
+the tables read one definition (pipelines/README.md says which module writes which record).
+
+Metric keys (federated/evaluation.py writes them) are ``<split>/<scope>/<metric>`` with ``scope`` one of
+``pooled``, ``macro_over_sites`` or ``site/<site>``, and ``<metric>`` e.g. ``auc_macro`` or ``auc/<disease>``:
+:class:`MetricKey` parses and formats them, so no caller splits strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypedDict
+
+# --- the round record ------------------------------------------------------------------------------------
+
+
+class RoundRecord(TypedDict, total=False):
+    """One round as the engine reports it to its callbacks (and FLARE's site 0 to the centre, as it ends)."""
+
+    round: int
+    iteration: int
+    bytes_sent: list[int]  # per site, this round (evaluation exchange included)
+    bytes_received: list[int]
+    train_loss: float  # mean over sites of each site's mean local loss
+    seconds: float
+    lr: float
+    site_losses: list[float]  # federated/health.py
+    update_norm: dict[str, list[float]]  # per group, per site
+    update_norm_rel: dict[str, list[float]]
+    outliers: list[dict]
+    loss_reference: list[float]
+    site_compute_s: list[float]  # per site: its local steps' seconds this round (federated/timing.py)
+    site_wait_s: list[float]  # per site: the rest of its round up to the per-site gather
+    slowest: dict  # {"site", "compute_s", "held_up_s"}: the site the round waited for, and how long
+    metrics: dict[str, float]  # on evaluation rounds: keys as MetricKey
+    suppressed: dict  # small-count suppression (federated/evaluation.py)
+
+
+# --- metric keys -----------------------------------------------------------------------------------------
+
+POOLED, MACRO_OVER_SITES, SITE = "pooled", "macro_over_sites", "site"
+SELECTION_METRIC = "valid/pooled/auc_macro"  # what the champion is chosen by
+HEADLINE_METRIC = "test/pooled/auc_macro"  # what a training's summary leads with
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    split: str  # valid | test
+    scope: str  # pooled | macro_over_sites | site
+    metric: str  # auc_macro, auc/<disease>, pauc_fpr0.3_mcclish/<disease>, ...
+    site: str | None = None  # with scope "site": the site's name (or index in an engine's record)
+
+    @classmethod
+    def parse(cls, key: str) -> MetricKey:
+        split, scope, rest = key.split("/", 2)
+        if scope == SITE:
+            site, metric = rest.split("/", 1)
+            return cls(split, scope, metric, site)
+        return cls(split, scope, rest)
+
+    @property
+    def scope_name(self) -> str:
+        """``pooled``, ``macro_over_sites`` or ``site/<site>``: a table's row label."""
+        return f"{SITE}/{self.site}" if self.scope == SITE else self.scope
+
+    def __str__(self) -> str:
+        return f"{self.split}/{self.scope_name}/{self.metric}"
+
+
+# --- MLflow tags -----------------------------------------------------------------------------------------
+
+ROLE_TAG = "fedauc_role"  # what a run is:
+TRAINING_ROLE, SITE_ROLE, EVALUATION_ROLE, SCORING_ROLE = "federated-training", "site", "evaluation", "scoring"
+FEDERATION_TAG, SITE_TAG, PURPOSE_TAG = "federation", "site", "purpose"
+MODEL_URI_TAG, MODEL_VERSION_TAG = "model_uri", "model_version"
+CHAMPION_ALIAS = "champion"
+# The model-version tag with the pooled valid macro AUC its training measured; written when a version is registered.
+SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
+# A registered version whose scores were constant on a split (a training that ran to the end but learnt
+# nothing): recorded, never champion.
+COLLAPSED_TAG = "collapsed"
+# What that was measured on: the fingerprint of the sites and their shards (pipelines.evaluations.fingerprint).
+SELECTION_EVALUATION_TAG = "selection_evaluation"
+# "pooled_valid_macro_auc.<fingerprint>": a version's pooled valid macro AUC on that evaluation, what the champion
+# comparison reads: its training's own, or a champion's re-evaluation on another federation's sites.
+SCORE_TAG_PREFIX = SELECTION_METRIC_TAG + "."
+# The process that owns a run: host name, pid and the process's start time (a pid alone can be reused).
+OWNER_HOST_TAG, OWNER_PID_TAG, OWNER_STARTED_TAG = "fedauc.owner.host", "fedauc.owner.pid", "fedauc.owner.started"
+END_REASON_TAG = "fedauc.end_reason"
+FAILURE_TAG = "failure_reason"  # why a training failed: its error (site, round, what, fix)
+FAILED_SITE_TAG = "fedauc.failed_site"
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI
+
+
+def registered_model_name(task: str) -> str:
+    return f"fedauc-{task}"

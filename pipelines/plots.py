@@ -1,0 +1,33 @@
+"""Plots logged with runs: ROC curves drawn from score histograms (no per-image score needed)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+# histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
+from models.metrics import histogram_auc, histogram_roc
+
+
+def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
+    """One ROC curve per disease from score histograms (C, 2, B: positives, negatives; e.g. summed over sites
+    by site-local evaluation), no per-image score needed; the legend gives the histogram AUC and its bound,
+    undefined diseases are listed with the reason."""
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for column, disease in enumerate(diseases):
+        positives, negatives = histograms[column]
+        area = histogram_auc(positives, negatives)
+        if np.isnan(area.value):
+            ax.plot([], [], " ", label=f"{disease}: undefined ({area.value.reason})")
+            continue
+        fpr, tpr = histogram_roc(np.asarray(positives, float), np.asarray(negatives, float))
+        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {float(area.value):.3f} (±{area.bound:.1e})")
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+    ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")
+    ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,141 @@
+"""The model registry: a training's model registered as ``fedauc-<task>``, and the champion alias moved by a
+compare-and-set loop (``promote_best``), so racing trainings cannot both win, and only between versions scored
+on the same evaluation (the same sites with the same shards). Scores are computed before (pipelines/champion.py):
+promotion only compares."""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import numpy as np
+import torch
+from mlflow import MlflowClient
+
+from federated.schema import (
+    CHAMPION_ALIAS,
+    COLLAPSED_TAG,
+    SCORE_TAG_PREFIX,
+    SELECTION_EVALUATION_TAG,
+    SELECTION_METRIC_TAG,
+    registered_model_name,
+)
+
+
+def register_model(
+    model,
+    task: str,
+    input_example: np.ndarray,
+    selection_metric: float,
+    collapsed: list[str] = (),
+    evaluation: str | None = None,
+) -> tuple[str, bool]:
+    """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
+    version with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns
+    (version, promoted). ``collapsed``: the splits on which the model's scores were constant
+    (:func:`collapsed_splits`); such a version is tagged with them and never becomes champion. ``evaluation``:
+    the fingerprint of the sites and shards ``selection_metric`` was measured on; the current champion's score
+    there is recorded before (:func:`record_score`, pipelines/champion.py), so registering only compares.
+
+    ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
+    centre: a synthetic batch of the right shape and dtype, never a patient's images.
+
+    The model is exported in eval mode (torch.export, MLflow's pt2 format) so that BatchNorm uses its running
+    statistics when the registered model is loaded; the example batch has two rows because torch.export
+    freezes a batch dimension of size one.
+    """
+    if input_example.shape[0] < 2:
+        raise ValueError("input_example needs at least 2 rows: torch.export treats a batch of 1 as static")
+    model.eval()
+    name = registered_model_name(task)
+    # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
+    info = mlflow.pytorch.log_model(
+        model, name="model", input_example=input_example, registered_model_name=name, serialization_format="pt2",
+        pip_requirements=requirements,
+    )
+    version = str(info.registered_model_version)
+    client = MlflowClient()
+    client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
+    if collapsed:
+        client.set_model_version_tag(name, version, COLLAPSED_TAG, ",".join(collapsed))
+    if evaluation is not None:
+        client.set_model_version_tag(name, version, SELECTION_EVALUATION_TAG, evaluation)
+        client.set_model_version_tag(name, version, SCORE_TAG_PREFIX + evaluation, repr(float(selection_metric)))
+    return version, promote_best(client, name, version, evaluation)
+
+
+def champion_version(task: str) -> str | None:
+    try:
+        return str(MlflowClient().get_model_version_by_alias(registered_model_name(task), CHAMPION_ALIAS).version)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def score_on(task: str, version: str, evaluation: str) -> float | None:
+    """Version ``version``'s recorded pooled valid macro AUC on ``evaluation`` (None: never scored there)."""
+    tags = MlflowClient().get_model_version(registered_model_name(task), version).tags
+    value = tags.get(SCORE_TAG_PREFIX + evaluation)
+    return None if value is None else float(value)
+
+
+def record_score(task: str, version: str, evaluation: str, score: float) -> None:
+    """Record version ``version``'s pooled valid macro AUC on ``evaluation`` (the champion's re-evaluation)."""
+    MlflowClient().set_model_version_tag(registered_model_name(task), version, SCORE_TAG_PREFIX + evaluation,
+                                         repr(float(score)))
+
+
+def collapsed_splits(metrics: dict[str, float]) -> list[str]:
+    """The splits on which every defined pooled AUC is exactly 0.5: nothing separates positives from negatives,
+    as when a diverged model scores every image the same (a saturated sigmoid)."""
+    out = []
+    for split in ("valid", "test"):
+        aucs = [v for k, v in metrics.items() if k.startswith(f"{split}/pooled/auc/") and not math.isnan(v)]
+        if aucs and all(v == 0.5 for v in aucs):
+            out.append(split)
+    return out
+
+
+def _best_version(client: MlflowClient, name: str, evaluation: str | None = None) -> str | None:
+    """The registered version with the highest selection metric (with ``evaluation``: its score there, among the
+    versions scored on it); an undefined one (NaN, untagged) never beats a defined one, and ties go to the
+    earlier version, so the first model is champion whatever its metric (there is nothing to beat, and
+    evaluation needs a champion) and a later one must score higher. A collapsed version is never a candidate,
+    even the first (None when there is no other)."""
+    key = SELECTION_METRIC_TAG if evaluation is None else SCORE_TAG_PREFIX + evaluation
+
+    def rank(version) -> tuple[bool, float, int]:
+        metric = float(version.tags.get(key, "nan"))
+        return (not math.isnan(metric), -math.inf if math.isnan(metric) else metric, -int(version.version))
+
+    candidates = [v for v in client.search_model_versions(f"name = '{name}'") if COLLAPSED_TAG not in v.tags]
+    scored = [v for v in candidates if evaluation is None or key in v.tags]
+    return str(max(scored or candidates, key=rank).version) if candidates else None
+
+
+def promote_best(client: MlflowClient, name: str, version: str, evaluation: str | None = None) -> bool:
+    """Point the champion alias at the best registered version; True when that is ``version``.
+
+    With ``evaluation`` (the fingerprint of the sites and shards ``version`` was scored on) only versions scored
+    on that same evaluation compete, so a model trained on three sites is never compared with one trained on
+    four by their own federations' numbers. A champion with no score there (a racing training moved the alias
+    to a version nobody scored on these sites) keeps the alias: nothing here scores it.
+
+    A compare-and-set loop, since MLflow has no conditional alias update: read the alias and the best version,
+    set the alias only when they differ, then read again, until they agree. Every version's metric tag is
+    written before its promotion starts, so the last write of any racing promotion is made after the best
+    version's tag is visible, and the alias ends on it: two racing trainings cannot both win, and the worse one
+    cannot overwrite the better one. (A champion set by hand is replaced by the best version.)
+    """
+    while True:
+        try:
+            current = str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
+        except mlflow.exceptions.MlflowException:
+            current = None
+        if (evaluation is not None and current is not None and current != version
+                and SCORE_TAG_PREFIX + evaluation not in client.get_model_version(name, current).tags):
+            return False
+        best = _best_version(client, name, evaluation)
+        if current == best or best is None:
+            return best == version
+        client.set_registered_model_alias(name, CHAMPION_ALIAS, best)
