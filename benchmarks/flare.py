@@ -37,7 +37,7 @@ import yaml
 
 import federated
 from federated.backends import dtype_groups, flatten
-from federated.flare.job import run_on_consortium, run_simulated
+from federated.flare.job import train_flare
 from federated.flare.poc import LocalConsortium
 from federated.sites import federation_config
 from preprocessing.federation import load_federation
@@ -106,28 +106,25 @@ def main() -> None:
         rows = [summarise("in-process", time.perf_counter() - started, local.history)]
         print("NVFlare SimEnv ...", flush=True)
         started = time.perf_counter()
-        flare = run_simulated(config, federation.task, tuple(federation.sites[0].diseases), root / "flare",
-                              name="bench")
+        flare = train_flare(config, federation, root / "shards", "sim", root / "flare", name="bench")
         rows.append(summarise("flare-sim", time.perf_counter() - started, flare.history))
         secure = config.model_copy(update={"secure_aggregation": True})
         print("NVFlare SimEnv, secure aggregation ...", flush=True)
         started = time.perf_counter()
-        flare_secure = run_simulated(secure, federation.task, tuple(federation.sites[0].diseases), root / "flare-secure",
-                                     name="bench-secure")
+        flare_secure = train_flare(secure, federation, root / "shards", "sim", root / "flare-secure", name="bench-secure")
         rows.append(summarise("flare-sim-secure", time.perf_counter() - started, flare_secure.history))
         print("NVFlare POC consortium ...", flush=True)
         started = time.perf_counter()
         with LocalConsortium(federation, root / "shards", root / "poc") as consortium:
             consortium_start = time.perf_counter() - started
             started = time.perf_counter()
-            poc = run_on_consortium(config, federation.task, tuple(federation.sites[0].diseases),
-                                    consortium.exec_env(), root / "poc" / "submit.log", name="bench",
-                                    threads=torch.get_num_threads())
+            # Submitted as to a real consortium (the admin's kit); the sites inherited OMP_NUM_THREADS=1.
+            poc = train_flare(config, federation, None, "prod", root / "poc" / "submit", kit=consortium.kits.admin,
+                              name="bench")
             rows.append(summarise("flare-poc", time.perf_counter() - started, poc.history))
             started = time.perf_counter()
-            poc_secure = run_on_consortium(secure, federation.task, tuple(federation.sites[0].diseases),
-                                           consortium.exec_env(), root / "poc" / "submit-secure.log",
-                                           name="bench-secure", threads=torch.get_num_threads())
+            poc_secure = train_flare(secure, federation, None, "prod", root / "poc" / "submit-secure",
+                                     kit=consortium.kits.admin, name="bench-secure")
             rows.append(summarise("flare-poc-secure", time.perf_counter() - started, poc_secure.history))
     print(f"\n3 sites, small_resnet, CODASCA, {args.rounds} rounds x I={args.local_steps}, evaluation off")
     print(f"{'mode':<16} {'wall s':>8} {'start-up s':>11} {'median round s':>15} {'sent B/site/round':>18} "

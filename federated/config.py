@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from federated import secagg_graph
+from federated.aggregation import RULES
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
 from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
@@ -167,7 +168,7 @@ class TrainConfig(BaseModel):
     outlier_factor: float = Field(default=10.0, gt=1)
     # How a round's MEAN tensors combine: the weighted mean, or a coordinate-wise robust rule over sites that
     # outvotes a broken site (federated/aggregation.py: when it helps, what it costs).
-    robust_aggregation: Literal["mean", "trimmed-mean", "median"] = "mean"
+    robust_aggregation: Literal[RULES] = "mean"
     trim_fraction: float = Field(default=0.2, gt=0, lt=0.5)  # trimmed-mean: the share of sites dropped at each end
     augment_flip: bool = False  # random horizontal flips of training images, on the training device
     augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels

@@ -39,19 +39,20 @@ from federated.network import (
     training_forward,
 )
 from federated.registry import get_algorithm
+from federated.schema import RoundRecord
 from federated.secure_aggregation import RING_BYTES, SecureTransport
 from federated.sites import site_names
 from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
 from federated.timing import COLUMNS, RoundClock, record_times, with_times
 from federated.transport import Transport
 
-RoundCallback = Callable[[dict], None]
+RoundCallback = Callable[[RoundRecord], None]  # federated/schema.py
 
 
 @dataclass
 class TrainResult:
     global_state: dict[str, torch.Tensor]  # state_dict of the averaged global network (on CPU)
-    history: list[dict]  # one record per round: bytes, loss, and metrics when evaluated
+    history: list[RoundRecord]  # one record per round: bytes, loss, and metrics when evaluated
     config: TrainConfig
     input_shape: tuple[int, ...]
     num_classes: int
@@ -324,7 +325,7 @@ class Engine:
                 evaluated = self.evaluate()  # every site's payload has one size (fixed-size summaries)
                 sent = [b + evaluated.bytes_sent[0] for b in sent]
                 received = [b + evaluated.bytes_received[0] for b in received]
-            record = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
+            record: RoundRecord = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
                       "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
                       "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health,
                       **record_times(per_site, self.health.site_names)}

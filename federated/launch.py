@@ -191,7 +191,7 @@ class Flare(_Launcher):
 
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
               shards_root: Path | None, bins: int, min_count: int) -> Scores:
-        from federated.flare.evaluate import evaluate_flare
+        from federated.flare.evaluate_centre import evaluate_flare
 
         return evaluate_flare(models, states, federation, shards_root if self.reads_shards_here else None,
                               self.env, self.workspace, self.kit, bins, min_count)

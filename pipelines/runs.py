@@ -28,7 +28,6 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from federated import TrainConfig, get_algorithm
-from federated.flare.version import code_version
 from federated.launch import InProcess, Launcher
 from federated.schema import (
     FEDERATION_TAG,
@@ -42,6 +41,7 @@ from federated.schema import (
     MetricKey,
 )
 from federated.sites import federation_config
+from federated.version import code_version
 from pipelines import plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table

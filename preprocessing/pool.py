@@ -7,7 +7,9 @@ file as it finishes it, so the parent knows which file each worker is on and sin
 
 * a file past ``limits.timeout_s`` gets its worker killed and replaced, and is quarantined DECODE_TIMEOUT;
 * a worker that dies quarantines the file it was on as DECODER_CRASHED;
-* either way what the worker had not reported goes to the replacement, and the run goes on.
+* either way what the worker had not reported goes to the replacement, and the run goes on;
+* an error of fedauc's own code in a worker (``tiles.process_file`` turns only decoding errors into
+  quarantine rows) is sent to the parent with its traceback and raised there: a bug stops the run.
 
 Workers die with their parent however the parent ends (``die_with_parent``), and ignore Ctrl-C, which the
 parent handles by stopping them. ``workers=0`` decodes in this process, without a time limit.
@@ -22,8 +24,10 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 import numpy as np
@@ -46,6 +50,18 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+@dataclass(frozen=True)
+class WorkerBug:
+    """What a worker sends in place of a file's outcome when fedauc's code raised on it."""
+
+    path: str
+    trace: str
+
+
+class DecodeWorkerBug(RuntimeError):
+    """fedauc's own code raised in a decode worker: not the file's fault, so not a quarantine row."""
+
+
 def _worker_main(connection: Connection, transform: TransformSettings, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -58,7 +74,13 @@ def _worker_main(connection: Connection, transform: TransformSettings, parent_pi
         if chunk is None:
             return
         for offset in range(len(chunk.paths)):
-            connection.send(process_file(chunk, offset, transform))
+            try:
+                result = process_file(chunk, offset, transform)
+            except Exception:
+                # Dying would read as a decoder crash (a quarantine row); the parent raises it instead.
+                connection.send(WorkerBug(chunk.paths[offset], traceback.format_exc()))
+                return
+            connection.send(result)
 
 
 class _Pending:
@@ -141,6 +163,9 @@ class _Slot:
             if message == "ready":
                 self.ready = True
                 continue
+            if isinstance(message, WorkerBug):
+                raise DecodeWorkerBug(f"a decode worker failed on {message.path} with an error in fedauc's code, "
+                                      f"not in the file:\n{message.trace}")
             tile, outcome = message
             head = self.pending[0]  # a worker reports the files of its chunks in the order it got them
             if tile is not None:

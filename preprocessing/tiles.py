@@ -1,15 +1,19 @@
 """Turn image files into shard tiles: the part of shard writing that runs in the decoding workers.
 
 ``preprocessing.shards`` (the parent) plans chunks and writes what ``process_chunk`` returns; a failure
-to decode is an outcome carrying its quarantine reason, never an exception that would stop the run.
+to decode is an outcome carrying its quarantine reason, never an exception that would stop the run. Only
+a failure to decode: an error of fedauc's own code is raised (``preprocessing.pool`` raises it in the
+parent), not written down as the file's fault.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydicom.errors import InvalidDicomError
 
 from preprocessing.decode import (
     ALLOWED_MODALITIES,
@@ -22,6 +26,13 @@ from preprocessing.decode import (
 from preprocessing.quarantine import Reason
 from preprocessing.records import TASK_CHANNELS, label_columns
 from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
+
+# What the decoding libraries raise for a file they cannot read, where a decoder has not already turned it
+# into a DecodeError: the file system's and Pillow's (OSError, which UnidentifiedImageError is; SyntaxError
+# for a broken header), pydicom's parser and its lazy value conversion (InvalidDicomError, EOFError,
+# ValueError; zlib.error for a deflated DICOM). Anything else (a KeyError, an AttributeError...) is a bug.
+DECODING_ERRORS: tuple[type[Exception], ...] = (OSError, SyntaxError, ValueError, EOFError, InvalidDicomError,
+                                                zlib.error)
 
 # Per-image facts kept for the QC report (qc/image_stats.parquet, row order = manifest order per split).
 STAT_COLUMNS: tuple[str, ...] = (
@@ -116,8 +127,8 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
         digest = file_digest(path)
     except DecodeError as err:
         return None, failed_outcome(index, err.reason, err.detail)
-    except Exception as err:
-        return None, failed_outcome(index, Reason.UNREADABLE_FILE, f"{path}: unexpected {type(err).__name__} while decoding: {err}")
+    except DECODING_ERRORS as err:
+        return None, failed_outcome(index, Reason.UNREADABLE_FILE, f"{path}: {type(err).__name__} while decoding: {err}")
     tile = resize_to_square(decoded.pixels, transform.image_size)
     top, left, height, width = tile.content
     content = tile.pixels[top : top + height, left : left + width]

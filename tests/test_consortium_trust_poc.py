@@ -14,13 +14,13 @@ import zipfile
 
 import pytest
 
-from federated.flare.job import FlareJobFailed, flare_job, run_on_consortium
+from federated.flare.job import FlareJobFailed, flare_job, train_flare
 from federated.flare.lockdown import STORES
 from federated.flare.poc import ADMIN, LocalConsortium, admin_session
+from federated.flare.protocol import JOB_PROP
 from federated.flare.provision import project, provision
-from federated.flare.server import JOB_PROP
-from federated.flare.version import code_version
 from federated.sites import federation_config
+from federated.version import code_version
 from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow
@@ -74,8 +74,8 @@ def test_a_job_from_another_code_version_is_refused_and_no_job_carries_code(cons
                                                                                tmp_path, monkeypatch):
     monkeypatch.setattr("federated.flare.job.code_version", lambda: FOREIGN)
     with pytest.raises(FlareJobFailed) as failed:
-        run_on_consortium(_config(melanoma_shards), "melanoma", ("Melanoma",), consortium.exec_env(),
-                          tmp_path / "submit.log", name="foreign", job_timeout_s=60.0)
+        train_flare(_config(melanoma_shards), consortium.federation, None, "prod", tmp_path / "submit",
+                    kit=consortium.kits.admin, name="foreign")
     first = str(failed.value).splitlines()[0]
     assert re.search(rf"site '[a-z-]+' refuses the job: it was built by fedauc {re.escape(FOREIGN)}, this site "
                      rf"runs fedauc {re.escape(code_version())}", first), first

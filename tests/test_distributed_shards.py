@@ -119,7 +119,7 @@ def test_federation_config_names_sites_and_refuses_shards_that_do_not_fit(tmp_pa
     federation = load_federation(federation_yaml)
     cfg = federation_config(federation, root / "shards", {"algorithm": "fedavg", "rounds": 1})
     assert [(s.name, s.path) for s in cfg.sites] == [(n, root / "shards" / n) for n in SITES]
-    with pytest.raises(DataError, match=r"site 'vienna': no shards at .*missing/vienna"):
+    with pytest.raises(DataError, match=r"federation 'tiny-melanoma': no shards at .*missing/vienna"):
         federation_config(federation, tmp_path / "missing", {"algorithm": "fedavg", "rounds": 1})
     # Another hospital's shards in vienna's folder, then shards of another task.
     swapped = tmp_path / "swapped"

@@ -12,7 +12,7 @@ import torch
 
 import federated
 from federated.backends import SiteFailure
-from federated.flare.job import run_simulated
+from federated.flare.job import train_flare
 from federated.flare.rendezvous import COMBINE, Rendezvous
 from federated.sites import federation_config
 from preprocessing.federation import load_federation
@@ -36,8 +36,10 @@ def _config(melanoma_shards, algorithm: str, params: dict, **extra):
 def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_shards, monkeypatch, algorithm, params,
                                                           extra):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the site processes compute like this one-thread process
+    root, federation = melanoma_shards
     cfg = _config(melanoma_shards, algorithm, params, **extra)
-    flare = run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name=f"test-{algorithm}")
+    flare = train_flare(cfg, load_federation(federation), root / "shards", "sim", tmp_path / "sim",
+                        name=f"test-{algorithm}")
     local = federated.train(cfg)
     assert flare.global_state.keys() == local.global_state.keys()
     worst = max((flare.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
@@ -122,7 +124,7 @@ def test_a_site_whose_images_give_another_model_input_stops_the_job_before_train
     cfg = federation_config(load_federation(federation), tmp_path / "shards", settings)
     with pytest.raises(FlareJobFailed, match=r"site 'new-york': its model input shape is \[3, 40, 40\], "
                                              r"site 'vienna''s is \[3, 32, 32\]"):
-        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-inputs")
+        train_flare(cfg, load_federation(federation), tmp_path / "shards", "sim", tmp_path / "sim", name="test-inputs")
     assert latest_round_dir(tmp_path / "checkpoints") is None
 
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 import federated
 from federated.flare.consortium import client_command, read_kit
-from federated.flare.job import run_on_consortium, run_simulated
+from federated.flare.job import train_flare
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.provision import project, provision
 from federated.sites import federation_config
@@ -54,8 +54,15 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 8}, network="small_resnet", n
 @pytest.fixture(scope="module")
 def consortium(poc_slot, melanoma_shards, tmp_path_factory):
     root, federation = melanoma_shards
-    with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
+    # A job submitted as to a real consortium leaves torch's thread count to each hospital (its own default):
+    # here one thread, as this process computes, for the bit-for-bit comparisons.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        running = LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")).start()
+    try:
         yield running
+    finally:
+        running.stop()
 
 
 def _foreign_kit(consortium: LocalConsortium, folder) -> object:
@@ -101,13 +108,15 @@ def test_training_equals_the_simulator_and_a_foreign_client_is_refused(consortiu
     # A whole NVFlare client from the other consortium dials the server while the training runs.
     consortium.launch("mallory", client_command(read_kit(mallory)), mallory)
     config = federation_config(load_federation(federation), root / "shards", SETTINGS)
-    result = run_on_consortium(config, "melanoma", ("Melanoma",), consortium.exec_env(), tmp_path / "submit.log",
-                               name="poc-equals-sim", job_timeout_s=900, threads=torch.get_num_threads())
+    # The production path: the admin's kit, nothing read from this machine's shards.
+    result = train_flare(config, load_federation(federation), None, "prod", tmp_path / "submit",
+                         kit=consortium.kits.admin, name="poc-equals-sim")
     assert connected_sites(consortium.kits.admin) == SITES
     consortium.kill("mallory")
     assert f"Cannot connect to host localhost:{consortium.port}" in (mallory / "log.txt").read_text()  # it tried
 
-    simulated = run_simulated(config, "melanoma", ("Melanoma",), tmp_path / "sim", name="poc-reference")
+    simulated = train_flare(config, load_federation(federation), root / "shards", "sim", tmp_path / "sim",
+                            name="poc-reference")
     assert result.global_state.keys() == simulated.global_state.keys()
     worst = max((result.global_state[k].float() - v.float()).abs().max().item()
                 for k, v in simulated.global_state.items())
@@ -222,8 +231,8 @@ def test_secure_aggregation_on_the_consortium_signs_keys_with_the_kits_and_train
     root, federation = melanoma_shards
     config = federation_config(load_federation(federation), root / "shards",
                                {**SETTINGS, "rounds": 1, "secure_aggregation": True})
-    result = run_on_consortium(config, "melanoma", ("Melanoma",), consortium.exec_env(), tmp_path / "submit.log",
-                               name="poc-secure", job_timeout_s=900, threads=torch.get_num_threads())
+    result = train_flare(config, load_federation(federation), None, "prod", tmp_path / "submit",
+                         kit=consortium.kits.admin, name="poc-secure")
     local = federated.train(config)
     for key, value in local.global_state.items():
         assert torch.equal(result.global_state[key], value), key

@@ -12,7 +12,7 @@ import torch
 
 import federated
 from federated.backends import ring_sum
-from federated.flare.job import run_simulated
+from federated.flare.job import train_flare
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.provision import project, provision
 from federated.flare.rendezvous import COMBINE
@@ -96,7 +96,7 @@ def test_the_simulator_with_secure_aggregation_trains_the_in_process_model_bit_f
                     rounds=2, local_steps=4, batch_size=32, lr=1.0, guarantee_positives=True, eval_every=1,
                     progress=False, loader_workers=0, timeout_s=60, device="cpu", secure_aggregation=True)
     cfg = federation_config(load_federation(federation), root / "shards", settings)
-    flare = run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-secure")
+    flare = train_flare(cfg, load_federation(federation), root / "shards", "sim", tmp_path / "sim", name="test-secure")
     local = federated.train(cfg)
     assert flare.global_state.keys() == local.global_state.keys()
     for key, value in local.global_state.items():

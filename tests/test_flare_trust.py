@@ -14,7 +14,7 @@ import pytest
 
 from federated.flare.installed import COMPONENTS, JOB_MODULES, InstalledModule, allow_components
 from federated.flare.job import recipe
-from federated.flare.server import JOB_PROP
+from federated.flare.protocol import JOB_PROP
 from federated.flare.spec import FlareJob
 from federated.flare.version import ForeignCodeVersion, check_code_version, code_version
 
@@ -108,7 +108,7 @@ def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, m
     server (here: its log and the submitter's error) never sees the path the site's error named."""
     import shutil
 
-    from federated.flare.job import FlareJobFailed, run_simulated
+    from federated.flare.job import FlareJobFailed, train_flare
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 
@@ -121,7 +121,7 @@ def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, m
     gone = tmp_path / "shards" / "new-york" / "train" / "manifest.parquet"
     gone.unlink()
     with pytest.raises(FlareJobFailed) as failed:
-        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-failure")
+        train_flare(cfg, load_federation(federation), tmp_path / "shards", "sim", tmp_path / "sim", name="test-failure")
     first = str(failed.value).splitlines()[0]
     assert "site 'new-york' failed: DataError: " in first and "<path at the site>" in first, first
     assert str(tmp_path / "shards" / "new-york") not in first
@@ -131,7 +131,7 @@ def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, m
 
 @pytest.mark.slow
 def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, melanoma_shards, monkeypatch):
-    from federated.flare.job import FlareJobFailed, run_simulated
+    from federated.flare.job import FlareJobFailed, train_flare
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 
@@ -142,7 +142,7 @@ def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, mela
     # The centre (this process) runs another fedauc than the site processes, which compute their own.
     monkeypatch.setattr("federated.flare.job.code_version", lambda: FOREIGN)
     with pytest.raises(FlareJobFailed) as failed:
-        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-version")
+        train_flare(cfg, load_federation(federation), root / "shards", "sim", tmp_path / "sim", name="test-version")
     first = str(failed.value).splitlines()[0]
     assert re.search(rf"site '[a-z-]+' refuses the job: it was built by fedauc {re.escape(FOREIGN)}, this site "
                      rf"runs fedauc {re.escape(code_version())}", first), first
@@ -154,7 +154,7 @@ def test_an_evaluation_site_failure_reaches_the_centre_as_one_line_without_paths
     the site's paths (fails where ``site.evaluate`` raises)."""
     import shutil
 
-    from federated.flare.evaluate import evaluate_flare
+    from federated.flare.evaluate_centre import evaluate_flare
     from federated.flare.job import FlareJobFailed
     from federated.network import build_named
     from federated.scoring import ModelToScore

@@ -12,7 +12,7 @@ import pytest
 
 import federated
 from federated.data import load_shard
-from federated.flare.job import FlareJobFailed, run_simulated
+from federated.flare.job import FlareJobFailed, train_flare
 from federated.sites import federation_config
 from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
@@ -57,7 +57,7 @@ def test_a_truncated_image_file_is_named_in_process_and_at_a_flare_site(shards, 
     with pytest.raises(DataError, match=r"site 'barcelona': .* is truncated"):
         federated.train(cfg)
     with pytest.raises(FlareJobFailed, match=r"site 'barcelona'.*train/images.npy \(in <path at the site>\) is truncated") as err:
-        run_simulated(cfg, "melanoma", ("Melanoma",), tmp_path / "sim", name="test-truncated")
+        train_flare(cfg, load_federation(federation), root, "sim", tmp_path / "sim", name="test-truncated")
     assert "mmap length" not in str(err.value)
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 

@@ -94,7 +94,7 @@ def test_a_slowed_hospital_is_named_live_in_mlflow_and_in_consortium_status(mela
     done = threading.Event()
     # From when the server's live file exists: slowed while joining, the site would miss NVIDIA FLARE's start.
     throttled: list[int] = []
-    throttle = threading.Thread(target=_throttle, args=(SLOW, local_reader(tmp_path / "sim"), done, throttled),
+    throttle = threading.Thread(target=_throttle, args=(SLOW, local_reader(tmp_path / "sim").read, done, throttled),
                                 daemon=True)
     throttle.start()
     try:
@@ -124,7 +124,7 @@ def test_a_slowed_hospital_is_named_live_in_mlflow_and_in_consortium_status(mela
     assert computes[SLOW][-1] == max(v[-1] for v in computes.values())
     # `fedauc consortium status` reads a running job's live file from the server (through the admin kit);
     # the simulator's server wrote the same file here.
-    text = local_reader(tmp_path / "sim")()
+    text = local_reader(tmp_path / "sim").read()
     status = ConsortiumStatus("now", [], [job_status("job-1", "slow", text)])
     assert status.jobs[0].rounds_done == rounds
     row = next(line for line in status.markdown().splitlines() if line.startswith("| job-1 "))

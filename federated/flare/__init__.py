@@ -9,7 +9,8 @@ weighted mean, GATHER the same concatenation in site order, LOCAL tensors never 
 process, and the server sees exactly what the engine hands its transport, nothing else.
 
 ``site`` (published by every hospital) and ``server`` (``@collab.main`` and the collective) are the
-job's two halves; ``job`` builds the recipe, submits it to an environment (``SimEnv`` on one machine,
-``PocEnv`` a provisioned consortium on one machine, ``ProdEnv`` a real one) and reads the result back;
-``provision`` writes a consortium's project file and startup kits.
+job's two halves; ``job.train_flare`` at the centre builds the job, submits it to an environment
+(``SimEnv`` on one machine, ``poc.LocalConsortium`` a provisioned consortium on one machine, ``ProdEnv`` a
+real one) and reads the result back; ``provision`` writes a consortium's project file and startup kits.
+Every module and the role that runs it (site, server, centre): federated/README.md, section ``flare/``.
 """

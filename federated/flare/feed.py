@@ -4,7 +4,11 @@ server's ``LIVE_FILE`` every ``interval_s`` seconds and hand each new round reco
 
 Under the simulator the file is on this machine; against a consortium (POC or real) it is read with the
 admin's own kit through NVIDIA FLARE's admin ``cat`` of the server's workspace, so the centre reads what its
-server wrote and nothing at a hospital.
+server wrote and nothing at a hospital. Each reader names the errors of its transport (``LiveReader.errors``):
+a read that fails with one of them is tried again at the next poll, and after ``give_up_s`` seconds of
+failures the feed stops and says so in one line on stderr (the job goes on; the rounds it did not bring
+come with the job's result, ``job.deliver_rest``). Any other error is a bug: the feed stops, says so, and
+raises it when the job's block ends.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import contextlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from federated.engine import RoundCallback
@@ -34,16 +40,29 @@ def parse(text: str) -> list[dict]:
     return entries
 
 
+@dataclass(frozen=True)
+class LiveReader:
+    """``read()``: the live file's text so far (None before it exists); ``errors``: what its transport raises
+    when it cannot read the file now (a dropped connection, a busy server), as opposed to a bug."""
+
+    read: Callable[[], str | None]
+    errors: tuple[type[BaseException], ...]
+
+
 class LiveFeed:
-    """Hands each round record to ``callbacks`` once, in order; ``reading(read)`` polls ``read()`` (the live
-    file's text so far, or None) from a thread while the job runs."""
+    """Hands each round record to ``callbacks`` once, in order; ``reading(reader)`` polls the reader from a
+    thread while the job runs. ``stopped``: why live reading stopped before the job's end (None while it
+    reads)."""
 
     def __init__(self, callbacks: Sequence[RoundCallback] = (),
-                 on_failure: Callable[[str, str | None], None] | None = None, interval_s: float = 2.0):
+                 on_failure: Callable[[str, str | None], None] | None = None, interval_s: float = 2.0,
+                 give_up_s: float = 60.0):
         self.callbacks, self.on_failure, self.interval_s = list(callbacks), on_failure, interval_s
+        self.give_up_s = give_up_s
         self.first_round: int | None = None  # the first round handed to the callbacks
         self.last_round: int | None = None  # the newest
         self.failure: tuple[str, str | None] | None = None
+        self.stopped: str | None = None
         self._lock = threading.Lock()
 
     def deliver(self, record: dict) -> None:
@@ -58,11 +77,8 @@ class LiveFeed:
                 self.first_round = record["round"]
 
     def poll(self, read: Callable[[], str | None]) -> None:
-        try:
-            text = read()
-        except Exception:  # a dropped admin connection: the next poll reads again
-            return
-        for entry in parse(text or ""):
+        """Read once and hand on what is new; raises what ``read`` raises."""
+        for entry in parse(read() or ""):
             if "record" in entry:
                 self.deliver(entry["record"])
             elif "failure" in entry and self.failure is None:
@@ -70,15 +86,39 @@ class LiveFeed:
                 if self.on_failure is not None:
                     self.on_failure(*self.failure)
 
+    def _stop(self, err: BaseException, bug: bool) -> None:
+        """Say once, in one line on stderr, that live records stop and why."""
+        if self.stopped is not None:
+            return
+        self.stopped = f"{type(err).__name__}: {err}"
+        after = "before the first round" if self.last_round is None else f"after round {self.last_round + 1}"
+        then = ("a bug in fedauc, raised when the job ends" if bug else
+                "the job goes on; the rounds not shown come with its result")
+        print(f"fedauc: live round records stop {after}: {self.stopped} ({then})", file=sys.stderr, flush=True)
+
     @contextlib.contextmanager
-    def reading(self, read: Callable[[], str | None]):
-        """Poll ``read`` every ``interval_s`` seconds inside the block, and once more after it (what the job
-        wrote after the last poll)."""
+    def reading(self, reader: LiveReader):
+        """Poll ``reader`` every ``interval_s`` seconds inside the block, and once more after it (what the job
+        wrote after the last poll). A transport error is tried again until it has lasted ``give_up_s``
+        seconds; any other error stops the feed and is raised when the block ends."""
         stop = threading.Event()
+        bugs: list[BaseException] = []
 
         def loop():
+            failing_since = None
             while not stop.wait(self.interval_s):
-                self.poll(read)
+                try:
+                    self.poll(reader.read)
+                    failing_since = None
+                except reader.errors as err:
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since >= self.give_up_s:
+                        self._stop(err, bug=False)
+                        return
+                except Exception as err:
+                    bugs.append(err)
+                    self._stop(err, bug=True)
+                    return
 
         thread = threading.Thread(target=loop, daemon=True, name="fedauc-live-feed")
         thread.start()
@@ -87,42 +127,41 @@ class LiveFeed:
         finally:
             stop.set()
             thread.join()
-            self.poll(read)
+            if bugs:
+                raise bugs[0]
+            if self.stopped is None:
+                try:
+                    self.poll(reader.read)
+                except reader.errors as err:
+                    self._stop(err, bug=False)
 
 
-def local_reader(folder: Path) -> Callable[[], str | None]:
-    """The live file of the job whose server runs under ``folder`` on this machine (the simulator)."""
+def local_reader(folder: Path) -> LiveReader:
+    """The live file of the job whose server runs under ``folder`` on this machine (the simulator): the file
+    system's errors only (the simulator removing or replacing a folder while it is searched)."""
     def read():
         found = sorted(Path(folder).rglob(LIVE_FILE))
         return found[0].read_text() if found else None
-    return read
+    return LiveReader(read, (OSError,))
 
 
-@contextlib.contextmanager
-def admin_reader(kit: Path, username: str, job_id: str):
-    """Yields a reader of job ``job_id``'s live file on the consortium's server through one admin session of
-    the admin's own kit, kept for the job (a new session a poll cost a TLS login each time), opened again
-    after a dropped connection; closed on leaving."""
+def admin_reader(kit: Path, username: str, job_id: str) -> LiveReader:
+    """The live file of job ``job_id`` on the consortium's server, through the admin's own session. Its
+    transport's errors: the connection's (``OSError``: NVFlare's ``NoConnection`` is a ``ConnectionError``;
+    timeouts, TLS), its communication layer's, and what NVFlare's admin API raises when the server closed,
+    did not answer, failed or refused the session."""
+    from nvflare.apis.fl_exception import FLCommunicationError
+    from nvflare.fuel.flare_api import api_spec
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    held: list = []
-
     def read():
-        if not held:
-            held.append(new_secure_session(username, str(kit), timeout=10.0))
+        session = new_secure_session(username, str(kit), timeout=10.0)
         try:
-            return held[0].cat_target("server", file=f"{job_id}/{LIVE_FILE}")
-        except Exception:
-            session = held.pop()
-            with contextlib.suppress(Exception):  # the connection is gone already
-                session.close()
-            raise
-
-    try:
-        yield read
-    finally:
-        for session in held:
+            return session.cat_target("server", file=f"{job_id}/{LIVE_FILE}")
+        finally:
             session.close()
+    return LiveReader(read, (OSError, FLCommunicationError, api_spec.SessionClosed, api_spec.NoReply,
+                             api_spec.InternalError, api_spec.AuthenticationError, api_spec.AuthorizationError))
 
 
 VALID_AUC = "valid/pooled/auc_macro"

@@ -1,7 +1,7 @@
 """The site's heartbeat while it trains: a thread of its own calls the server's published ``heartbeat``
 every ``HEARTBEAT_S`` seconds (``federated.flare.live``), so the centre tells a dead site (silent) from a
 slow one (still beating, bounded by ``--site-timeout`` at the next collective). It carries the site's
-name and the fedauc code version it runs (``federated.flare.version``), nothing else."""
+name and the fedauc code version it runs (``federated.version``), nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 from federated.flare.live import HEARTBEAT_S
-from federated.flare.version import code_version
+from federated.version import code_version
 
 
 class Heartbeat:

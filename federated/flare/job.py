@@ -1,8 +1,16 @@
-"""Submit a fedauc training to NVFlare and read its result back: ``run_flare(...) -> TrainResult``.
+"""The centre's half of a training over NVIDIA FLARE: ``train_flare(config, federation, shards_root, env,
+workspace, kit) -> FlareResult``, the one entry point (``federated.launch.Flare``, which ``fedauc train``
+and the Prefect flows pass down; the tests and benchmarks/flare.py).
 
-``SimEnv`` runs the server and one process per site on this machine (the demo, CI); ``PocEnv`` provisions
-a consortium on this machine (root CA, certificates, mutual TLS, real server and client processes) from
-our project file; ``ProdEnv`` submits to a running consortium with an admin's startup kit.
+It checks the environment and the algorithm first (federated/flare/environments.py), builds
+the job (``flare_job``: configuration only, ``federated/flare/installed.py``), submits it in ``env``
+(``submit_in_env``) and checks every site's report on its data against the federation afterwards
+(``federated.sites.check_site_reports``). The environments: ``sim`` runs the server and one process per
+site on this machine under NVFlare's simulator (``SimEnv``; the demo, CI); ``poc`` starts a provisioned
+consortium on this machine for the job (``federated.flare.poc.LocalConsortium``: our kits, root CA,
+mutual TLS, real server and client processes) and submits to it as ``prod`` does; ``prod`` submits to a
+running consortium with an admin's startup kit (NVFlare's ``ProdEnv``). Evaluation jobs go through the
+same submission (federated/flare/evaluate_centre.py).
 """
 
 from __future__ import annotations
@@ -25,11 +33,11 @@ from federated.engine import RoundCallback, TrainResult
 from federated.flare.environments import check_flare_algorithm, check_flare_env
 from federated.flare.feed import LiveFeed, admin_reader, local_reader, progress_printer
 from federated.flare.installed import InstalledRecipe, allow_components
-from federated.flare.server import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR
+from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.spec import FlareJob
-from federated.flare.version import code_version
 from federated.health import as_diverged, warn_outliers
 from federated.sites import check_site_reports, site_names
+from federated.version import code_version
 from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
 
@@ -98,7 +106,7 @@ class FlareResult(TrainResult):
 
 def result_folder(result_root: str | Path) -> Path:
     """The folder the server wrote the job's result to (``RESULT_DIR``), found in what the job returned."""
-    found = sorted(Path(result_root).rglob(f"{RESULT_DIR}/result.json"))
+    found = sorted(Path(result_root).rglob(f"{RESULT_DIR}/{RESULT_FILE}"))
     if not found:
         raise FlareJobFailed(f"the NVFlare job finished without a result under {result_root}",
                              fix="read the server log there (server/.../log.txt) for the failure")
@@ -118,8 +126,8 @@ def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
     """The global model, history and summed test histograms site 0 returned and every site's report, from
     the job's result folder."""
     folder = result_folder(result_root)
-    meta = json.loads((folder / "result.json").read_text())
-    state = torch.load(folder / "global_state.pt", map_location="cpu", weights_only=True)
+    meta = json.loads((folder / RESULT_FILE).read_text())
+    state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     histograms = None if meta["test_histograms"] is None else np.asarray(meta["test_histograms"], dtype=np.float64)
     reports = meta["sites"]
     for report in reports:
@@ -127,19 +135,6 @@ def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
         report["qc_grid"] = grid.read_bytes() if grid.is_file() else None
     return FlareResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"],
                        test_histograms=histograms, site_reports=reports)
-
-
-def run_simulated(config: TrainConfig, task: str, diseases: tuple[str, ...], workspace: Path,
-                  name: str = "fedauc", job_timeout_s: float = 24 * 3600.0,
-                  sharing: dict[str, dict] | None = None, callbacks: Sequence[RoundCallback] = ()) -> FlareResult:
-    """Every site as its own process on this machine under NVFlare's simulator (``SimEnv``); ``sharing``:
-    each site's sharing policy (``flare_job``); ``callbacks`` get every round's record as the round ends."""
-    job = flare_job(config, task, diseases, job_timeout_s, share_paths=True, threads=torch.get_num_threads(),
-                    sharing=sharing)
-    feed = LiveFeed(callbacks)
-    result = read_result(submit_simulated(job, workspace, name, feed=feed), config)
-    deliver_rest(feed, result.history)
-    return result
 
 
 def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = (),
@@ -182,20 +177,6 @@ def _lost_port_race(job_dir: Path) -> bool:
 _RESULT_MARGIN_S = 120.0
 
 
-def run_on_consortium(config: TrainConfig, task: str, diseases: tuple[str, ...], exec_env, log: Path,
-                      name: str = "fedauc", job_timeout_s: float = 24 * 3600.0, threads: int | None = None,
-                      callbacks: Sequence[RoundCallback] = ()) -> FlareResult:
-    """Submit to a running consortium with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``), wait, read
-    the result back. Each hospital's kit names its own shards (``fedauc consortium start-site``), so the job
-    carries no paths; ``callbacks`` get every round's record as the round ends. NVFlare's console chatter
-    (job meta, progress dots) goes to ``log``."""
-    job = flare_job(config, task, diseases, job_timeout_s, share_paths=False, threads=threads)
-    feed = LiveFeed(callbacks)
-    result = read_result(submit_to_consortium(job, exec_env, log, name, feed=feed), config)
-    deliver_rest(feed, result.history)
-    return result
-
-
 def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = (),
                          feed: LiveFeed | None = None) -> Path:
     """Submit ``job`` with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``) and wait for it; the folder of
@@ -219,8 +200,7 @@ def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_f
             exec_env.abort_job(job_id)
 
         feed.on_failure = stop
-        with (admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id) as read,
-              feed.reading(read)):
+        with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
             folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
             status = run.get_status()
     if feed.failure is not None:

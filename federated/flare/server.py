@@ -6,7 +6,8 @@ holds no model of its own and sees what the sites' engines declared for communic
 model, history and summed test histograms, and every site's report on its data (hash, QC summary, model
 input) are written to the job's run folder (``RESULT_DIR``), which comes back with the job result; a
 failed site fails the job with a message naming it. A job of kind ``"evaluate"`` runs
-``federated.flare.evaluate.serve_evaluation`` instead: every site's ``evaluate``, no collective.
+``federated.flare.evaluate_server.serve_evaluation`` instead (every site's ``evaluate``, no collective)
+and writes what it returns.
 """
 
 from __future__ import annotations
@@ -18,15 +19,12 @@ from pathlib import Path
 import torch
 from nvflare.collab import collab
 
+from federated.flare.evaluate_server import serve_evaluation
 from federated.flare.live import LiveRecords
+from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.rendezvous import COMBINE, Rendezvous
 from federated.flare.site_failure import FAILED
 from federated.flare.spec import FlareJob
-
-RESULT_DIR = "fedauc_result"
-JOB_PROP = "fedauc_job"
-FAILURE_MARK = "fedauc training failed: "  # how the submitter finds the reason in the server's log
-GRID_SUFFIX = "qc_grid.png"  # <site>.qc_grid.png in RESULT_DIR: the sample grid a site's policy shares
 
 _rendezvous: Rendezvous | None = None
 _live: LiveRecords | None = None
@@ -73,9 +71,10 @@ def run() -> str:
     if connected != sorted(spec.sites):
         raise RuntimeError(f"the job runs at sites {connected}, the federation lists {sorted(spec.sites)}")
     if spec.kind == "evaluate":
-        from federated.flare.evaluate import serve_evaluation  # it imports this module
-
-        return serve_evaluation(spec)
+        scores = serve_evaluation(spec)
+        out = result_dir()
+        (out / RESULT_FILE).write_text(json.dumps(scores))
+        return str(out)
     job_id = collab.fl_ctx.get_job_id()
     _live = LiveRecords(Path(collab.workspace.get_run_dir(job_id)), Path(collab.workspace.get_root_dir()), spec.sites,
                         job_id)
@@ -109,12 +108,12 @@ def run() -> str:
                       next(iter(failed)) if len(failed) == 1 else None)
     leader = returned[spec.sites[0]]
     out = result_dir()
-    torch.save(leader["global_state"], out / "global_state.pt")
+    torch.save(leader["global_state"], out / STATE_FILE)
     reports = [returned[site]["report"] for site in spec.sites]
     for report in reports:  # the PNG bytes of a site that shares its sample grid, beside the JSON
         grid = report.pop("qc_grid")
         if grid is not None:
             (out / f"{report['site']}.{GRID_SUFFIX}").write_bytes(grid)
-    (out / "result.json").write_text(json.dumps(
+    (out / RESULT_FILE).write_text(json.dumps(
         {**{k: leader[k] for k in ("history", "input_shape", "num_classes", "test_histograms")}, "sites": reports}))
     return str(out)

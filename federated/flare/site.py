@@ -1,5 +1,5 @@
 """The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site; ``evaluate`` scores
-the models an evaluation job sends (federated/flare/evaluate.py). Both start with ``prelude``.
+the models an evaluation job sends (federated/flare/evaluate_site.py). Both start with ``prelude``.
 
 The engine is the one every transport runs (federated/engine.py); its collectives go to the server through
 :class:`FlareTransport`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
@@ -19,7 +19,7 @@ from nvflare.collab import collab
 
 from federated.engine import Engine
 from federated.flare.backend import FlareTransport
-from federated.flare.evaluate import score_here
+from federated.flare.evaluate_site import score_here
 from federated.flare.heartbeat import Heartbeat
 from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.live import HEARTBEAT_S
@@ -102,7 +102,7 @@ def _train(job: dict) -> dict:
 @collab.publish
 def evaluate(job: dict, weights: list) -> dict:
     """Score the models of the job (their weights: ``weights``, sent in this call) on this site's own valid and
-    test splits (federated/flare/evaluate.py)."""
+    test splits (federated/flare/evaluate_site.py)."""
     try:
         run = prelude(job)
         return score_here(run.spec, run.name, run.shard_dir, weights)

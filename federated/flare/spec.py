@@ -10,9 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.config import ShardSite, TrainConfig
-from federated.flare.version import code_version
 from federated.scoring import ModelToScore
 from federated.sites import check_shard
+from federated.version import code_version
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.sites import SharingPolicy
 
@@ -27,8 +27,8 @@ def local_site(site_config_dir: Path | None) -> dict:
 
 
 class EvaluationRequest(BaseModel):
-    """What an evaluation job asks every site to score (federated/flare/evaluate.py): the models' networks,
-    inputs and classes; their weights travel beside the job (``evaluate.WEIGHTS_FILE``), not in it."""
+    """What an evaluation job asks every site to score (federated/flare/evaluate_site.py): the models'
+    networks, inputs and classes; their weights travel beside the job (``protocol.WEIGHTS_FILE``), not in it."""
 
     model_config = ConfigDict(extra="forbid")
     models: list[ModelToScore] = Field(min_length=1)

@@ -1,0 +1,156 @@
+"""No import circles among fedauc's product modules (preprocessing, models, federated, pipelines).
+
+The graph is read from the source with ``ast``, not by importing: every ``import`` and ``from ... import``
+anywhere in a module (at its top, in a function, under ``if TYPE_CHECKING``), relative imports resolved
+against the module's package, and ``from package import name`` an edge to ``package.name`` where that is a
+module, else to the package. A function-level import is how a circle usually hides: it runs, later, and the
+two modules still cannot be read or changed one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("preprocessing", "models", "federated", "pipelines")
+
+
+def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """Every module of ``packages`` under ``root`` by its dotted name (a package by its own name)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The known modules that module ``name`` (its source at ``path``) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                targets.add(target if target in known else source)
+    return {target for target in targets if target in known and target != name}
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    known = modules(root, packages)
+    return {name: imported(name, path, known) for name, path in known.items()}
+
+
+def _shortest_circle(graph: dict[str, set[str]], start: str, within: set[str]) -> list[str]:
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth first: the shortest way back to start
+        following = []
+        for node in frontier:
+            for succ in sorted(graph[node] & within):
+                if succ == start:
+                    return [*paths[node], start]
+                if succ not in paths:
+                    paths[succ] = [*paths[node], succ]
+                    following.append(succ)
+        frontier = following
+    raise AssertionError(f"{start} is on no circle within {sorted(within)}")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph`` (each ``[a, b, ..., a]``): per strongly connected component (Tarjan), the
+    shortest circle through each of its modules that no circle listed before passes through, so every
+    module on a circle is named on one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(node: str) -> None:  # recursive: a few hundred modules, far below Python's limit
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    found = []
+    for component in components:
+        named: set[str] = set()
+        for start in sorted(component):
+            if start not in named:
+                circle = _shortest_circle(graph, start, component)
+                named.update(circle)
+                found.append(circle)
+    return sorted(found)
+
+
+def describe(found: list[list[str]]) -> str:
+    return "\n".join(" -> ".join(circle) for circle in found)
+
+
+def test_no_import_circle_among_product_modules():
+    graph = import_graph()
+    assert len(graph) > 100 and "federated.engine" in graph["federated.flare.site"]
+    found = cycles(graph)
+    assert not found, "import circles among product modules:\n" + describe(found)
+
+
+def test_the_graph_sees_function_level_relative_and_from_package_imports(tmp_path):
+    """The checker itself: a circle made of a function-level relative import, ``from package import
+    module`` and a plain import is found and named; an import of a name (not a module) is an edge to its
+    module only."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("def helper():\n    pass\n")
+    (package / "a.py").write_text("def later():\n    from .sub import c\n    return c\n")
+    (package / "sub" / "c.py").write_text("import pkg.b\n")
+    (package / "b.py").write_text("from . import a\nfrom pkg.sub import helper\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.sub.c"}, "pkg.b": {"pkg.a", "pkg.sub"},
+                     "pkg.sub": set(), "pkg.sub.c": {"pkg.b"}}
+    assert describe(cycles(graph)) == "pkg.a -> pkg.sub.c -> pkg.b -> pkg.a"
+    (package / "b.py").write_text("from pkg.sub import helper\n")
+    assert cycles(import_graph(tmp_path, ("pkg",))) == []
+
+
+def test_the_flare_modules_import_at_a_hospital_without_mlflow_or_prefect():
+    """A hospital installs fedauc to run its NVFlare client: every module of federated/flare/ imports with
+    MLflow and Prefect absent (an import of either fails at once here)."""
+    names = sorted(name for name in modules(ROOT, ("federated",)) if name.startswith("federated.flare"))
+    script = ("import importlib, sys\n"
+              "sys.modules.update({'mlflow': None, 'prefect': None, 'pipelines': None})\n"
+              f"for name in {names!r}:\n"
+              "    importlib.import_module(name)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(names) > 20
