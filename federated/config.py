@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from federated import secagg_graph
 from federated.aggregation import RULES
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
 from federated.privacy.ledger import ledger_path
@@ -165,6 +166,12 @@ class TrainConfig(BaseModel):
     # Differential privacy at every site (federated/privacy/, docs/privacy.md); None: none, refused by a site
     # that has a privacy budget.
     dp: DPConfig | None = None
+    # SecAgg+ (federated/secagg_graph.py): each site masks with O(log K) neighbours on a public random graph
+    # instead of all K - 1, safe while at most ``secure_colluding`` of the sites collude with the combiner,
+    # except with probability 2^-secure_failure_bits; the full graph where that saves little (small K).
+    secure_neighbours: Literal["all", "secagg+"] = "all"
+    secure_colluding: float = Field(default=1 / 3, ge=0, lt=1)
+    secure_failure_bits: int = Field(default=40, ge=1, le=128)
     prior: Literal["global", "local"] = "global"  # docs/algorithms.md section 0
     guarantee_positives: bool = False
     # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:
@@ -205,6 +212,12 @@ class TrainConfig(BaseModel):
         if self.compile_mode != "default" and not self.compile_network:
             raise ValueError(f"compile_mode={self.compile_mode!r} needs compile_network=True")
         return self
+
+    def mask_degree(self) -> int | None:
+        """Secure aggregation's neighbours per site: None for every other site."""
+        if self.secure_neighbours == "all":
+            return None
+        return secagg_graph.degree(len(self.sites), self.secure_colluding, self.secure_failure_bits)
 
     def resolve_device(self, local_rank: int = 0) -> torch.device:
         if self.device != "auto":

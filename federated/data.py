@@ -244,3 +244,12 @@ def synthetic_site(name: str, n: dict[str, int], shape: tuple[int, ...], num_cla
         x = rng.standard_normal((count, dim)).astype(np.float32) + shift * np.sqrt(dim) * u + signal * y @ w * np.sqrt(dim)
         splits[split] = SplitData(torch.from_numpy(x.reshape(count, *shape)), y)
     return SiteData(name, tuple(f"class{c}" for c in range(num_classes)), splits)
+
+
+def usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """positives / known, kept inside (0, 1) for a disease with one class only (no positive anywhere in a
+    small federation, or at one site with a local prior). Such a disease never has both classes in a
+    batch, so its AUC loss is zero whatever the prior; the clamp only keeps the losses' check meaningful."""
+    known = known.clamp_min(1)
+    eps = 0.5 / known
+    return (positives / known).clamp(min=eps, max=1 - eps).float()

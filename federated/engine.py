@@ -28,7 +28,7 @@ from federated.algorithms.base import Algorithm, FederationContext, Site
 from federated.backends import InProcessTransport
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
-from federated.data import SiteData, SiteLoader, label_counts
+from federated.data import SiteData, SiteLoader, label_counts, usable_prior
 from federated.health import HealthMonitor, SiteUpdate, site_row, update_groups, warn_outliers
 from federated.network import (
     build_model,
@@ -44,6 +44,7 @@ from federated.schema import RoundRecord
 from federated.secure_aggregation import RING_BYTES, SecureTransport
 from federated.sites import site_names
 from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
+from federated.timing import COLUMNS, RoundClock, record_times, with_times
 from federated.transport import Transport
 
 RoundCallback = Callable[[RoundRecord], None]  # federated/schema.py
@@ -66,15 +67,6 @@ class TrainResult:
         net = build_model(self.config, self.input_shape, self.num_classes)
         net.load_state_dict(self.global_state)
         return net
-
-
-def _usable_prior(positives: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-    """positives / known, kept inside (0, 1) for a disease with one class only (no positive anywhere in a
-    small federation, or at one site with a local prior). Such a disease never has both classes in a
-    batch, so its AUC loss is zero whatever the prior; the clamp only keeps the losses' check meaningful."""
-    known = known.clamp_min(1)
-    eps = 0.5 / known
-    return (positives / known).clamp(min=eps, max=1 - eps).float()
 
 
 class Engine:
@@ -102,7 +94,8 @@ class Engine:
         self.commits_checkpoints = self.is_leader or own_checkpoints
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
         self.datas = load_sites(config.sites, transport.local_sites)
-        self.secure = SecureTransport(transport, [d.name for d in self.datas]) if config.secure_aggregation else None
+        self.secure = (SecureTransport(transport, [d.name for d in self.datas], config.mask_degree())
+                       if config.secure_aggregation else None)
         self.transport = transport = self.secure or transport
         self.input_shape = model_input_shape(self.datas[0])
         self.privacy = privacy.admit_sites(config, self.datas, transport.local_sites, self.input_shape)  # before any release
@@ -158,11 +151,11 @@ class Engine:
         for c, name in enumerate(diseases):
             if known[c] == 0:
                 raise ValueError(f"disease {name!r} has no known label at any site")
-        prior = _usable_prior(pos, known)
+        prior = usable_prior(pos, known)
         weights = ([1.0 / K] * len(self.datas) if self.config.aggregation == "uniform"
                    else [float(c[2][0] / n[0]) for c in local])
         if self.config.prior == "local":
-            priors = [_usable_prior(c[0], c[1]).to(self.device) for c in local]
+            priors = [usable_prior(c[0], c[1]).to(self.device) for c in local]
         else:
             priors = [prior.to(self.device)] * len(self.datas)
         fed = FederationContext(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
@@ -299,7 +292,8 @@ class Engine:
             t0 = time.perf_counter()
             if self.secure:
                 self.secure.round = r
-            losses = [self.local_round(site, update) for site, update in zip(self.sites, self.updates)]
+            clock = RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
+            losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
             losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr) if self.privacy else losses
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
@@ -317,10 +311,10 @@ class Engine:
                 received = [b + extra for b, extra in zip(received, initial[1])]
             # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
             # checked before a diverged model is evaluated or checkpointed.
-            rows = [site_row(site.index, b_s, b_r, loss, n) for site, b_s, b_r, loss, n
-                    in zip(self.sites, sent, received, losses, norms)]
+            rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
+                    in enumerate(zip(self.sites, sent, received, losses, norms))]
             per_site = self.transport.gather([row.to(self.device) for row in rows]).cpu()
-            health = self.health.check(r, per_site)
+            health = self.health.check(r, per_site[:, :-COLUMNS])
             sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
             last = r == cfg.rounds - 1
             evaluated = None
@@ -330,7 +324,8 @@ class Engine:
                 received = [b + evaluated.bytes_received[0] for b in received]
             record: RoundRecord = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
                       "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
-                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health}
+                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health,
+                      **record_times(per_site, self.health.site_names)}
             if evaluated is not None:
                 record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
                 test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms

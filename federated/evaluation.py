@@ -76,15 +76,20 @@ def global_model(sites: list[Site], transport, weights: list[float], bn_stats: s
     ``running_mean = sum_k w_k mu_k`` and ``running_var = sum_k w_k (var_k + mu_k^2) - running_mean^2``
     (law of total variance; a mean of the variances drops the spread between the sites' means).
     """
-    models = [copy.deepcopy(s.model) for s in sites]
+    # One network copied (the first site's); the other sites of this process lend copies of their tensors:
+    # a deepcopy of a network per site cost 60 ms of Python each, 4 s an evaluation at 64 sites in-process.
+    model = copy.deepcopy(sites[0].model)
+    own = model_tensors(model)
+    names = [n for n, t in own.items() if t.is_floating_point()]
+    wanted = set(names)
+    per_site = [own, *({n: t.detach().clone() for n, t in model_tensors(s.model).items() if n in wanted}
+                       for s in sites[1:])]
     pooled_bn = bn_stats == "local"
     if pooled_bn:
-        for m in models:
-            for bn in _batch_norms(m):
-                bn.running_var.add_(bn.running_mean.square())  # E[x^2] per site
-    floats = [[t for t in model_tensors(m).values() if t.is_floating_point()] for m in models]
-    transport.mean_(floats, weights)
-    model = models[0]
+        for tensors in per_site:
+            for name in (n for n in names if n.endswith(".running_var")):
+                tensors[name].add_(tensors[name.removesuffix("running_var") + "running_mean"].square())  # E[x^2]
+    transport.mean_([[tensors[n] for n in names] for tensors in per_site], weights)
     if pooled_bn:
         for bn in _batch_norms(model):
             bn.running_var.sub_(bn.running_mean.square()).clamp_min_(0.0)

@@ -88,15 +88,21 @@ def site_row(index: int, sent: int, received: int, losses: torch.Tensor, norms: 
 
 
 def relative_to_others(values: list[float]) -> list[float]:
-    """Each site's value over the median of the other sites' (NaN where undefined: one site, a zero median)."""
+    """Each site's value over the median of the other sites' (NaN where undefined: one site, a zero median).
+    One sort for all sites (K log K, not a sort per site): leaving one value out of the sorted list shifts
+    the others' middle by at most one place."""
+    n = len(values)
+    if n < 2:
+        return [math.nan] * n
+    order = sorted(range(n), key=lambda k: values[k])
+    ordered = [values[k] for k in order]
+    rank = {k: r for r, k in enumerate(order)}
     out = []
     for k, v in enumerate(values):
-        others = sorted(values[:k] + values[k + 1:])
-        if not others:
-            out.append(math.nan)
-            continue
-        mid = len(others) // 2
-        median = others[mid] if len(others) % 2 else 0.5 * (others[mid - 1] + others[mid])
+        def at(i: int, skip: int = rank[k]) -> float:  # the i-th smallest of the others
+            return ordered[i + (i >= skip)]
+        mid = (n - 1) // 2
+        median = at(mid) if (n - 1) % 2 else 0.5 * (at(mid - 1) + at(mid))
         out.append(v / median if median > 0 and math.isfinite(median) else math.nan)
     return out
 

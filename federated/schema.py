@@ -30,6 +30,9 @@ class RoundRecord(TypedDict, total=False):
     update_norm_rel: dict[str, list[float]]
     outliers: list[dict]
     loss_reference: list[float]
+    site_compute_s: list[float]  # per site: its local steps' seconds this round (federated/timing.py)
+    site_wait_s: list[float]  # per site: the rest of its round up to the per-site gather
+    slowest: dict  # {"site", "compute_s", "held_up_s"}: the site the round waited for, and how long
     metrics: dict[str, float]  # on evaluation rounds: keys as MetricKey
     suppressed: dict  # small-count suppression (federated/evaluation.py)
 

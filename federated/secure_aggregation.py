@@ -16,6 +16,8 @@ histograms) goes through it, on every transport alike (docs/algorithms.md sectio
 3. Masks: for collective number ``seq`` the pair's seed is HKDF-SHA256(shared secret, salt = every public
    key, info = i, j, seq), expanded by ChaCha20 into one uint64 per value; site i adds the mask of every
    pair (i, j > i) and subtracts that of every pair (j < i, i) modulo 2^64. The masks cancel in the sum.
+   The pairs: every two sites, or with SecAgg+ the edges of a public random graph of degree O(log K)
+   (``TrainConfig.secure_neighbours``, federated/secagg_graph.py).
 4. The combiner adds the K vectors modulo 2^64 (``federated.backends.ring_sum``, every transport's one integer
    reduction: an integer sum has no order, so every transport gets the same bits); each site decodes sum / 2^F.
 
@@ -36,6 +38,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from federated.backends import unflatten_into
+from federated.secagg_graph import neighbours
 from preprocessing.errors import FedaucError
 
 FRACTION_BITS = 32  # F: the fixed-point resolution is 2^-32 (float32 near 1 resolves 2^-24)
@@ -66,17 +69,19 @@ def new_key() -> tuple[X25519PrivateKey, bytes]:
 
 
 class PairMasks:
-    """Site ``site``'s masks: its shared secrets with every other site, from its private key and everyone's
-    public key (in site order)."""
+    """Site ``site``'s masks: its shared secrets with its neighbours, from its private key and everyone's
+    public key (in site order). ``degree``: SecAgg+'s neighbour count (federated/secagg_graph.py), on the
+    graph every site derives from the public keys; None: every other site (the full graph). The masks
+    cancel in the sum on any symmetric graph, so the decoded sum does not depend on it."""
 
-    def __init__(self, site: int, private: X25519PrivateKey, public_keys: Sequence[bytes]):
+    def __init__(self, site: int, private: X25519PrivateKey, public_keys: Sequence[bytes], degree: int | None = None):
         if len(set(public_keys)) != len(public_keys):
             raise SecureAggregationError("two sites presented the same public key for secure aggregation: "
                                          "the key exchange was tampered with; the job stops")
         self.site = site
         self.salt = b"".join(public_keys)
-        self.secrets = {j: private.exchange(X25519PublicKey.from_public_bytes(key))
-                        for j, key in enumerate(public_keys) if j != site}
+        self.secrets = {j: private.exchange(X25519PublicKey.from_public_bytes(public_keys[j]))
+                        for j in neighbours(site, len(public_keys), degree, self.salt)}
 
     def stream(self, other: int, seq: int, count: int) -> np.ndarray:
         """The pair (site, other)'s mask for collective ``seq``: ``count`` uniform uint64 values."""
@@ -106,7 +111,7 @@ class SecureTransport:
     at each round so that an error says where it happened. The public keys are exchanged once, through
     ``inner.exchange_public_keys`` (signed and checked over NVIDIA FLARE)."""
 
-    def __init__(self, inner, site_names: Sequence[str]):
+    def __init__(self, inner, site_names: Sequence[str], degree: int | None = None):
         self.inner = inner
         self.num_sites = inner.num_sites
         self.local_sites = inner.local_sites
@@ -116,7 +121,7 @@ class SecureTransport:
         self._seq = 0
         keys = {k: new_key() for k in inner.local_sites}
         public_keys = inner.exchange_public_keys({k: public for k, (_, public) in keys.items()})
-        self.masks = {k: PairMasks(k, private, public_keys) for k, (private, _) in keys.items()}
+        self.masks = {k: PairMasks(k, private, public_keys, degree) for k, (private, _) in keys.items()}
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         return self.inner.gather(per_site)

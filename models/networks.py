@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from monai.networks.nets import DenseNet121, ResNet, resnet18
 from torch import Tensor, nn
 
 # ---------------------------------------------------------------------------------------------------
@@ -87,11 +86,17 @@ class SmallResNet(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
+# MONAI is imported where its networks are built: its package loads every integration it finds installed
+# (MLflow, matplotlib, scipy), which a hospital's small_resnet job process has no use for.
 def _densenet121(num_classes: int, in_channels: int, **kwargs) -> nn.Module:
+    from monai.networks.nets import DenseNet121
+
     return DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=num_classes, **kwargs)
 
 
 def _resnet18(num_classes: int, in_channels: int, **kwargs) -> nn.Module:
+    from monai.networks.nets import resnet18
+
     return resnet18(spatial_dims=2, n_input_channels=in_channels, num_classes=num_classes, **kwargs)
 
 
@@ -146,6 +151,8 @@ class PretrainedWeightsError(ValueError):
 
 
 def _architecture(model: nn.Module) -> str:
+    from monai.networks.nets import DenseNet121, ResNet
+
     if isinstance(model, DenseNet121):
         return "densenet121"
     if isinstance(model, ResNet):

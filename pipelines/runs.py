@@ -107,6 +107,11 @@ class RoundLogger:
             {"bytes_sent": float(sent), "bytes_received": float(received), "train_loss": loss}
             for sent, received, loss in zip(record["bytes_sent"], record["bytes_received"], record["site_losses"])
         ]
+        # The slow hospital named (federated/timing.py); a record from before it has none.
+        for metrics, compute, wait in zip(children, record.get("site_compute_s", ()), record.get("site_wait_s", ())):
+            metrics["compute_seconds"], metrics["wait_seconds"] = compute, wait
+        if "slowest" in record:
+            parent["slowest_site_held_up_seconds"] = record["slowest"]["held_up_s"]
         if math.isnan(record["train_loss"]):  # under differential privacy the sites withhold their losses
             for metrics in (parent, *children):
                 del metrics["train_loss"]

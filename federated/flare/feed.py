@@ -24,6 +24,7 @@ from pathlib import Path
 
 from federated.engine import RoundCallback
 from federated.flare.live import LIVE_FILE
+from federated.timing import describe_slowest
 
 
 def parse(text: str) -> list[dict]:
@@ -168,7 +169,8 @@ VALID_AUC = "valid/pooled/auc_macro"
 
 def progress_printer(rounds: int) -> RoundCallback:
     """A callback printing one line a round to stderr at the centre: the round, the mean training loss over
-    sites and the latest pooled validation macro-AUC (with the round it was evaluated at)."""
+    sites, the latest pooled validation macro-AUC (with the round it was evaluated at) and the round's slowest
+    site with how long it held the round up (federated/timing.py)."""
     latest: list[tuple[float, int]] = []
 
     def show(record: dict) -> None:
@@ -178,6 +180,9 @@ def progress_printer(rounds: int) -> RoundCallback:
         line = f"round {record['round'] + 1}/{rounds}: train loss {record['train_loss']:.4f}"
         if latest:
             line += f", pooled valid AUC {latest[0][0]:.4f} (round {latest[0][1] + 1})"
+        slowest = describe_slowest(record)
+        if slowest:
+            line += f"; {slowest}"
         print(line, file=sys.stderr, flush=True)
 
     return show

@@ -50,6 +50,11 @@ class LiveRecords:
         self.dead_after_s = dead_after_s
         now = time.time()
         self._heard = dict.fromkeys(sites, now)  # from the moment the job started the sites' training
+        try:  # every site's last heartbeat across jobs: read once, written by the watch loop
+            self._known = json.loads(self.sites_path.read_text()).get("sites", {})
+        except (OSError, ValueError):
+            self._known = {}
+        self._dirty = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._append({"job": job_id, "sites": sites, "started": now})
@@ -71,16 +76,22 @@ class LiveRecords:
                 self._heard.pop(site, None)
             elif site in self._heard:
                 self._heard[site] = now
-            try:
-                known = json.loads(self.sites_path.read_text()).get("sites", {})
-            except (OSError, ValueError):
-                known = {}
-            known[site] = {"last_heartbeat": now, "fedauc": version, "job": self.job_id}
-            _write_atomic(self.sites_path, json.dumps({"sites": known}))
+            # Written at most once a second (``flush``), not at every heartbeat: K sites' heartbeats each
+            # rewriting the K sites' file cost the server K^2 a heartbeat period.
+            self._known[site] = {"last_heartbeat": now, "fedauc": version, "job": self.job_id}
+            self._dirty = True
+
+    def flush(self) -> None:
+        """Write the sites' heartbeats to ``SITES_FILE`` if any came since the last write."""
+        with self._lock:
+            if self._dirty:
+                _write_atomic(self.sites_path, json.dumps({"sites": self._known}))
+                self._dirty = False
 
     def watch(self, on_dead: Callable[[str, str], None]) -> None:
         def loop():
             while not self._stop.wait(1.0):
+                self.flush()
                 with self._lock:
                     now = time.time()
                     silent = [(now - t, site) for site, t in self._heard.items() if now - t > self.dead_after_s]
@@ -94,3 +105,4 @@ class LiveRecords:
 
     def stop(self) -> None:
         self._stop.set()
+        self.flush()

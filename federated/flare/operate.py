@@ -21,6 +21,7 @@ from pathlib import Path
 
 from federated.flare.feed import parse
 from federated.flare.live import LIVE_FILE, SITES_FILE
+from federated.timing import describe_slowest
 from preprocessing.errors import ConfigError
 
 _JOINED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*New client (\S+?)@\S* joined")
@@ -60,6 +61,18 @@ class JobStatus:
     sites: list[str] = field(default_factory=list)
     rounds_done: int = 0  # rounds site 0 has finished
     failure: str | None = None
+    slowest: str | None = None  # the last round's slowest site and how long it held the round up
+
+
+def job_status(job_id: str, name: str, live_text: str) -> JobStatus:
+    """A running job's status from its live file (``federated.flare.live``)."""
+    entries = parse(live_text)
+    start = next((e for e in entries if "job" in e), {})
+    records = [e["record"] for e in entries if "record" in e]
+    failure = next((e["failure"] for e in entries if "failure" in e), None)
+    last = max(records, key=lambda r: r["round"]) if records else {}
+    return JobStatus(job_id, name, start.get("sites", []), last["round"] + 1 if records else 0, failure,
+                     describe_slowest(last))
 
 
 @dataclass
@@ -78,9 +91,9 @@ class ConsortiumStatus:
                   f"{when(s.fedauc_heartbeat)} |" for s in self.sites]
         lines += ["", f"{len(self.jobs)} running job(s)"]
         if self.jobs:
-            lines += ["", "| job | name | sites | rounds done | failure |", "|---|---|---|---|---|"]
-            lines += [f"| {j.job_id} | {j.name} | {', '.join(j.sites)} | {j.rounds_done} | {j.failure or '-'} |"
-                      for j in self.jobs]
+            lines += ["", "| job | name | sites | rounds done | last round | failure |", "|---|---|---|---|---|---|"]
+            lines += [f"| {j.job_id} | {j.name} | {', '.join(j.sites)} | {j.rounds_done} | {j.slowest or '-'} | "
+                      f"{j.failure or '-'} |" for j in self.jobs]
         return "\n".join(lines)
 
 
@@ -108,14 +121,9 @@ def consortium_status(kit: str | Path) -> ConsortiumStatus:
         # NVIDIA FLARE's system info names a job by its app ("app"); its job list by the name fedauc gave it
         # (the training's run name).
         names = {j.get("job_id"): j.get("job_name") or j.get("name") for j in session.list_jobs()}
-        jobs = []
-        for job in info.job_info:
-            entries = parse(session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
-            start = next((e for e in entries if "job" in e), {})
-            rounds = [e["round"] for e in entries if "record" in e]
-            failure = next((e["failure"] for e in entries if "failure" in e), None)
-            jobs.append(JobStatus(job.job_id, names.get(job.job_id) or job.app_name, start.get("sites", []),
-                                  max(rounds) + 1 if rounds else 0, failure))
+        jobs = [job_status(job.job_id, names.get(job.job_id) or job.app_name,
+                           session.cat_target("server", file=f"{job.job_id}/{LIVE_FILE}"))
+                for job in info.job_info]
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.server_info.start_time)))
         return ConsortiumStatus(started, sites, jobs)
     finally:

@@ -7,7 +7,6 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 class MetricResult(float):
@@ -95,10 +94,22 @@ def roc_auc(y_true, y_score) -> MetricResult:
     reason = _class_check(y)
     if reason:
         return MetricResult.undefined(reason)
-    ranks = rankdata(s)  # average ranks: a tied positive/negative pair contributes 1/2
+    ranks = average_ranks(s)  # a tied positive/negative pair contributes 1/2
     n_pos = y.sum()
     n_neg = y.size - n_pos
     return MetricResult((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank (scipy.stats.rankdata's default, in numpy: a hospital's
+    site process need not load scipy)."""
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
 
 
 def _roc_curve(y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

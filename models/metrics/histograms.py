@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import norm
 
 from models.metrics.binary import MetricResult, area_up_to, binary_inputs, check_rate
 
@@ -119,7 +119,7 @@ def histogram_auc_interval(hist_pos, hist_neg, confidence: float = 0.95) -> Hist
     v01 = (hp.sum() - np.cumsum(hp) + 0.5 * hp) / n_pos
     variance = ((hp * (v10 - auc.value) ** 2).sum() / (n_pos - 1) / n_pos
                 + (hn * (v01 - auc.value) ** 2).sum() / (n_neg - 1) / n_neg)
-    half_width = float(norm.ppf(0.5 + confidence / 2) * math.sqrt(variance) + auc.bound)
+    half_width = float(NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(variance) + auc.bound)
     return HistogramInterval(max(0.0, auc.value - half_width), min(1.0, auc.value + half_width), half_width)
 
 

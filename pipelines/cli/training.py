@@ -77,6 +77,10 @@ def train_command(
         False, "--secure-aggregation",
         help="Pairwise-masked secure aggregation: the server (or this process) receives every mean and sum as "
              "masked ring elements and decodes only the sum over sites (docs/algorithms.md section 13)."),
+    secagg_plus: bool = typer.Option(
+        False, "--secagg-plus",
+        help="With --secure-aggregation: SecAgg+, each site masks with O(log K) neighbours instead of all K - 1, "
+             "safe while under a third of the sites collude with the server (docs/algorithms.md section 13)."),
     aggregation: Aggregation = typer.Option(
         "mean", "--aggregation",
         help="How a round's model updates combine: mean (weighted), or the coordinate-wise median or trimmed mean "
@@ -118,7 +122,8 @@ def train_command(
     config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
               "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
               "checkpoint_dir": checkpoint_dir, "resume": resume,
-              "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value}
+              "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value,
+              "secure_neighbours": "secagg+" if secagg_plus else "all"}
     if backend.value != "inprocess":
         config["timeout_s"] = site_timeout
     if dp and (noise_multiplier is None) == (target_epsilon is None):

@@ -1,0 +1,74 @@
+"""Which site holds a round up: each site's compute and wait seconds per round, in the round's record.
+
+A site's *compute* is the wall time of its local steps in the round (on CUDA up to a device synchronisation,
+so the queued kernels count where they run); its *wait* is the rest of its round up to the round's per-site
+gather: the collectives, which return only when the slowest site has contributed. Both ride as two more
+columns of the round's per-site gather (federated/health.py ``site_row``, federated/engine.py), which every
+site already makes, so no message is added and the centre sees two aggregate numbers per site a round,
+nothing per image.
+
+In the record: ``site_compute_s`` and ``site_wait_s`` (per site, in site order) and ``slowest``: the site
+with the longest compute, its compute, and ``held_up_s``, how much longer than the next slowest site it took,
+the time the round would have been shorter without its delay (0 with one site).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+COLUMNS = 2  # compute, wait: the last columns of a site's row
+T = TypeVar("T")
+
+
+class RoundClock:
+    """Times the sites of this process through one round: ``time`` runs each site's local steps, in site
+    order, then ``row(i)`` once the round's collectives have returned."""
+
+    def __init__(self, num_sites: int, device: torch.device):
+        self.device = device
+        self.compute = [0.0] * num_sites
+        self.ended = [0.0] * num_sites
+        self._next = 0
+
+    def time(self, local_steps: Callable[..., T], *args) -> T:
+        """``local_steps(*args)``, timed as the next site's compute."""
+        i, start = self._next, time.perf_counter()
+        out = local_steps(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.ended[i] = time.perf_counter()
+        self.compute[i] = self.ended[i] - start
+        self._next += 1
+        return out
+
+    def row(self, i: int) -> torch.Tensor:
+        """Site ``i``'s columns (float64, CPU): its compute, and its wait from then until now."""
+        return torch.tensor([[self.compute[i], time.perf_counter() - self.ended[i]]], dtype=torch.float64)
+
+
+def with_times(row: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    """A site's gather row with its timing columns appended (on the row's device)."""
+    return torch.cat([row, times.to(row.device)], dim=1)
+
+
+def record_times(per_site: torch.Tensor, site_names: list[str]) -> dict:
+    """The round record's timing keys from every site's gathered row (timing in the last COLUMNS)."""
+    compute, wait = per_site[:, -2].tolist(), per_site[:, -1].tolist()
+    order = sorted(range(len(compute)), key=lambda k: compute[k], reverse=True)
+    slowest = order[0]
+    held_up = compute[slowest] - compute[order[1]] if len(order) > 1 else 0.0
+    return {"site_compute_s": compute, "site_wait_s": wait,
+            "slowest": {"site": site_names[slowest], "compute_s": compute[slowest], "held_up_s": held_up}}
+
+
+def describe_slowest(record: dict) -> str | None:
+    """One phrase naming the round's slowest site and its delay, or None for a record without timings."""
+    slowest = record.get("slowest")
+    if not slowest:
+        return None
+    return (f"slowest site {slowest['site']!r} ({slowest['compute_s']:.1f} s, held the round up "
+            f"{slowest['held_up_s']:.1f} s)")
