@@ -254,3 +254,26 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+
+
+def test_a_site_scored_whole_gives_a_row_to_every_record_its_scan_set_aside(tmp_path):
+    """Scoring a site's dataset (a site YAML, no split): a metadata row the scan quarantines (a label that is
+    no label) is a refused row with the scan's reason, not a silent drop; an image path out of the site's root
+    is an item, refused when it is read (test_hostile_and_out_of_contract_files_get_a_row_with_their_reason)."""
+    from conftest import generic_csv_site_yaml, write_generic_csv_site
+
+    from pipelines.hospital.batch import site_items
+    from preprocessing.sites import SiteConfig
+
+    labels = write_generic_csv_site(tmp_path, patients=6)
+    rows = labels.read_text().splitlines()
+    labels.write_text("\n".join([*rows, "clinic-000-0.png,p900,PA,maybe,0", "../outside.png,p901,PA,1,0"]) + "\n")
+    site = SiteConfig.model_validate(generic_csv_site_yaml("clinic", tmp_path))
+    set_aside: list[dict] = []
+    items = list(site_items(site, None, set_aside))
+    assert len(items) + len(set_aside) == len(rows) - 1 + 2
+    assert [(r["status"], r["reason"]) for r in set_aside] == [("refused", "unparsable_label")]
+    assert any(item.path.endswith("outside.png") for item in items)
+    assert not any("p900" in r["source"] or "p901" in r["source"] for r in set_aside)  # no patient id in a row
+    one_split: list[dict] = []
+    assert list(site_items(site, "test", one_split)) and one_split == []  # quarantined records have no split

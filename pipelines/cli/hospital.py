@@ -49,9 +49,10 @@ def predict_command(
         chosen = batch.choose_points(scorer, operating_point, own)
         typer.echo(f"model {scorer.name} version {scorer.version}; operating point {operating_point}: {chosen.source}")
         total = sum(1 for _ in batch.input_items(inputs, split))
+        set_aside: list[dict] = []
         with tqdm(total=total, desc="predict", unit="image") as bar:
-            counts = batch.predict_to_table(scorer, batch.input_items(inputs, split), out, chosen, batch_size,
-                                            workers, bar.update)
+            counts = batch.predict_to_table(scorer, batch.input_items(inputs, split, set_aside), out, chosen,
+                                            batch_size, workers, bar.update, set_aside)
     typer.echo(f"{sum(counts.values())} rows written to {out}: "
                + ", ".join(f"{n} {key}" for key, n in sorted(counts.items())))
 

@@ -29,6 +29,7 @@ from models.metrics.histograms import score_histograms
 from pipelines.hospital import thresholds as op
 from pipelines.hospital.flavor import load_scorer
 from pipelines.hospital.predict import (
+    REFUSED,
     SCORED,
     UID_COLUMNS,
     Item,
@@ -96,29 +97,44 @@ def choose_points(scorer: Scorer, point: str, hospital_file: Path | None) -> Cho
     return Chosen(point, points.thresholds(point, diseases), f"registered with the model ({points.source})")
 
 
-def input_items(inputs: list[str], split: str | None) -> Iterator[Item]:
+def input_items(inputs: list[str], split: str | None, set_aside: list[dict] | None = None) -> Iterator[Item]:
     """Files (rooted at their own folder), folders (every file under them) and site YAMLs (the site's records,
-    rooted at its data root), in the order given."""
+    rooted at its data root), in the order given. ``set_aside`` receives a refused row for every record a site's
+    scan quarantined (scoring its whole dataset, no ``split``): nothing a site lists is dropped silently."""
     for text in inputs:
         path = Path(text)
         if path.suffix in (".yaml", ".yml") and path.is_file():
             site = load_site(path)
-            yield from site_items(site, split)
+            yield from site_items(site, split, set_aside)
         elif path.is_dir():
             yield from folder_items(path)
         else:  # a missing or hostile file is a row with its reason, not an error of the command
             yield Item(str(path), str(path.parent.resolve()))
 
 
-def site_items(site: SiteConfig, split: str | None) -> Iterator[Item]:
+def site_items(site: SiteConfig, split: str | None, set_aside: list[dict] | None = None) -> Iterator[Item]:
     from preprocessing.scan import scan_site
 
-    records = scan_site(site).records
-    if split:
+    scan = scan_site(site)
+    records = scan.records
+    if split:  # quarantined records belong to no split
         records = records[records["split"] == split]
+    elif set_aside is not None:
+        set_aside.extend(scan_refusals(site, scan.quarantine))
     root = str(Path(site.root).resolve())
     for image_path in records["image_path"]:
         yield Item(str(Path(site.root) / image_path), root)
+
+
+def scan_refusals(site: SiteConfig, quarantine) -> list[dict]:
+    """A refused row per record the site's scan quarantined (its metadata row or image, with the scan's
+    reason): the rows a prediction table ends with."""
+    rows = []
+    for record in quarantine.itertuples(index=False):
+        image = str(record.image_path) if isinstance(record.image_path, str) and record.image_path else ""
+        source = str(Path(site.root) / image) if image else f"{site.name}: metadata row {record.source_row}"
+        rows.append({"source": source, "status": REFUSED, "reason": str(record.reason), "detail": str(record.detail)})
+    return rows
 
 
 def output_schema(diseases: list[str]) -> pa.Schema:
@@ -154,8 +170,9 @@ class TableWriter:
 
 
 def predict_to_table(scorer: Scorer, items: Iterator[Item], out: Path, chosen: Chosen, batch_size: int = 64,
-                     workers: int = 1, progress=None) -> dict[str, int]:
-    """Score ``items`` into ``out``; returns the counts of rows by status and refusal reason."""
+                     workers: int = 1, progress=None, set_aside: list[dict] = ()) -> dict[str, int]:
+    """Score ``items`` into ``out``, then the rows ``set_aside`` holds once they are read (the records their
+    site's scan refused); returns the counts of rows by status and refusal reason."""
     diseases = scorer.contract.diseases
     writer = TableWriter(out, output_schema(diseases))
     counts: dict[str, int] = {}
@@ -171,6 +188,10 @@ def predict_to_table(scorer: Scorer, items: Iterator[Item], out: Path, chosen: C
             if len(chunk) >= batch_size:
                 writer.write(chunk)
                 chunk = []
+        for row in set_aside:
+            row.update(model=scorer.name, model_version=scorer.version, operating_point=chosen.point)
+            counts[f"refused: {row['reason']}"] = counts.get(f"refused: {row['reason']}", 0) + 1
+            chunk.append(row)
         if chunk:
             writer.write(chunk)
         complete = True
