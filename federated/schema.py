@@ -37,6 +37,12 @@ class RoundRecord(TypedDict, total=False):
     suppressed: dict  # small-count suppression (federated/evaluation.py)
 
 
+# What a record says of time, not of the computation: two runs of one training agree on everything else.
+TIMING_KEYS = ("seconds", "site_compute_s", "site_wait_s", "slowest")
+# The MLflow metrics logged from them (pipelines/runs.py RoundLogger).
+TIMING_METRICS = ("round_seconds", "slowest_site_held_up_seconds", "compute_seconds", "wait_seconds")
+
+
 # --- metric keys -----------------------------------------------------------------------------------------
 
 POOLED, MACRO_OVER_SITES, SITE = "pooled", "macro_over_sites", "site"

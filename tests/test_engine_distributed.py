@@ -45,7 +45,9 @@ def _torchrun(tmp_path, cfg: TrainConfig) -> dict:
            "--master-port", str(_free_port()), "-m", "federated.distributed", str(tmp_path / "cfg.json"),
            "--out", str(tmp_path / "result.pt")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The site processes' own lines first (the cause), then torchrun's summary.
+    assert proc.returncode == 0, "\n".join([*(line for line in proc.stderr.splitlines() if "fedauc" in line),
+                                           proc.stderr[:2000], proc.stderr[-2000:]])
     return torch.load(tmp_path / "result.pt", weights_only=False)
 
 

@@ -169,7 +169,7 @@ def run_hospital(root: Path) -> None:
 
     for site in SITES:
         out = root / f"scores-{site}.parquet"
-        result = CliRunner().invoke(app, ["predict", str(root / f"{site}.yaml"), "--out", str(out), "--workers", "0"])
+        result = CliRunner().invoke(app, ["predict", str(root / HOSPITAL / f"{site}.yaml"), "--out", str(out), "--workers", "0"])
         assert result.exit_code == 0, result.output
         with batch.scratch_folder() as folder:
             scorer = batch.load_registered(None, "chest-xray", Path(folder))
@@ -178,7 +178,7 @@ def run_hospital(root: Path) -> None:
         rows = pd.read_parquet(out).to_dict("records")
         summary = drift.aggregates(rows, reference, scorer.contract.diseases, SharingPolicy(min_count=1))
         assert summary["histograms"], "the canary must send histograms to be a test of them"
-        drift.record(load_site(root / f"{site}.yaml").task, site, scorer.name, scorer.version, summary)
+        drift.record(load_site(root / HOSPITAL / f"{site}.yaml").task, site, scorer.name, scorer.version, summary)
 
 
 def run_flare(root: Path) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from federated import TensorSite, TrainConfig, train
 from federated.engine import Engine
+from federated.schema import TIMING_KEYS
 
 
 def _sites():
@@ -38,7 +39,8 @@ def test_warmup_is_fedavg_then_the_algorithm_from_the_warmed_model():
         assert torch.equal(result.global_state[name], value), name
     assert [h["round"] for h in result.history] == [0, 1, 2, 3, 4]
     assert [h["iteration"] for h in result.history] == [2, 4, 6, 8, 10]
-    untimed = [[{k: v for k, v in h.items() if k != "seconds"} for h in hs] for hs in (result.history[:2], warm.history)]
+    untimed = [[{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in hs]
+               for hs in (result.history[:2], warm.history)]
     assert untimed[0] == untimed[1]
     assert result.config.warmup_rounds == 2 and result.config.rounds == 5
     # Without the warm-up the same config trains something else.
