@@ -174,11 +174,18 @@ def comparison_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def metrics_rows(metrics: dict[str, float]) -> list[dict]:
-    """Metric keys as one row per split and scope (pooled, macro_over_sites, site/<name>)."""
+# What `fedauc evaluate` shows per split and scope by default: the macro means, readable in a 100-column
+# terminal; --wide (and MLflow) has every disease's.
+HEADLINE_COLUMNS = ("auc_macro", "auc_ci95_low_macro", "auc_ci95_high_macro", "pauc_fpr0.3_mcclish_macro")
+
+
+def metrics_rows(metrics: dict[str, float], wide: bool = True) -> list[dict]:
+    """Metric keys as one row per split and scope (pooled, macro_over_sites, site/<name>); without ``wide``
+    only the ``HEADLINE_COLUMNS``."""
     rows: dict[tuple[str, str], dict] = {}
     for key, value in metrics.items():
         parsed = MetricKey.parse(key)
-        rows.setdefault((parsed.split, parsed.scope_name), {"split": parsed.split, "scope": parsed.scope_name}
-                        )[parsed.metric] = value
+        if wide or parsed.metric in HEADLINE_COLUMNS:
+            rows.setdefault((parsed.split, parsed.scope_name), {"split": parsed.split, "scope": parsed.scope_name}
+                            )[parsed.metric] = value
     return list(rows.values())

@@ -109,10 +109,23 @@ def test_prod_evaluation_refuses_a_shard_folder_at_the_centre(evaluable_melanoma
 
 
 def test_the_metrics_table_has_a_row_per_split_and_scope():
+    import pandas as pd
+
     from pipelines.evaluations import metrics_rows
+    from pipelines.tables import markdown_table
 
     rows = metrics_rows({"valid/pooled/auc_macro": 0.6, "test/pooled/auc_macro": 0.7,
                          "test/site/vienna/auc_macro": 0.8, "test/site/vienna/n_neg/Melanoma": 21.0})
     assert rows == [{"split": "valid", "scope": "pooled", "auc_macro": 0.6},
                     {"split": "test", "scope": "pooled", "auc_macro": 0.7},
                     {"split": "test", "scope": "site/vienna", "auc_macro": 0.8, "n_neg/Melanoma": 21.0}]
+    # By default the macro means only, one short row per split and scope: `fedauc evaluate` in 100 columns.
+    metrics = {f"{split}/{scope}/{metric}": 0.123456 for split in ("valid", "test")
+               for scope in ("pooled", "macro_over_sites", "site/new-york") for metric in
+               ("auc_macro", "auc_ci95_low_macro", "auc_ci95_high_macro", "pauc_fpr0.3_mcclish_macro",
+                "auc/Melanoma", "pauc_fpr0.3_mcclish/Melanoma", "n_pos/Melanoma", "n_neg/Melanoma")}
+    narrow = pd.DataFrame(metrics_rows(metrics, wide=False)).round(3)
+    assert list(narrow.columns) == ["split", "scope", "auc_macro", "auc_ci95_low_macro", "auc_ci95_high_macro",
+                                    "pauc_fpr0.3_mcclish_macro"]
+    assert max(map(len, markdown_table(narrow).splitlines())) <= 100
+    assert "auc/Melanoma" in pd.DataFrame(metrics_rows(metrics)).columns

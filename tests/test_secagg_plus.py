@@ -12,32 +12,16 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from test_secure_aggregation import ObservedTransport, _as_unit
 
 from federated import SyntheticSite, TrainConfig, train
-from federated.backends import InProcessTransport
 from federated.secagg_graph import cut_probability, degree, neighbours, ring_order
 from federated.secure_aggregation import SecureTransport, rounding_bound
-
-
-class ObservedTransport(InProcessTransport):
-    """The in-process transport, keeping what each site handed to the ring sum: the combiner's view."""
-
-    def __init__(self, num_sites: int):
-        super().__init__(num_sites)
-        self.received: list[list[torch.Tensor]] = []
-
-    def ring_sum(self, per_site):
-        self.received.append([v.clone() for v in per_site])
-        return super().ring_sum(per_site)
 
 
 def _secure(K: int, k: int | None):
     inner = ObservedTransport(K)
     return SecureTransport(inner, [f"hosp-{i}" for i in range(K)], k), inner
-
-
-def _as_unit(v: torch.Tensor) -> np.ndarray:
-    return v.numpy().view(np.uint64).astype(np.float64) / 2.0 ** 64
 
 
 def _honest_connected(K: int, k: int, colluders: set[int]) -> bool:

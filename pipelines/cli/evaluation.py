@@ -22,6 +22,8 @@ def evaluate_command(
     flare_env: FlareEnv = FLARE_ENV,
     flare_workspace: str = FLARE_WORKSPACE,
     kit: str = ADMIN_KIT,
+    wide: bool = typer.Option(False, "--wide", help="Every metric of every disease, not the macro means only "
+                              "(the default, readable in a 100-column terminal; MLflow has them all)."),
 ) -> None:
     """Registered models (default: the champion) on every site's valid and test splits, pooled (the Prefect flow
     evaluate); several --model-version are scored in one evaluation and compared in one table."""
@@ -38,4 +40,4 @@ def evaluate_command(
     typer.echo(markdown_table(pd.DataFrame(comparison_rows(results))))
     if len(results) == 1:
         typer.echo("")
-        typer.echo(markdown_table(pd.DataFrame(metrics_rows(results[0]["metrics"]))))
+        typer.echo(markdown_table(pd.DataFrame(metrics_rows(results[0]["metrics"], wide)).round(3)))
