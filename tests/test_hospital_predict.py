@@ -59,6 +59,15 @@ def _predict(*args) -> pd.DataFrame:
     return pd.read_parquet(out) if str(out).endswith(".parquet") else pd.read_csv(out, keep_default_na=False)
 
 
+def _as_png(image, folder):
+    """A PNG of the same picture: the third file format a hospital hands the model (DICOM, JPEG, PNG)."""
+    from PIL import Image
+
+    png = folder / f"{image.stem}.png"
+    Image.open(image).save(png)
+    return png
+
+
 def test_the_registered_model_describes_itself(store):
     info = mlflow.models.get_model_info(f"models:/{MODEL}@champion")
     contract = ModelContract.model_validate(info.metadata[METADATA_KEY])
@@ -91,11 +100,12 @@ def test_predict_on_a_test_split_equals_the_federated_evaluation(store, tmp_path
 
 def test_pyfunc_scores_paths_and_base64_bytes_like_predict(store, tmp_path):
     files = sorted((store / "data" / "barcelona").rglob("*.jpg"))[:3] + sorted((store / "data" / "vienna").rglob("*.dcm"))[:2]
+    files.append(_as_png(files[0], tmp_path))
     model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
     by_path = model.predict(pd.DataFrame({"path": [str(f) for f in files]}))
     by_bytes = model.predict(pd.DataFrame({"bytes": [base64.b64encode(f.read_bytes()).decode() for f in files]}))
     table = _predict(*files, "--task", "melanoma", "--out", tmp_path / "p.csv", "--workers", "0")
-    assert list(by_path["status"]) == ["scored"] * 5
+    assert list(by_path["status"]) == ["scored"] * 6
     np.testing.assert_allclose(by_path["p_Melanoma"], table["p_Melanoma"], atol=1e-6)
     np.testing.assert_allclose(by_bytes["p_Melanoma"], table["p_Melanoma"], atol=1e-6)
     assert set(table["Melanoma"].astype(str)) <= {"True", "False"}
@@ -223,6 +233,7 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
     import requests
 
     files = sorted((store / "data" / "vienna").rglob("*.dcm"))[:2] + sorted((store / "data" / "barcelona").rglob("*.jpg"))[:1]
+    files.append(_as_png(files[-1], tmp_path))
     expected = _predict(*files, "--task", "melanoma", "--out", tmp_path / "p.csv", "--workers", "0")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -249,7 +260,7 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
         response = requests.post(f"http://127.0.0.1:{port}/invocations", json=payload, timeout=60)
         assert response.ok, response.text
         answer = pd.DataFrame(response.json()["predictions"])
-        assert list(answer["status"]) == ["scored"] * 3
+        assert list(answer["status"]) == ["scored"] * 4
         np.testing.assert_allclose(answer["p_Melanoma"], expected["p_Melanoma"], atol=1e-6)
     finally:
         os.killpg(server.pid, 15)
