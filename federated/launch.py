@@ -83,14 +83,6 @@ class _Launcher(BaseModel):
     def params(self) -> dict[str, str]:
         return {"backend": self.kind}
 
-    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
-              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
-        result = self._train(config, callbacks, name)
-        return Trained(result, _local_reports(federation, config, result), pooled=False)
-
-    def _train(self, config: TrainConfig, callbacks: Sequence[RoundCallback], name: str) -> TrainResult:
-        raise NotImplementedError
-
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
               shards_root: Path | None, bins: int, min_count: int) -> Scores:
         """Every site's shards are here: each scored in this process, as each site would score its own."""
@@ -129,7 +121,12 @@ class Torchrun(_Launcher):
 
     kind: Literal["torchrun"] = "torchrun"
 
-    def _train(self, config: TrainConfig, callbacks: Sequence[RoundCallback], name: str) -> TrainResult:
+    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
+              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
+        result = self._run(config, callbacks, name)
+        return Trained(result, _local_reports(federation, config, result), pooled=False)
+
+    def _run(self, config: TrainConfig, callbacks: Sequence[RoundCallback], name: str) -> TrainResult:
         with tempfile.TemporaryDirectory(prefix=f"fedauc-{name}-") as folder:
             cfg_path, out = Path(folder) / "config.json", Path(folder) / "result.pt"
             cfg_path.write_text(config.model_dump_json())
