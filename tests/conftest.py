@@ -1,10 +1,14 @@
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 
 import pytest
 
-from pipelines.prefect_env import prefect_env_defaults
+from pipelines.prefect_env import PROJECT_ROOT, prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
 
 # Settings that would send a test's flow runs, models or shards to a real server or folder of the user's.
@@ -154,3 +158,33 @@ def poc_slot():
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def trainings():
+    """``trainings(args)`` starts ``fedauc <args>`` as the centre runs it, a command of its own, and returns a
+    thread that waits for it and the outcome it fills (``output``, ``exit_code``, ``ended``). Not a CliRunner
+    in a thread: that swaps the process's sys.stdout under the test's other threads (one such run ended on a
+    closed stream in CI)."""
+    started: list[subprocess.Popen] = []
+
+    def train_in_background(args: list[str]) -> tuple[threading.Thread, dict]:
+        process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], cwd=PROJECT_ROOT, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        started.append(process)
+        outcome: dict = {}
+
+        def wait():
+            outcome["output"] = process.communicate()[0]
+            outcome["exit_code"] = process.returncode
+            outcome["ended"] = time.monotonic()
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        return thread, outcome
+
+    yield train_in_background
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

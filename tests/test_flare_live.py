@@ -36,13 +36,7 @@ from federated.flare.supervise import family
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from federated.sites import federation_config
 from pipelines.cli import app
-from pipelines.prefect_env import configure_prefect_env
 from preprocessing.federation import load_federation
-
-# Prefect sets up its console logging once per process, on the stream stderr is at its first import: here,
-# not inside the first `fedauc train` a CliRunner captures.
-configure_prefect_env()
-from pipelines import flows  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 
@@ -69,18 +63,6 @@ def consortium(poc_slot, melanoma_shards, tmp_path_factory):
         patch.undo()
 
 
-def _train_in_background(args: list[str]) -> tuple[threading.Thread, dict]:
-    outcome: dict = {}
-
-    def train():
-        outcome["result"] = CliRunner().invoke(app, args)
-        outcome["ended"] = time.monotonic()
-
-    thread = threading.Thread(target=train, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
 def _until(what: str, check, timeout_s: float, thread: threading.Thread | None = None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -103,7 +85,7 @@ def _steps(client: MlflowClient, run_id: str, metric: str) -> list[int]:
 
 
 def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(consortium, melanoma_shards, tmp_path,
-                                                                               monkeypatch):
+                                                                               monkeypatch, trainings):
     root, federation = melanoma_shards
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
     empty = tmp_path / "no-shards-here"
@@ -115,7 +97,7 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
     # which an argument-less client prefers to MLFLOW_TRACKING_URI (the CLI's training writes to this store).
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
 
-    thread, outcome = _train_in_background(args)
+    thread, outcome = trainings(args)
 
     def two_rounds_while_running():
         parent = _parent(client)
@@ -131,11 +113,11 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
     consortium.kill("new-york")
     killed_at = time.monotonic()
     thread.join(300)
-    result = outcome["result"]
-    assert result.exit_code == 1, result.output
-    message = next(line for line in result.output.splitlines() if line.startswith("error: "))
-    assert "site 'new-york' stopped answering" in message and "Traceback" not in result.output
-    assert f"round 2/{ROUNDS}: train loss " in result.output and "pooled valid AUC" in result.output
+    output = outcome["output"]
+    assert outcome["exit_code"] == 1, output
+    message = next(line for line in output.splitlines() if line.startswith("error: "))
+    assert "site 'new-york' stopped answering" in message and "Traceback" not in output
+    assert f"round 2/{ROUNDS}: train loss " in output and "pooled valid AUC" in output
     named_after_s = outcome["ended"] - killed_at
     assert named_after_s < 60, named_after_s
 
@@ -159,14 +141,14 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
                                    "--site-yaml", str(root / "new-york.yaml"), "--shards", str(root / "shards")], kit)
     _until("new-york to reconnect", lambda: connected_sites(consortium.kits.admin) == SITES, 120)
 
-    thread, outcome = _train_in_background([*args, "--resume"])
+    thread, outcome = trainings([*args, "--resume"])
     status = _until("the running job in `consortium status`",
                     lambda: next((s for s in [consortium_status(consortium.kits.admin)]
                                   if s.jobs and s.jobs[0].rounds_done > 0), None), 300, thread)
     assert [s.name for s in status.sites] == SITES and all(s.fedauc for s in status.sites)
     assert status.jobs[0].sites == ["vienna", "barcelona", "new-york"]
     thread.join(300)
-    assert outcome["result"].exit_code == 0, outcome["result"].output
+    assert outcome["exit_code"] == 0, outcome["output"]
     resumed = _parent(client)
     assert resumed.info.status == "FINISHED"
     steps = _steps(client, resumed.info.run_id, "train_loss")

@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,11 +30,7 @@ from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.supervise import family, signal_family
 from pipelines.cli import app
-from pipelines.prefect_env import configure_prefect_env
 from preprocessing.federation import load_federation
-
-configure_prefect_env()
-from pipelines import flows  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +94,7 @@ def _registered_since(admin: Path, name: str) -> float:
 
 
 def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium, melanoma_shards, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, trainings):
     _, federation = melanoma_shards
     kit = consortium.kits.sites["new-york"]
     consortium.kill("new-york")
@@ -113,9 +108,7 @@ def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium
             "--rounds", "400", "--local-steps", "4", "--batch-size", "16", "--eval-every", "50", "--run-name",
             "doomed", "--checkpoint-dir", str(tmp_path / "checkpoints"), "--backend", "flare", "--flare-env", "prod",
             "--kit", str(consortium.kits.admin), "--flare-workspace", str(tmp_path / "flare")]
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=CliRunner().invoke(app, args)), daemon=True)
-    thread.start()
+    thread, outcome = trainings(args)
 
     def job_process():
         return [p for p in _of_site(kit) if "worker_process" in " ".join(p.cmdline())]
@@ -139,7 +132,7 @@ def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium
     assert time.monotonic() - killed_at < 30
 
     thread.join(300)
-    assert outcome["result"].exit_code == 1, outcome["result"].output
+    assert outcome["exit_code"] == 1, outcome["output"]
 
 
 def test_a_second_start_site_refuses_and_a_stopped_one_leaves_at_once(consortium, melanoma_shards):
