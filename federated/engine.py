@@ -294,11 +294,12 @@ class Engine:
                 self.secure.round = r
             clock = RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
             losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
-            losses = privacy.withhold_losses(losses, self.privacy, r, cfg.lr) if self.privacy else losses
             self.each_site(self.algorithm.before_communication)
             tensors = [self._tensors(site) for site in self.sites]
             check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
             norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
+            if self.privacy:
+                losses, norms = privacy.withhold(losses, norms, self.privacy, r, cfg.lr)
             sent, received = self.communicate()
             self.each_site(self.algorithm.round_end)
             stage = self.algorithm.stage_length

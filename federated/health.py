@@ -126,7 +126,7 @@ class HealthMonitor:
         self.divergence_factor = config.divergence_factor
         self.outlier_factor = config.outlier_factor
         self.first_losses: list[float] | None = None
-        self.losses_withheld = config.dp is not None
+        self.withheld = config.dp is not None
 
     def resume(self, history: list[dict]) -> None:
         """Take the first losses of a resumed run from its history."""
@@ -145,14 +145,14 @@ class HealthMonitor:
         losses, first_step_losses = per_site[:, 3].tolist(), per_site[:, 4].tolist()
         norms = per_site[:, 5:].tolist()
         where = f"round {round_index}"
-        # Under differential privacy the sites withhold their losses (NaN) and check them themselves
-        # (federated/privacy/site.py withhold_losses).
-        withheld = self.losses_withheld
+        # Under differential privacy the sites withhold their losses and update norms (NaN) and check them
+        # themselves (federated/privacy/site.py withhold).
+        withheld = self.withheld
         bad = [] if withheld else [k for k, v in enumerate(losses) if not math.isfinite(v)]
         if bad:
             raise TrainingDiverged(f"site(s) {_names(self.site_names, bad)}, {where}: the training loss is "
                                    f"{losses[bad[0]]} (the training diverged)", fix=self._fix(bad))
-        for g, group in enumerate(self.groups):
+        for g, group in enumerate([] if withheld else self.groups):
             bad = [k for k, row in enumerate(norms) if not math.isfinite(row[g])]
             if bad:
                 what = "the model" if group == MODEL_GROUP else f"the algorithm's state {group!r}"

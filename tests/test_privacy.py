@@ -182,16 +182,49 @@ def test_batchnorm_is_refused_under_dp_and_its_groupnorm_variant_trains(tmp_path
     assert all(torch.isfinite(v).all() for v in result.global_state.values())
 
 
-def test_with_dp_the_server_receives_no_per_site_loss(tmp_path):
-    """The round's per-site gather carries NaN for the losses (each site checks its own); the update norms it
-    carries are of the privatized update."""
-    records = []
-    federated.train(_config(tmp_path, algorithm="codasca"), callbacks=[records.append])
+def test_with_dp_the_server_receives_no_per_site_loss_or_norm(tmp_path, monkeypatch):
+    """The row each site sends in the round's per-site gather carries NaN for its losses and update norms (each
+    site checks its own); without DP it carries their values (the check can fail)."""
+    from federated import engine
+
+    def rows_sent(cfg) -> torch.Tensor:
+        rows = []
+
+        def recording(*args):
+            rows.append(engine_site_row(*args))
+            return rows[-1]
+
+        monkeypatch.setattr(engine, "site_row", recording)
+        records = []
+        federated.train(cfg, callbacks=[records.append])
+        return torch.cat(rows).cpu(), records
+
+    engine_site_row = engine.site_row
+    sent, records = rows_sent(_config(tmp_path, algorithm="codasca"))
+    assert len(sent) == 2 * 3 and sent[:, 3:].isnan().all()  # 2 sites x 3 rounds; losses, then norms
     for record in records:
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
-        assert "loss_reference" not in record
-        assert all(math.isfinite(v) for v in record["update_norm"]["model"])
+        assert "loss_reference" not in record and record["outliers"] == []
+        assert all(math.isnan(v) for v in record["update_norm"]["model"])
         assert "metrics" not in record  # no evaluation is released without its own noise
+    clear, _ = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))
+    assert clear[:, 3:].isfinite().all()
+
+
+def test_a_dp_site_names_itself_when_its_update_is_not_finite(tmp_path, monkeypatch):
+    from federated.health import TrainingDiverged
+
+    real = FedAvg.before_communication
+
+    def poisoned(self, site):  # the loss was fine; what the site would send is not
+        real(self, site)
+        if site.index == 1:
+            with torch.no_grad():
+                self.params(site)[0].fill_(float("nan"))
+
+    monkeypatch.setattr(FedAvg, "before_communication", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"site\(s\) 'synthetic1', round 0: the update is not finite"):
+        federated.train(_config(tmp_path))
 
 
 def test_evaluation_histograms_are_released_with_counted_noise_and_no_per_site_metric(tmp_path):

@@ -134,17 +134,20 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
     return out
 
 
-def withhold_losses(losses: list[Tensor], privacy: list[SitePrivacy], round_index: int, lr: float) -> list[Tensor]:
-    """Under DP a site's loss is computed from its records without noise: each site checks its own here (a
-    non-finite loss stops the training naming the site) and sends NaN in its place (federated/health.py reads
-    NaN as withheld). The update norms it sends are of its privatized update, so they stay."""
-    out = []
-    for loss, p in zip(losses, privacy):
-        if not bool(torch.isfinite(loss).all()):
-            raise TrainingDiverged(f"site(s) {p.name!r}, round {round_index}: the training loss is not finite (the "
+def withhold(losses: list[Tensor], norms: list[Tensor], privacy: list[SitePrivacy], round_index: int,
+             lr: float) -> tuple[list[Tensor], list[Tensor]]:
+    """Under DP a site's loss is computed from its records without noise, and its update norms, per site, would
+    tell the centre what secure aggregation hides: each site checks its own here (a non-finite loss or update
+    stops the training naming the site) and sends NaN in their place (federated/health.py reads NaN as
+    withheld)."""
+    for loss, norm, p in zip(losses, norms, privacy):
+        what = ("training loss" if not bool(torch.isfinite(loss).all()) else
+                "update" if not bool(torch.isfinite(norm).all()) else None)
+        if what is not None:
+            raise TrainingDiverged(f"site(s) {p.name!r}, round {round_index}: the {what} is not finite (the "
                                    "training diverged)", fix=lower_lr_fix(lr, repr(p.name)))
-        out.append(torch.full_like(loss, float("nan")))
-    return out
+    return ([torch.full_like(loss, float("nan")) for loss in losses],
+            [torch.full_like(norm, float("nan")) for norm in norms])
 
 
 def attach(sites: list[Site], privacy: list[SitePrivacy] | None) -> None:
