@@ -12,7 +12,8 @@ any defined score beats it.) Then ``registry.promote_best`` compares the two on 
 scores are recorded: each on its model version (``schema.SCORE_TAG_PREFIX`` + fingerprint) and on the
 training's run (the metric ``valid/pooled/auc_macro`` and ``champion_check/valid/pooled/auc_macro`` with the
 tag ``champion_check.version``), the re-evaluation also as its own evaluation run (``purpose:
-champion-check``).
+champion-check``). A DP training runs no evaluation besides its own noised ones: its model has their score
+(or none, NaN, and no operating points) and a champion unscored on its sites keeps the alias.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
         return evaluations.score_models(federation, models, shards_root, launcher)
 
     valid_histograms = result.valid_histograms
-    if config.bn_stats == "local" or valid_histograms is None:
+    # Under DP a site releases no exact evaluation (docs/privacy.md section 5; one with a budget refuses it):
+    # the model is scored only by its training's own noised evaluations, and the champion is not re-scored.
+    exact = config.dp is None
+    if exact and (config.bn_stats == "local" or valid_histograms is None):
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
         scored = score([(candidate, model.state_dict())])[0].evaluation
@@ -74,8 +78,12 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
-        registry.record_score(federation.task, champion, evaluation, _score_champion(
-            champion, federation, input_shape, num_classes, score, launcher))
+        if exact:
+            registry.record_score(federation.task, champion, evaluation, _score_champion(
+                champion, federation, input_shape, num_classes, score, launcher))
+        else:  # unscored here, it keeps the alias (registry.promote_best)
+            mlflow.set_tags({"champion_check.version": champion, "champion_check.skipped": (
+                "a DP training's sites release no exact evaluation of the champion: it keeps the alias")})
     return registry.register_model(model, federation.task, synthetic_input_example(input_shape), own_score,
                                    collapsed, evaluation, contract)
 

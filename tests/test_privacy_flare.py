@@ -13,7 +13,7 @@ from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import SiteBudget
 from federated.privacy.site import NOISE_SEED_ENV
 from federated.sites import federation_config
-from preprocessing.federation import load_federation
+from preprocessing.federation import Federation, load_federation
 
 pytestmark = pytest.mark.slow
 
@@ -76,15 +76,35 @@ def test_a_dp_flare_run_with_secure_aggregation_equals_the_in_process_one(tmp_pa
     assert any(not torch.equal(other.global_state[k], v) for k, v in local.global_state.items())
 
 
-def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets):
+def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets, tmp_path, monkeypatch):
+    """A tracked DP training over the simulator at budgeted sites: each site's epsilons on its MLflow run, and the
+    model registered without an exact evaluation at the sites (which they would refuse) while the champion,
+    unscored there, keeps the alias."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
+    from federated.launch import Flare
     from pipelines import runs
+    from pipelines.registry import CHAMPION_ALIAS
 
-    federation, shards, _ = budgets([50.0, 40.0, 30.0])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    mlflow.set_tracking_uri(None)
+    federation, shards, paths = budgets([50.0, 40.0, 30.0])
     settings = _config(federation, shards).model_dump(mode="json", exclude={"sites"})
-    run = runs.train_tracked(federation, shards, settings, run_name="dp-recorded")
+    for path in paths:  # the champion was trained before the sites set budgets, on two of them: unscored on three
+        path.unlink()
+    two = Federation(federation.path, federation.spec, federation.sites[:2])
+    champion = runs.train_tracked(two, shards, {**settings, "dp": None, "eval_every": 2}, run_name="champion")
+    assert champion.promoted
+    budgets([50.0, 40.0, 30.0])
+    run = runs.train_tracked(federation, shards, settings, run_name="dp-recorded",
+                             launcher=Flare(env="sim", workspace=tmp_path / "sim"))
     client = MlflowClient()
+    assert not run.promoted and run.model_version != champion.model_version
+    name = f"fedauc-{federation.task}"
+    assert str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version) == champion.model_version
+    tags = client.get_run(run.run_id).data.tags
+    assert "release no exact evaluation" in tags["champion_check.skipped"]
     children = client.search_runs([client.get_run(run.run_id).info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{run.run_id}'")
     by_site = {r.data.tags["site"]: r.data.metrics for r in children}
