@@ -33,6 +33,8 @@ from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.resume import CHECKPOINTS
 from federated.flare.supervise import family
+from federated.privacy.ledger import Ledger, ledger_path
+from federated.privacy.policy import SiteBudget
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from federated.sites import federation_config
 from pipelines.cli import app
@@ -164,6 +166,50 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
         want = torch.load(uninterrupted / last / f"site_{index}.pt", weights_only=True)["model"]
         worst = max((got[k].float() - v.float()).abs().max().item() for k, v in want.items())
         assert worst <= 1e-5, (site, worst)
+
+
+def test_over_poc_a_site_refuses_a_dp_job_over_its_budget_and_status_shows_each_sites_epsilon(
+        consortium, melanoma_shards, tmp_path, monkeypatch, trainings):
+    """Each hospital's fedauc reads its own ledger beside its shards, on its own machine: one over its budget
+    refuses the job before any step, in one line the centre hears; after a DP training `fedauc consortium
+    status` shows what each site's ledger has spent and has left."""
+    root, federation = melanoma_shards
+    ledgers = {site: ledger_path(root / "shards" / site) for site in SITES}
+    budget = {"barcelona": 40.0, "new-york": 30.0, "vienna": 50.0}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    empty = tmp_path / "no-shards-here"
+    empty.mkdir()
+    args = ["train", "--federation", str(federation), "--shards", str(empty), "--algorithm", "codasca", "-p", "T0=4",
+            "--network", "small_resnet_gn", "--rounds", "2", "--local-steps", "2", "--batch-size", "16",
+            "--eval-every", "0", "--dp", "--noise-multiplier", "1.0", "--backend", "flare", "--flare-env", "prod",
+            "--kit", str(consortium.kits.admin), "--flare-workspace", str(tmp_path / "flare")]
+    try:
+        for site, path in ledgers.items():
+            Ledger(path, SiteBudget(epsilon=0.05 if site == "barcelona" else budget[site], delta=1e-5)).save()
+        thread, refused = trainings([*args, "--run-name", "dp-refused"])
+        thread.join(300)
+        assert refused["exit_code"] == 1, refused["output"]
+        message = next(line for line in refused["output"].splitlines() if line.startswith("error: "))
+        assert "site 'barcelona' refuses the job: it would spend epsilon " in message, message
+        assert "over the site's budget of 0.05 (remaining 0.05)" in message and "Traceback" not in refused["output"]
+        assert Ledger.load(ledgers["barcelona"]).entries == []
+
+        for site, path in ledgers.items():
+            Ledger(path, SiteBudget(epsilon=budget[site], delta=1e-5)).save()
+        thread, trained = trainings([*args, "--run-name", "dp-trained"])
+        thread.join(300)
+        assert trained["exit_code"] == 0, trained["output"]
+        status = consortium_status(consortium.kits.admin)
+        for site in status.sites:
+            spent = Ledger.load(ledgers[site.name]).spent(1e-5)
+            assert site.epsilon_spent == pytest.approx(spent) and spent > 0, site
+            assert site.epsilon_remaining == pytest.approx(budget[site.name] - spent), site
+        rows = [line for line in status.markdown().splitlines() if line.startswith("| barcelona ")]
+        assert len(rows) == 1 and rows[0].endswith(f" | {status.sites[0].epsilon_spent:.3g} spent, "
+                                                   f"{status.sites[0].epsilon_remaining:.3g} left |"), rows
+    finally:  # the shards are the session's other tests' too, which train without DP
+        for path in ledgers.values():
+            path.unlink(missing_ok=True)
 
 
 # Last: it stops a hospital of the module's consortium.

@@ -5,7 +5,7 @@ Where it goes: ``LIVE_FILE`` (one JSON object a line) in the server's run folder
 submitter reads while the job runs (``federated.flare.feed``: the file itself under the simulator, NVFlare's
 admin ``cat`` against a consortium) and ``fedauc consortium status`` reads for a running job's round;
 ``SITES_FILE`` in the server's workspace root: every site's last heartbeat and the fedauc version it runs,
-across jobs. Both hold what the sites already send the centre (a round's aggregate record: bytes, mean loss,
+and, once it admitted a DP job, the epsilon its ledger has spent and has left, across jobs. Both hold what the sites already send the centre (a round's aggregate record: bytes, mean loss,
 metrics with small counts suppressed), nothing per image.
 
 A site heartbeats every ``HEARTBEAT_S`` seconds from a thread of its own (``federated.flare.heartbeat``),
@@ -78,7 +78,13 @@ class LiveRecords:
                 self._heard[site] = now
             # Written at most once a second (``flush``), not at every heartbeat: K sites' heartbeats each
             # rewriting the K sites' file cost the server K^2 a heartbeat period.
-            self._known[site] = {"last_heartbeat": now, "fedauc": version, "job": self.job_id}
+            self._known.setdefault(site, {}).update(last_heartbeat=now, fedauc=version, job=self.job_id)
+            self._dirty = True
+
+    def budget(self, site: str, spent: float, remaining: float | None) -> None:
+        """What ``site``'s ledger has spent, and has left (None: no budget), once it admitted this DP job."""
+        with self._lock:
+            self._known.setdefault(site, {}).update(epsilon_spent=spent, epsilon_remaining=remaining)
             self._dirty = True
 
     def flush(self) -> None:

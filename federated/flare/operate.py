@@ -1,6 +1,6 @@
 """What the centre's operator asks a running consortium, with the admin's kit (NVIDIA FLARE's admin API over
 mutual TLS): who is connected and since when, the running jobs and their round, each site's fedauc version
-(``consortium_status``); and a non-interactive stop of the server (``stop_server``).
+and privacy budget (``consortium_status``); and a non-interactive stop of the server (``stop_server``).
 
 Everything is read from the server: NVIDIA FLARE's own client list (each client's last heartbeat, every
 30 s), its log's record of when each client joined, and the files fedauc's job writes in the server's
@@ -52,6 +52,15 @@ class SiteStatus:
     last_heartbeat: float  # NVIDIA FLARE's client heartbeat
     fedauc: str | None = None  # the version its last fedauc job reported
     fedauc_heartbeat: float | None = None
+    # What its privacy ledger had spent and had left when it admitted its last DP job (remaining None: no budget).
+    epsilon_spent: float | None = None
+    epsilon_remaining: float | None = None
+
+    def budget(self) -> str:
+        if self.epsilon_spent is None:
+            return "-"
+        left = "no budget" if self.epsilon_remaining is None else f"{self.epsilon_remaining:.3g} left"
+        return f"{self.epsilon_spent:.3g} spent, {left}"
 
 
 @dataclass
@@ -86,9 +95,10 @@ class ConsortiumStatus:
             return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
         lines = [f"server up since {self.server_started}; {len(self.sites)} site(s) connected", "",
-                 "| site | connected since | last heartbeat | fedauc | last fedauc heartbeat |", "|---|---|---|---|---|"]
+                 "| site | connected since | last heartbeat | fedauc | last fedauc heartbeat | privacy (epsilon) |",
+                 "|---|---|---|---|---|---|"]
         lines += [f"| {s.name} | {when(s.connected_since)} | {when(s.last_heartbeat)} | {s.fedauc or '-'} | "
-                  f"{when(s.fedauc_heartbeat)} |" for s in self.sites]
+                  f"{when(s.fedauc_heartbeat)} | {s.budget()} |" for s in self.sites]
         lines += ["", f"{len(self.jobs)} running job(s)"]
         if self.jobs:
             lines += ["", "| job | name | sites | rounds done | last round | failure |", "|---|---|---|---|---|---|"]
@@ -106,6 +116,12 @@ def _joined_times(log_text: str) -> dict[str, float]:
     return joined
 
 
+def site_status(name: str, joined: float | None, last_heartbeat: float, known: dict) -> SiteStatus:
+    """A connected site's status; ``known``: its entry of the server's ``SITES_FILE`` (federated/flare/live.py)."""
+    return SiteStatus(name, joined, last_heartbeat, known.get("fedauc"), known.get("last_heartbeat"),
+                      known.get("epsilon_spent"), known.get("epsilon_remaining"))
+
+
 def consortium_status(kit: str | Path) -> ConsortiumStatus:
     session = admin_session(kit)
     try:
@@ -115,8 +131,7 @@ def consortium_status(kit: str | Path) -> ConsortiumStatus:
             versions = json.loads(session.cat_target("server", file=SITES_FILE)).get("sites", {})
         except ValueError:  # no fedauc job has run yet: no such file
             versions = {}
-        sites = [SiteStatus(c.name, joined.get(c.name), c.last_connect_time,
-                            versions.get(c.name, {}).get("fedauc"), versions.get(c.name, {}).get("last_heartbeat"))
+        sites = [site_status(c.name, joined.get(c.name), c.last_connect_time, versions.get(c.name, {}))
                  for c in sorted(info.client_info, key=lambda c: c.name)]
         # NVIDIA FLARE's system info names a job by its app ("app"); its job list by the name fedauc gave it
         # (the training's run name).

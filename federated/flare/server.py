@@ -50,6 +50,11 @@ def heartbeat(site: str, version: str, done: bool) -> None:
     _live.heartbeat(site, version, done)
 
 
+@collab.publish
+def budget(site: str, spent: float, remaining: float | None) -> None:
+    _live.budget(site, spent, remaining)
+
+
 def _failed(reason: str, site: str | None = None) -> RuntimeError:
     _live.failure(reason, site)
     return RuntimeError(FAILURE_MARK + reason)

@@ -83,6 +83,9 @@ def _train(job: dict) -> dict:
         keys = SiteKeys(load_identity(collab.workspace.get_startup_kit_dir()), collab.fl_ctx.get_job_id(), spec.sites)
         transport = FlareTransport(len(spec.sites), site, server.collective, training_device(config), keys)
         engine = Engine(config, transport=transport, own_checkpoints=True)
+        for admitted in engine.privacy or ():  # what the site's own ledger says, for `fedauc consortium status`
+            collab.server(timeout=_CALL_MARGIN_S, optional=True).budget(
+                name, admitted.epsilon["epsilon_spent"], admitted.epsilon["epsilon_remaining"])
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}

@@ -55,7 +55,8 @@ def train_command(
     local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
     lr: float = typer.Option(0.1, "--lr"),
-    network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121."),
+    network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121; under "
+                                "--dp a GroupNorm one: small_resnet_gn or densenet121_gn."),
     param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
     seed: int = typer.Option(0, "--seed"),
     eval_every: int = typer.Option(5, "--eval-every", min=0),
