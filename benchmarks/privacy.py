@@ -14,9 +14,9 @@ and delta 1e-5, Opacus's RDP accountant). Seeds: the data's task and the run's; 
 clinics' melanoma phantoms preprocessed by the real pipeline at 32 px, 1,000 training rows a site drawn at 5 %
 positives (claim (b)'s heavy imbalance) from 3,000 images a clinic, ``small_resnet_gn`` of widths (8, 16) (the
 claims' small_resnet with GroupNorm: BatchNorm is refused under DP), T = 512 (64 rounds of I = 8), batch 32,
-the claims' lrs. The clinics' test splits hold 30 % positives, and a positive's loss is higher than a negative's
-whether it was trained on or not: site 0's non-members are drawn from its test split at its members' positive
-rate, so that the attack cannot win on the label mix.
+the claims' lrs. The clinics' test splits hold 30 % positives, and a record's loss depends on its label whether it
+was trained on or not: site 0's non-members are drawn from its test split at its members' positive rate, so that
+the attack cannot score the label mix.
 """
 
 from __future__ import annotations
