@@ -8,6 +8,15 @@ something to find. Each epsilon is the sites' target (``--target-epsilon``: each
 and delta 1e-5, Opacus's RDP accountant). Seeds: the data's task and the run's; intervals: 95 % t over seeds.
 
     .venv/bin/python benchmarks/privacy.py [--seeds 5] [--rounds 60] [--records 50] [--features 400]
+    .venv/bin/python benchmarks/privacy.py --images [--seeds 5] [--rounds 64] [--work .cache/claims]
+
+``--images``: the claims' image federation instead (docs/claims.md; benchmarks/claims_runs.py builds it): three
+clinics' melanoma phantoms preprocessed by the real pipeline at 32 px, 1,000 training rows a site drawn at 5 %
+positives (claim (b)'s heavy imbalance) from 3,000 images a clinic, ``small_resnet_gn`` of widths (8, 16) (the
+claims' small_resnet with GroupNorm: BatchNorm is refused under DP), T = 512 (64 rounds of I = 8), batch 32,
+the claims' lrs. The clinics' test splits hold 30 % positives, and a record's loss depends on its label whether it
+was trained on or not: site 0's non-members are drawn from its test split at its members' positive rate, so that
+the attack cannot score the label mix.
 """
 
 from __future__ import annotations
@@ -15,7 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,14 +37,25 @@ from sklearn.metrics import roc_auc_score
 
 import federated
 from federated.config import SyntheticSite
+from federated.data import SplitData, to_model_input
 from federated.privacy.sgd import private_gradients
 from models.networks import build_network
 from models.objectives import masked_bce_with_logits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the claims' modules import by name
+
+from claims_runs import CLINICS, FULL, build_pool, federation
 
 SITES = 3
 SITE = dict(n_train=50, n_test=300, shape=(400,), pos_rate=0.05, signal=0.5, shift=0.3)
 EPSILONS = (1.0, 3.0, 8.0, None)
 METHODS = {"FedAvg (BCE)": ("fedavg", {}, 0.5), "CODASCA (AUC-M)": ("codasca", {}, 0.1)}
+# The claims' run 'learnable' (docs/claims.md): its pool, rows and T, and the lrs its validation federation chose
+# for claim (b), not tuned under DP.
+IMAGES = replace(FULL, pool=3000, n_train=1000, iterations=512)
+IMAGE_RATES = (0.05,) * len(CLINICS)
+IMAGE_METHODS = {"FedAvg (BCE)": ("fedavg", {}, 1.0), "CODASCA (AUC-M)": ("codasca", {}, 0.3)}
+CPU = torch.device("cpu")
 
 
 def interval(values: list[float]) -> str:
@@ -43,29 +67,60 @@ def interval(values: list[float]) -> str:
     return f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
 
 
-def run(algorithm: str, params: dict, lr: float, epsilon: float | None, seed: int, rounds: int) -> dict:
-    sites = [SyntheticSite(**SITE, task_seed=seed) for _ in range(SITES)]
-    dp = None if epsilon is None else {"target_epsilon": epsilon, "max_grad_norm": 1.0}
-    config = {"algorithm": algorithm, "params": params, "sites": sites, "network": "linear", "rounds": rounds,
-              "local_steps": 4, "batch_size": 12, "lr": lr, "seed": seed, "progress": False, "loader_workers": 0,
-              "dp": dp, "eval_every": 0}
-    result = federated.train(config)
+def logits(model: torch.nn.Module, images) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model(to_model_input(images[i:i + 256], CPU)) for i in range(0, len(images), 256)])[:, 0]
+
+
+def trained(config: dict, sites: list, non_members: SplitData | None = None) -> dict:
+    """Train ``config`` on ``sites``; its pooled test AUC, the attack's AUC at site 0 (its training records against
+    ``non_members``, by default its test split) and the epsilon spent (the most of any site)."""
+    result = federated.train({**config, "sites": sites})
     model = result.model().eval()
     datas = [s.load(k) for k, s in enumerate(sites)]
-    with torch.no_grad():
-        scores = [model(torch.as_tensor(d.splits["test"].images).float()).squeeze(1).numpy() for d in datas]
-        auc = roc_auc_score(np.concatenate([d.splits["test"].labels[:, 0] for d in datas]), np.concatenate(scores))
-        # Loss-threshold attack (Yeom et al., CSF 2018) at site 0: a lower loss says "member".
-        losses = {}
-        for split in ("train", "test"):
-            part = datas[0].splits[split]
-            logits = model(torch.as_tensor(part.images).float())
-            y = torch.as_tensor(part.labels)
-            losses[split] = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none").squeeze(1)
-    member = np.r_[np.ones(len(losses["train"])), np.zeros(len(losses["test"]))]
-    attack = roc_auc_score(member, -np.concatenate([losses["train"].numpy(), losses["test"].numpy()]))
+    tests = [d.splits["test"] for d in datas]
+    auc = roc_auc_score(np.concatenate([t.labels[:, 0] for t in tests]), torch.cat([logits(model, t.images) for t in tests]))
+    # Loss-threshold attack (Yeom et al., CSF 2018) at site 0: a lower loss says "member".
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    losses = [bce(logits(model, part.images), torch.as_tensor(part.labels[:, 0]), reduction="none").numpy()
+              for part in (datas[0].splits["train"], tests[0] if non_members is None else non_members)]
+    attack = roc_auc_score(np.r_[np.ones(len(losses[0])), np.zeros(len(losses[1]))], -np.concatenate(losses))
     spent = max(p["epsilon_spent"] for p in result.privacy.values()) if result.privacy else float("inf")
     return {"auc": auc, "attack": attack, "epsilon": spent}
+
+
+def dp_config(epsilon: float | None) -> dict | None:
+    return None if epsilon is None else {"target_epsilon": epsilon, "max_grad_norm": 1.0}
+
+
+def run(algorithm: str, params: dict, lr: float, epsilon: float | None, seed: int, rounds: int) -> dict:
+    sites = [SyntheticSite(**SITE, task_seed=seed) for _ in range(SITES)]
+    config = {"algorithm": algorithm, "params": params, "network": "linear", "rounds": rounds, "local_steps": 4,
+              "batch_size": 12, "lr": lr, "seed": seed, "progress": False, "loader_workers": 0, "dp": dp_config(epsilon),
+              "eval_every": 0}
+    return trained(config, sites)
+
+
+def at_rate(split: SplitData, rate: float, seed: int) -> SplitData:
+    """As many of ``split``'s rows as keep every negative and add positives up to ``rate`` (seeded)."""
+    y = split.labels[:, 0]
+    positives, negatives = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    n_pos = int(round(rate / (1 - rate) * len(negatives)))
+    rows = np.sort(np.r_[negatives, np.random.default_rng([seed, 11]).choice(positives, n_pos, replace=False)])
+    return SplitData(split.images[rows], split.labels[rows])
+
+
+def image_run(pool, algorithm: str, params: dict, lr: float, epsilon: float | None, seed: int, rounds: int) -> dict:
+    sites = federation(pool, IMAGE_RATES, IMAGES.n_train, seed)
+    members = sites[0].load(0).splits
+    rate = float(members["train"].labels.mean())
+    # The claims guarantee a positive in every batch; DP refuses that (it picks the batch's records): off here,
+    # with and without DP alike, so that the rows differ by DP only.
+    config = {"algorithm": algorithm, "params": params, "network": "small_resnet_gn",
+              "network_kwargs": {"widths": IMAGES.widths}, "rounds": rounds, "local_steps": IMAGES.local_steps,
+              "batch_size": 32, "lr": lr, "seed": seed, "progress": False, "loader_workers": 0, "dp": dp_config(epsilon),
+              "eval_every": 0, "guarantee_positives": False}
+    return trained(config, sites, at_rate(members["test"], rate, seed))
 
 
 def step_cost(repeats: int = 20) -> tuple[float, float]:
@@ -97,31 +152,46 @@ def step_cost(repeats: int = 20) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", action="store_true", help="the claims' image federation (module docstring)")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--records", type=int, default=SITE["n_train"], help="training records a site")
+    parser.add_argument("--rounds", type=int, default=None, help="default: 60, with --images 64 (T = 512)")
+    parser.add_argument("--records", type=int, default=SITE["n_train"], help="training records a site (feature vectors)")
     parser.add_argument("--features", type=int, default=SITE["shape"][0])
+    parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="--images: the claims' pool cache")
     args = parser.parse_args()
     SITE.update(n_train=args.records, shape=(args.features,))
     torch.set_num_threads(int(os.environ.get("FEDAUC_BENCH_THREADS", "1")))
+    started = time.perf_counter()
+    if args.images:
+        args.work.mkdir(parents=True, exist_ok=True)
+        one, methods = partial(image_run, build_pool(args.work, IMAGES)), IMAGE_METHODS
+        rounds = args.rounds or IMAGES.iterations // IMAGES.local_steps
+    else:
+        one, methods, rounds = run, METHODS, args.rounds or 60
     rows = ["| method | epsilon (target) | epsilon spent | pooled test AUC | attack AUC (site 0) |", "|---|---:|---:|---|---|"]
-    for name, (algorithm, params, lr) in METHODS.items():
+    for name, (algorithm, params, lr) in methods.items():
         for epsilon in EPSILONS:
-            results = [run(algorithm, params, lr, epsilon, seed, args.rounds) for seed in range(args.seeds)]
+            results = [one(algorithm, params, lr, epsilon, seed, rounds) for seed in range(args.seeds)]
             spent = max(r["epsilon"] for r in results)
             rows.append(f"| {name} | {'no DP' if epsilon is None else f'{epsilon:g}'} | "
                         f"{'inf' if epsilon is None else f'{spent:.2f}'} | {interval([r['auc'] for r in results])} | "
                         f"{interval([r['attack'] for r in results])} |")
-            print(rows[-1], flush=True)
-    plain, private = step_cost()
+            print(rows[-1], f"({time.perf_counter() - started:.0f} s)", flush=True)
     print()
     print("\n".join(rows))
     print()
+    if args.images:
+        print(f"Setting: {len(CLINICS)} clinics x {IMAGES.n_train} training rows at {IMAGE_RATES[0]:.0%} positives, "
+              f"{IMAGES.size} px, small_resnet_gn widths {IMAGES.widths}, {rounds} rounds x I = {IMAGES.local_steps}, "
+              f"batch 32 (q = {32 / IMAGES.n_train:.3g}), {args.seeds} seeds, delta 1e-5, C = 1; "
+              f"{time.perf_counter() - started:.0f} s")
+        return
+    plain, private = step_cost()
     print(f"Per local step, small_resnet_gn at 64 px, batch 32, {torch.get_num_threads()} thread(s), "
           f"{platform.processor() or platform.machine()}: batch gradient {plain * 1e3:.1f} ms, per-sample "
           f"(torch.func vmap) clipped and noised {private * 1e3:.1f} ms: {private / plain:.2f}x")
     print(f"Setting: {SITES} sites x {SITE['n_train']} training records, {SITE['shape'][0]} features, positive rate "
-          f"{SITE['pos_rate']:.0%}, linear model, {args.rounds} rounds x I = 4, batch 12 (q = {12 / args.records:.3g}), "
+          f"{SITE['pos_rate']:.0%}, linear model, {rounds} rounds x I = 4, batch 12 (q = {12 / args.records:.3g}), "
           f"{args.seeds} seeds, delta 1e-5, C = 1")
 
 
