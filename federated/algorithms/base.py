@@ -22,6 +22,7 @@ does all communication in between, so the same class runs in-process and one-sit
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from torch import nn
 
 from federated.data import Batch, SiteData, SiteLoader
 from federated.state import Comm
+from models.objectives import defined_diseases
 
 
 @dataclass
@@ -167,11 +169,25 @@ class Algorithm:
         loss is the batch mean of it (federated/privacy/policy.py DP_METHODS)."""
         raise NotImplementedError(f"{type(self).__name__} has no per-record loss: it does not run under DP")
 
-    def private_gradients(self, site: Site, batch: Batch, extras: list[torch.Tensor] = ()):
-        """Under DP: (loss, the privatized gradients of the network's parameters, then of ``extras``) of the step,
-        which the algorithm reads in place of its batch gradients (federated/privacy/sgd.py)."""
-        return site.privacy.gradients(site, batch, lambda z, y, m, ex: self.sample_loss(site, z, y, m, ex),
-                                      list(extras))
+    def differentiate(self, site: Site, batch: Batch, batch_loss: Callable[[], torch.Tensor],
+                      extras: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(loss, gradients of the network's parameters, then of ``extras``) of one local step: what an update
+        reads. Under DP (``site.privacy``, which the engine sets) the site's privatized ones, from its own Poisson
+        batch: per-record gradients of ``sample_loss``, clipped jointly and noised (federated/privacy/sgd.py);
+        ``batch_loss`` is not called. Else the autograd of ``batch_loss()``."""
+        if site.privacy is not None:
+            return site.privacy.gradients(site, batch, lambda z, y, m, ex: self.sample_loss(site, z, y, m, ex),
+                                          list(extras))
+        loss = batch_loss()
+        grads = torch.autograd.grad(loss, self.params(site) + list(extras), allow_unused=True, materialize_grads=True)
+        return loss.detach(), list(grads)
+
+    @staticmethod
+    def stepped_diseases(site: Site, batch: Batch) -> torch.Tensor:
+        """(C,) 1 for the diseases an AUC min-max step moves: those with both classes in the batch. Under DP every
+        disease: which ones have both is a fact about the batch's records that no noise covers."""
+        defined = defined_diseases(batch.y, batch.mask)
+        return torch.ones_like(defined) if site.privacy is not None else defined
 
     @staticmethod
     def params(site: Site) -> list[torch.Tensor]:

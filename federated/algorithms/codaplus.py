@@ -39,7 +39,6 @@ from models.objectives import (
     auc_margin_loss,
     auc_margin_terms,
     clamp_alpha,
-    defined_diseases,
 )
 
 
@@ -144,16 +143,11 @@ class CODAPlus(Algorithm):
     def gradients(self, site: Site, batch: Batch):
         """(loss, raw gradient of the primal v = (w, a, b), stochastic alpha gradient, (C,) 1 for the
         diseases with both classes in the batch) of the AUC-M loss."""
-        st = site.state
-        if site.privacy is not None:  # DP-SGDA: (w, a, b, alpha) clipped together per record, every disease stepped
-            loss, grads = self.private_gradients(site, batch, [st["a"], st["b"], st["alpha"]])
-            return loss, grads[:-1], grads[-1], torch.ones_like(st["alpha"])
-        a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
-        loss = auc_margin_loss(self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin,
-                               mask=batch.mask)
-        grads = torch.autograd.grad(loss, self.params(site) + [a, b, alpha], allow_unused=True,
-                                    materialize_grads=True)
-        return loss.detach(), list(grads[:-1]), grads[-1], defined_diseases(batch.y, batch.mask).to(alpha.dtype)
+        a, b, alpha = (site.state[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
+        # Under DP (w, a, b, alpha) are clipped together per record (DP-SGDA).
+        loss, grads = self.differentiate(site, batch, lambda: auc_margin_loss(
+            self.scores(site, batch), batch.y, a, b, alpha, site.prior, self.p.margin, mask=batch.mask), [a, b, alpha])
+        return loss, grads[:-1], grads[-1], self.stepped_diseases(site, batch).to(alpha.dtype)
 
     def sample_loss(self, site, logits, y, mask, extras):
         a, b, alpha = extras

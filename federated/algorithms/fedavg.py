@@ -42,13 +42,7 @@ class FedAvg(Algorithm):
         return (F.binary_cross_entropy_with_logits(logits, y, reduction="none") * mask).sum() / len(logits)
 
     def local_step(self, site: Site, batch: Batch) -> torch.Tensor:
-        if site.privacy is not None:
-            loss, grads = self.private_gradients(site, batch)
-        else:
-            self.zero_grad(site)
-            loss = self.loss(site, batch)
-            loss.backward()
-            grads = self.grads(site)
+        loss, grads = self.differentiate(site, batch, lambda: self.loss(site, batch))
         with torch.no_grad():
             torch._foreach_add_(self.params(site), self.direction(site, grads), alpha=-self.fed.lr)
         return loss.detach()

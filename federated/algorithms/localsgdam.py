@@ -16,7 +16,7 @@ from federated.algorithms.base import Site
 from federated.algorithms.localscgdam import LocalSCGDAM, LocalSGDAMParams
 from federated.data import Batch
 from federated.registry import register
-from models.objectives import auc_square_terms
+from models.objectives import auc_square_loss, auc_square_terms
 
 
 @register
@@ -27,24 +27,18 @@ class LocalSGDAM(LocalSCGDAM):
     def tracked_kinds(self) -> tuple[str, ...]:
         return ("u",)
 
-    def outer_point(self, site: Site, batch: Batch, first: bool):
-        ab = [site.state[k].detach().requires_grad_() for k in ("a", "b")]
-        return self.params(site) + ab, lambda z_w: z_w
-
-    def forward_at(self, site: Site, weights, batch: Batch):
-        return self.logits(site, batch)  # the model's own forward at x: updates BN running statistics
-
     def sample_loss(self, site, logits, y, mask, extras):
         a, b, alpha = extras
         s = torch.sigmoid(logits)
         return auc_square_terms(s, y * mask, (1 - y) * mask, a, b, alpha, site.prior).sum() / len(s)
 
     def estimate(self, site: Site, batch: Batch, first: bool) -> torch.Tensor:
-        if site.privacy is None:
-            return super().estimate(site, batch, first)
-        # DP-SGDA: the gradients of (w, a, b) and alpha clipped together per record, noised, then the momenta.
+        """LocalSCGDAM's estimate with h = x: the gradients at (x, y) straight into the momenta (under DP, those of
+        (w, a, b, alpha) clipped together per record: DP-SGDA). The model's own forward updates BN statistics."""
         st = site.state
-        loss, z = self.private_gradients(site, batch, [st["a"], st["b"], st["alpha"]])
+        a, b, alpha = (st[k].detach().requires_grad_() for k in ("a", "b", "alpha"))
+        loss, z = self.differentiate(site, batch, lambda: auc_square_loss(
+            torch.sigmoid(self.logits(site, batch)), batch.y, a, b, alpha, site.prior, mask=batch.mask), [a, b, alpha])
         with torch.no_grad():
             torch._foreach_lerp_(self.group(site, "u"), z[:-1], 1.0 if first else self.p.beta_x)
             st["v"].lerp_(z[-1], 1.0 if first else self.p.beta_y)
