@@ -32,7 +32,7 @@ def ledger_path(shard_dir: str | Path) -> Path:
 @dataclass
 class Entry:
     job: str  # what identifies the training (a resumed training is not charged twice)
-    what: str  # "training" or "prior"
+    what: str  # "training", "evaluation" or "prior"
     noise_multiplier: float
     sample_rate: float
     steps: int
