@@ -1,7 +1,8 @@
 """Evaluation jobs at sites with a privacy budget (federated/privacy/evaluation.py): with an evaluation noise
 multiplier S_e each site releases noised histograms only and charges its ledger one Gaussian mechanism at rate 1
 per model, the same over NVIDIA FLARE's simulator and in this process; over its budget, or without S_e, a site
-refuses in one line before anything is released."""
+refuses in one line before anything is released. A DP training with S_e checks the champion by such an
+evaluation."""
 
 from __future__ import annotations
 
@@ -95,3 +96,49 @@ def test_in_process_every_site_admits_the_job_before_any_is_charged(budgets):
     with pytest.raises(PrivacyRefused, match=r"^site 'vienna' refuses an evaluation: it has a privacy budget"):
         InProcess().score(specs, states, federation, shards, 32, 10, None)
     assert all(Ledger.load(path).entries == [] for path in paths)
+
+
+def test_a_dp_training_with_eval_noise_checks_the_champion_by_a_noised_evaluation(budgets, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import runs
+    from preprocessing.federation import Federation
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    mlflow.set_tracking_uri(None)
+    federation, shards, paths = budgets([None, None, None])
+    settings = dict(algorithm="fedavg", network="linear", rounds=1, local_steps=2, batch_size=16, lr=0.5,
+                    eval_every=0, progress=False, loader_workers=0, device="cpu")
+    two = Federation(federation.path, federation.spec, federation.sites[:2])  # the champion: unscored on three
+    champion = runs.train_tracked(two, shards, settings, run_name="champion")
+    budgets([50.0, 40.0, 30.0])
+    dp = {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "eval_noise_multiplier": 2.0}
+    run = runs.train_tracked(federation, shards, {**settings, "dp": dp}, run_name="dp-noised-check")
+    client = MlflowClient()
+    tags = client.get_run(run.run_id).data.tags
+    assert tags["champion_check.eval_noise_multiplier"] == "2.0" and "champion_check.skipped" not in tags
+    assert tags["champion_check.version"] == champion.model_version
+    (check,) = client.search_runs([client.get_run(run.run_id).info.experiment_id], "tags.purpose = 'champion-check'")
+    assert check.data.params["eval_noise_multiplier"] == "2.0"
+    assert not [key for key in check.data.metrics if "/site/" in key]
+    for path in paths:  # the training (with its one noised evaluation), then the champion's noised evaluation
+        entries = Ledger.load(path).entries
+        assert [(e.what, e.noise_multiplier, e.steps) for e in entries] == [
+            ("training", 1.0, 2), ("evaluation", 2.0, 1), ("evaluation", 2.0, 1)]
+        assert entries[-1].job == f"evaluation of model(s) {champion.model_version}"
+
+    # `fedauc evaluate` carries S_e through the flow to the sites; without it a budgeted site refuses in one line.
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    common = ["evaluate", "--federation", str(federation.path), "--shards", str(shards)]
+    refused = CliRunner().invoke(app, common)
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    assert "site 'vienna' refuses an evaluation: it has a privacy budget" in refused.output
+    noised = CliRunner().invoke(app, [*common, "--eval-noise-multiplier", "2.0"])
+    assert noised.exit_code == 0, noised.output
+    assert "site/vienna" not in noised.output and "pooled" in noised.output
+    for path in paths:
+        assert len(Ledger.load(path).entries) == 4
