@@ -11,8 +11,10 @@ down; nothing downstream branches on where the sites are. A launcher owns what d
 - ``train(config, federation, shards_root, callbacks, name)``: the training, its records to ``callbacks`` as rounds end,
   and every site's report on its data (``federated.sites.site_report``), checked against the federation
   (``check_site_reports``) whichever launcher ran it;
-- ``score(models, states, federation, shards_root, bins, min_count)``: registered models scored by every site
-  on its own valid and test splits (``federated.scoring.score_site``), per site its summaries and shard hash;
+- ``score(models, states, federation, shards_root, bins, min_count, eval_noise_multiplier)``: registered models
+  scored by every site on its own valid and test splits (``federated.scoring.score_site``), released as its
+  privacy budget allows (``federated.privacy.evaluation``): per site its summaries, shard hash and what the job
+  spent of its budget;
 - ``checkpoint_dir(run_name, outputs)``: where the sites checkpoint (this machine's run folder, or a folder
   relative to each hospital's own working directory);
 - ``params()``: what MLflow records about the place (``backend``, and FLARE's environment).
@@ -40,8 +42,9 @@ from federated.config import ShardSite, TrainConfig
 from federated.data import load_shard
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
+from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
-from federated.scoring import ModelToScore, Summary, score_site
+from federated.scoring import ModelToScore, Scores, score_site
 from federated.sites import check_site_reports, site_report, site_shard_dirs
 from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
@@ -55,9 +58,6 @@ class Trained:
     result: TrainResult
     site_reports: list[dict]
     pooled: bool  # one site held every site's data (its records are the federation's, not a site's)
-
-
-Scores = tuple[list[list[Summary]], dict[str, str]]  # per site (federation order) one summary per model; hashes
 
 
 class _Launcher(BaseModel):
@@ -84,12 +84,19 @@ class _Launcher(BaseModel):
         return {"backend": self.kind}
 
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
-              shards_root: Path | None, bins: int, min_count: int) -> Scores:
-        """Every site's shards are here: each scored in this process, as each site would score its own."""
+              shards_root: Path | None, bins: int, min_count: int, eval_noise_multiplier: float | None = None
+              ) -> Scores:
+        """Every site's shards are here: each scored in this process, as each site would score its own. Every
+        site admits the job before any is scored or charged."""
         dirs = site_shard_dirs(federation, Path(shards_root))
-        per_site = [score_site(site.name, models, states, load_shard(d), bins, min_count, torch.device("cpu"))
+        labels = [model.label for model in models]
+        releases = [admit_evaluation(site.name, d, labels, eval_noise_multiplier)
                     for site, d in zip(federation.sites, dirs)]
-        return per_site, {site.name: shard_content_hash(d) for site, d in zip(federation.sites, dirs)}
+        per_site = [release.release(score_site(site.name, models, states, load_shard(d), bins, min_count,
+                                               torch.device("cpu")))
+                    for site, d, release in zip(federation.sites, dirs, releases)]
+        return (per_site, {site.name: shard_content_hash(d) for site, d in zip(federation.sites, dirs)},
+                {site.name: release.privacy for site, release in zip(federation.sites, releases)})
 
 
 class InProcess(_Launcher):
@@ -196,11 +203,12 @@ class Flare(_Launcher):
         return Trained(result, result.site_reports, pooled=False)
 
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
-              shards_root: Path | None, bins: int, min_count: int) -> Scores:
+              shards_root: Path | None, bins: int, min_count: int, eval_noise_multiplier: float | None = None
+              ) -> Scores:
         from federated.flare.evaluate_centre import evaluate_flare
 
         return evaluate_flare(models, states, federation, shards_root if self.reads_shards_here else None,
-                              self.env, self.workspace, self.kit, bins, min_count)
+                              self.env, self.workspace, self.kit, bins, min_count, eval_noise_multiplier)
 
 
 Launcher = Annotated[InProcess | Torchrun | Flare, Field(discriminator="kind")]

@@ -25,6 +25,9 @@ from federated.network import build_named, model_input_shape
 from preprocessing.errors import DataError
 
 Summary = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (report, histograms) of evaluation.site_summary
+# An evaluation job's results: per site (federation order) one summary per model; site -> shard hash; site -> what
+# the job spent of its privacy budget (None: an exact release, federated/privacy/evaluation.py).
+Scores = tuple[list[list[Summary]], dict[str, str], dict[str, dict | None]]
 
 
 class ModelToScore(BaseModel):

@@ -12,8 +12,11 @@ any defined score beats it.) Then ``registry.promote_best`` compares the two on 
 scores are recorded: each on its model version (``schema.SCORE_TAG_PREFIX`` + fingerprint) and on the
 training's run (the metric ``valid/pooled/auc_macro`` and ``champion_check/valid/pooled/auc_macro`` with the
 tag ``champion_check.version``), the re-evaluation also as its own evaluation run (``purpose:
-champion-check``). A DP training runs no evaluation besides its own noised ones: its model has their score
-(or none, NaN, and no operating points) and a champion unscored on its sites keeps the alias.
+champion-check``). A DP training with an evaluation noise multiplier S_e runs these evaluations noised with
+S_e (each site releases noised histograms only and charges its ledger; the training's run has the tag
+``champion_check.eval_noise_multiplier``), and its model has its training's noised score; one without S_e runs
+no evaluation at all: its model has no score (NaN, and no operating points) and a champion unscored on its
+sites keeps the alias.
 """
 
 from __future__ import annotations
@@ -58,14 +61,16 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     hashes = {report["site"]: report["shard_hash"] for report in reports}
     evaluation = evaluations.fingerprint(hashes)
 
+    # Under DP a site releases no exact evaluation (docs/privacy.md section 5; one with a budget refuses it): with
+    # S_e the evaluations here are noised with it, as the training's own were; without, there are none.
+    noise = None if config.dp is None else config.dp.eval_noise_multiplier
+    scorable = config.dp is None or noise is not None
+
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
-        return evaluations.score_models(federation, models, shards_root, launcher)
+        return evaluations.score_models(federation, models, shards_root, launcher, noise)
 
     valid_histograms = result.valid_histograms
-    # Under DP a site releases no exact evaluation (docs/privacy.md section 5; one with a budget refuses it):
-    # the model is scored only by its training's own noised evaluations, and the champion is not re-scored.
-    exact = config.dp is None
-    if exact and (config.bn_stats == "local" or valid_histograms is None):
+    if scorable and (config.bn_stats == "local" or valid_histograms is None):
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
         scored = score([(candidate, model.state_dict())])[0].evaluation
@@ -78,12 +83,15 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
-        if exact:
+        if noise is not None:
+            mlflow.set_tag("champion_check.eval_noise_multiplier", str(noise))
+        if scorable:
             registry.record_score(federation.task, champion, evaluation, _score_champion(
                 champion, federation, input_shape, num_classes, score, launcher))
         else:  # unscored here, it keeps the alias (registry.promote_best)
             mlflow.set_tags({"champion_check.version": champion, "champion_check.skipped": (
-                "a DP training's sites release no exact evaluation of the champion: it keeps the alias")})
+                "a DP training's sites release no exact evaluation of the champion and it has no "
+                "--eval-noise-multiplier: the champion keeps the alias")})
     return registry.register_model(model, federation.task, synthetic_input_example(input_shape), own_score,
                                    collapsed, evaluation, contract)
 

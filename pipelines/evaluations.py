@@ -2,7 +2,8 @@
 
 The champion by default, or chosen versions in one evaluation (a comparison on the same data): every
 site scores each model on its own valid and test splits (``federated.scoring.score_site``: the site-local
-summaries training's evaluation rounds exchange, small counts suppressed at the site) and the summaries
+summaries training's evaluation rounds exchange, small counts suppressed at the site; with an evaluation
+noise multiplier, noised histograms only, charged to each site's privacy ledger) and the summaries
 are pooled here (``federated.evaluation.combine_sites``: per-site, pooled and macro-over-sites metrics,
 95 % intervals, the pooled test ROC from the summed histograms). Where the sites score is the launcher's
 (federated/launch.py): in this process where this machine holds every site's shards, or an NVIDIA FLARE
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -56,6 +57,8 @@ class Scored:
     version: str
     evaluation: Evaluation  # keys ``<split>/site/<site name>/...``, ``<split>/pooled/...``, ...
     shard_hashes: dict[str, str]  # site -> its shard hash, in the federation's order
+    eval_noise_multiplier: float | None = None  # S_e of a noised evaluation (None: exact)
+    privacy: dict[str, dict | None] = field(default_factory=dict)  # site -> what the job spent of its budget
 
 
 def fingerprint(shard_hashes: dict[str, str]) -> str:
@@ -87,15 +90,18 @@ def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, tor
 
 
 def score_models(federation: Federation, models: list[tuple[ModelToScore, dict[str, torch.Tensor]]],
-                 shards_root: Path | None, launcher: Launcher) -> list[Scored]:
+                 shards_root: Path | None, launcher: Launcher, eval_noise_multiplier: float | None = None
+                 ) -> list[Scored]:
     """Every model of ``models`` (with its weights) scored by every site of ``federation`` where ``launcher``
-    runs them (see the module docstring)."""
+    runs them (see the module docstring); with ``eval_noise_multiplier`` each site releases noised histograms
+    only, charged to its ledger, and the metrics are the pooled ones of their sums."""
     names = [site.name for site in federation.sites]
     diseases = list(federation.sites[0].diseases)
     specs, states = [spec for spec, _ in models], [state for _, state in models]
-    per_site, hashes = launcher.score(specs, states, federation, shards_root, BINS, MIN_COUNT)
+    per_site, hashes, privacy = launcher.score(specs, states, federation, shards_root, BINS, MIN_COUNT,
+                                               eval_noise_multiplier)
     return [Scored(spec.label, combine_sites([summaries[m] for summaries in per_site], names, diseases, MIN_COUNT),
-                   hashes)
+                   hashes, eval_noise_multiplier, privacy)
             for m, spec in enumerate(specs)]
 
 
@@ -116,7 +122,8 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
     status = "FAILED"
     try:
         params = {**launcher.params(), "sites": ",".join(scored.shard_hashes), "evaluation": fingerprint(scored.shard_hashes),
-                  **{f"shard_hash.{site}": h for site, h in scored.shard_hashes.items()}}
+                  **{f"shard_hash.{site}": h for site, h in scored.shard_hashes.items()},
+                  **_privacy_params(scored)}
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                          params=[Param(k, str(v)) for k, v in params.items()])
@@ -136,11 +143,24 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
     return run_id
 
 
+def _privacy_params(scored: Scored) -> dict[str, object]:
+    """A noised evaluation's S_e and, per site, what the job spent there (the job's cost, as every model's run
+    shares it); nothing for an exact one."""
+    if scored.eval_noise_multiplier is None:
+        return {}
+    return {"eval_noise_multiplier": scored.eval_noise_multiplier,
+            **{f"privacy.{site}.{key}": value for site, spent in scored.privacy.items()
+               for key, value in (spent or {}).items() if value is not None}}
+
+
 def evaluate_registered(federation: Federation, shards_root: Path | None, versions: Sequence[str] = (),
-                        launcher: Launcher | None = None) -> list[dict]:
+                        launcher: Launcher | None = None, eval_noise_multiplier: float | None = None) -> list[dict]:
     """Registered ``versions`` of the task's model (default: the champion) on every site's valid and test
-    splits in one evaluation, each logged as an evaluation run. Per model, in ``versions``' order:
-    ``{"model_version", "champion", "run_id", "metrics"}``."""
+    splits in one evaluation (noised at the sites with ``eval_noise_multiplier``), each logged as an evaluation
+    run. Per model, in ``versions``' order: ``{"model_version", "champion", "run_id", "metrics"}``."""
+    if eval_noise_multiplier is not None and eval_noise_multiplier <= 0:
+        raise ConfigError(f"the evaluation noise multiplier must be positive, not {eval_noise_multiplier:g}",
+                          fix="pass --eval-noise-multiplier S_e with S_e > 0")
     tracking.configure()
     launcher = launcher or InProcess()
     champion = registry.champion_version(federation.task)
@@ -150,7 +170,7 @@ def evaluate_registered(federation: Federation, shards_root: Path | None, versio
                           fix="train one first (`fedauc train`), or pass --model-version")
     models = [model_to_score(federation.task, v) for v in versions]
     results = []
-    for scored in score_models(federation, models, shards_root, launcher):
+    for scored in score_models(federation, models, shards_root, launcher, eval_noise_multiplier):
         run_id = record(federation, scored, launcher, champion)
         results.append({"model_version": scored.version, "champion": scored.version == champion, "run_id": run_id,
                         "metrics": scored.evaluation.metrics})

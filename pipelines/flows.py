@@ -160,19 +160,20 @@ def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
 # --- evaluation and comparison ------------------------------------------------------------------------
 @task(name="evaluate-models", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
 def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions: list[str] | None,
-                  launcher: dict | None) -> list[dict]:
+                  launcher: dict | None, eval_noise_multiplier: float | None = None) -> list[dict]:
     return evaluations.evaluate_registered(load_federation(federation_yaml),
                                            None if shards_root is None else Path(shards_root), model_versions or (),
-                                           launch.launcher(launcher))
+                                           launch.launcher(launcher), eval_noise_multiplier)
 
 
 @flow(name="evaluate")
 def evaluate(federation_yaml: str, shards_root: str | None = None, model_versions: list[str] | None = None,
-             launcher: dict | None = None) -> list[dict]:
+             launcher: dict | None = None, eval_noise_multiplier: float | None = None) -> list[dict]:
     """Registered models (default: the task's champion) on every site's valid and test splits and pooled, in one
     evaluation, where ``launcher`` says (its JSON form, federated/launch.py; an NVIDIA FLARE job scores them at
-    the sites; ``prod``: ``shards_root`` None, nothing read here)."""
-    results = evaluate_task(federation_yaml, shards_root, model_versions, launcher)
+    the sites; ``prod``: ``shards_root`` None, nothing read here); with ``eval_noise_multiplier`` every site
+    releases noised histograms only, charged to its privacy ledger (docs/privacy.md section 5)."""
+    results = evaluate_task(federation_yaml, shards_root, model_versions, launcher, eval_noise_multiplier)
     for result in results:
         create_table_artifact(key=f"evaluate-v{result['model_version']}", table=evaluations.metrics_rows(result["metrics"]),
                               description=f"model v{result['model_version']}: valid and test metrics")

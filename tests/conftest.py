@@ -78,6 +78,32 @@ def melanoma_shards(tmp_path_factory):
     return melanoma_federation(tmp_path_factory.mktemp("melanoma"))
 
 
+@pytest.fixture
+def budgets(melanoma_shards):
+    """Write each clinic's budget (an epsilon at delta 1e-5; None: no ledger) beside its shards for one test, and
+    take the ledgers away after it (the shards are shared with the session's other tests, which train without
+    DP): ``budgets(epsilons)`` gives the federation, its shards folder and the ledgers' paths."""
+    from federated.privacy.ledger import Ledger, ledger_path
+    from federated.privacy.policy import SiteBudget
+    from preprocessing.federation import load_federation
+
+    root, federation_yaml = melanoma_shards
+    federation = load_federation(federation_yaml)
+    paths = [ledger_path(root / "shards" / site.name) for site in federation.sites]
+
+    def write(epsilons):
+        for path, eps in zip(paths, epsilons):
+            if eps is None:
+                path.unlink(missing_ok=True)
+            else:
+                Ledger(path, SiteBudget(epsilon=eps, delta=1e-5)).save()
+        return federation, root / "shards", paths
+
+    yield write
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def evaluable_melanoma(tmp_path_factory):
     """``melanoma_shards``' clinics with 240 images each at a melanoma rate of 30 % instead of the release's

@@ -9,31 +9,12 @@ import torch
 
 import federated
 from federated.flare.job import train_flare
-from federated.privacy.ledger import Ledger, ledger_path
-from federated.privacy.policy import SiteBudget
+from federated.privacy.ledger import Ledger
 from federated.privacy.site import NOISE_SEED_ENV
 from federated.sites import federation_config
-from preprocessing.federation import Federation, load_federation
+from preprocessing.federation import Federation
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def budgets(melanoma_shards):
-    """Write each clinic's budget beside its shards for one test, and take the ledgers away after it (the shards
-    are shared with the session's other tests, which train without DP)."""
-    root, federation_yaml = melanoma_shards
-    federation = load_federation(federation_yaml)
-    paths = [ledger_path(root / "shards" / site.name) for site in federation.sites]
-
-    def write(epsilons):
-        for path, eps in zip(paths, epsilons):
-            Ledger(path, SiteBudget(epsilon=eps, delta=1e-5)).save()
-        return federation, root / "shards", paths
-
-    yield write
-    for path in paths:
-        path.unlink(missing_ok=True)
 
 
 def _config(federation, shards, **extra):

@@ -22,15 +22,16 @@ from federated.flare.environments import check_flare_env
 from federated.flare.job import result_folder, submit_in_env
 from federated.flare.protocol import RESULT_FILE, WEIGHTS_FILE
 from federated.flare.spec import EvaluationRequest, FlareJob
-from federated.scoring import ModelToScore, Summary
+from federated.scoring import ModelToScore, Scores
 from preprocessing.errors import DataError
 from preprocessing.federation import Federation
 
 _JOB_TIMEOUT_S = 3600.0
 
 
-def read_scores(result_root: Path, sites: list[str]) -> tuple[list[list[Summary]], dict[str, str]]:
-    """Per site (in ``sites``' order) its summaries, one per model, and every site's shard hash."""
+def read_scores(result_root: Path, sites: list[str]) -> Scores:
+    """Per site (in ``sites``' order) its summaries, one per model, every site's shard hash and what the job spent
+    of its privacy budget (None: an exact release)."""
     meta = json.loads((result_folder(result_root) / RESULT_FILE).read_text())
     if sorted(meta["sites"]) != sorted(sites):
         raise DataError(f"the evaluation job came back from sites {sorted(meta['sites'])}, the federation lists "
@@ -38,19 +39,22 @@ def read_scores(result_root: Path, sites: list[str]) -> tuple[list[list[Summary]
     per_site = [[{split: (np.asarray(arrays["report"], dtype=np.float64), np.asarray(arrays["histograms"], dtype=np.float64))
                   for split, arrays in summary.items()} for summary in meta["sites"][site]["summaries"]]
                 for site in sites]
-    return per_site, {site: meta["sites"][site]["shard_hash"] for site in sites}
+    return (per_site, {site: meta["sites"][site]["shard_hash"] for site in sites},
+            {site: meta["sites"][site]["privacy"] for site in sites})
 
 
 def evaluate_flare(models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
                    shards_root: Path | None, env: str, workspace: Path, kit: str | Path | None, bins: int, min_count: int,
-                   name: str = "fedauc-evaluate") -> tuple[list[list[Summary]], dict[str, str]]:
+                   eval_noise_multiplier: float | None = None, name: str = "fedauc-evaluate") -> Scores:
     """Score ``models`` (weights ``states``) at every site of ``federation`` as an NVIDIA FLARE job in ``env``
     (``sim`` / ``poc``: the sites on this machine read ``shards_root``; ``prod``: the running consortium the
-    admin kit ``kit`` reaches, each hospital its own shards, nothing read here). Returns :func:`read_scores`'s
-    per-site summaries and shard hashes."""
+    admin kit ``kit`` reaches, each hospital its own shards, nothing read here), with noised releases where
+    ``eval_noise_multiplier`` is set. Returns :func:`read_scores`'s per-site summaries, shard hashes and
+    privacy spends."""
     admin = check_flare_env(env, kit)
     names = [site.name for site in federation.sites]
-    request = EvaluationRequest(models=models, bins=bins, min_count=min_count)
+    request = EvaluationRequest(models=models, bins=bins, min_count=min_count,
+                                eval_noise_multiplier=eval_noise_multiplier)
 
     def make_job(share_paths: bool, threads: int | None, sharing: dict) -> FlareJob:
         # The sites run in NVFlare's workspace, not here: a relative path would name another folder.

@@ -20,7 +20,7 @@ from federated.flare.spec import FlareJob
 
 
 def serve_evaluation(spec: FlareJob) -> dict:
-    """Every site's shard hash and summaries (plain JSON), once all of them answered; a site that failed
+    """Every site's shard hash, privacy spend and summaries (plain JSON), once all of them answered; a site that failed
     fails the job naming it (its one line, paths already replaced at the site: site_failure.py)."""
     config_dir = Path(collab.workspace.get_app_config_dir(collab.fl_ctx.get_job_id()))
     weights = torch.load(config_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
@@ -38,5 +38,5 @@ def serve_evaluation(spec: FlareJob) -> dict:
                 for split, arrays in summary.items()}
 
     return {"kind": "evaluate", "models": [m.label for m in spec.evaluation.models],
-            "sites": {site: {"shard_hash": returned[site]["shard_hash"],
+            "sites": {site: {"shard_hash": returned[site]["shard_hash"], "privacy": returned[site]["privacy"],
                              "summaries": [plain(s) for s in returned[site]["summaries"]]} for site in spec.sites}}

@@ -3,8 +3,10 @@ weights the server sent in the call, on this site's own valid and test splits.
 
 The site-local evaluation training uses (``federated.scoring.score_site``), so what leaves is exactly what
 a training's evaluation exchanges: per model and split its fixed-size report (metrics with small counts
-suppressed here) and score histograms, plus the shard hash (which data was scored). Nothing is read from
-the site's disk but its own shards; no model is read from its disk either.
+suppressed here) and score histograms, plus the shard hash (which data was scored). With the job's
+evaluation noise multiplier the site releases noised histograms only and what the job spent of its budget
+(federated/privacy/evaluation.py); without one, a site with a budget refuses the job before reading its
+shards. Nothing is read from the site's disk but its own shards and ledger; no model is read from its disk.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ import torch
 
 from federated.data import load_shard
 from federated.flare.spec import FlareJob
+from federated.privacy.evaluation import admit_evaluation
 from federated.scoring import score_site
 from preprocessing.shard_format import shard_content_hash
 
 
 def score_here(spec: FlareJob, name: str, shard_dir: Path, weights: list[dict[str, torch.Tensor]]) -> dict:
-    """What site ``name`` returns for an evaluation job: its shard hash and, per model, per split, its report
-    and histograms (numpy arrays)."""
+    """What site ``name`` returns for an evaluation job: its shard hash, what the job spent of its budget (None:
+    an exact release) and, per model, per split, its report and histograms (numpy arrays)."""
     request = spec.evaluation
-    summaries = score_site(name, request.models, weights, load_shard(shard_dir), request.bins, request.min_count,
-                           torch.device("cpu"))
-    return {"shard_hash": shard_content_hash(shard_dir),
+    release = admit_evaluation(name, shard_dir, [model.label for model in request.models],
+                               request.eval_noise_multiplier)
+    summaries = release.release(score_site(name, request.models, weights, load_shard(shard_dir), request.bins,
+                                           request.min_count, torch.device("cpu")))
+    return {"shard_hash": shard_content_hash(shard_dir), "privacy": release.privacy,
             "summaries": [{split: {"report": report, "histograms": histograms}
                            for split, (report, histograms) in summary.items()} for summary in summaries]}

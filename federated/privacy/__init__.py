@@ -1,4 +1,5 @@
 """Each hospital's privacy budget and the differential privacy that enforces it at the site (docs/privacy.md):
 ``policy`` (what DP is and what it refuses), ``ledger`` (the site's budget and spending, composed by Opacus's
-accountant), ``sgd`` (per-sample clipping, Gaussian noise, Poisson sampling), ``site`` (the engine's hooks).
-Nothing here imports the engine; the engine imports ``site``."""
+accountant), ``sgd`` (per-sample clipping, Gaussian noise, Poisson sampling), ``site`` (the engine's hooks),
+``evaluation`` (an evaluation job's release at the site). Nothing here imports the engine; the engine imports
+``site``."""

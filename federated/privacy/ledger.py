@@ -2,8 +2,9 @@
 read and written only on the site's own machine (nothing here is ever sent).
 
 Each entry is one Gaussian mechanism applied ``steps`` times at sampling rate ``sample_rate`` with noise
-multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; a noised release
-of label counts: one step at q = 1). What the site has spent is the composition of all entries by Opacus's
+multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; noised
+evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores; a noised release of
+label counts: one step at q = 1). What the site has spent is the composition of all entries by Opacus's
 accountant (RDP, Mironov 2017, or PRV, Gopi et al. 2021) at the budget's delta: not the sum of the entries'
 epsilons, which would overstate it.
 """
@@ -32,7 +33,7 @@ def ledger_path(shard_dir: str | Path) -> Path:
 @dataclass
 class Entry:
     job: str  # what identifies the training (a resumed training is not charged twice)
-    what: str  # "training" or "prior"
+    what: str  # "training", "evaluation" or "prior"
     noise_multiplier: float
     sample_rate: float
     steps: int

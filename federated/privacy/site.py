@@ -44,6 +44,18 @@ def site_seed(name: str, resumed: bool = False) -> int:
     return int.from_bytes(hashlib.sha256(f"{fixed}#{name}".encode()).digest()[:8], "little") >> 2
 
 
+def noised_summary(report: np.ndarray, histograms: np.ndarray, eval_noise_multiplier: float,
+                   generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """An evaluation's summary of a split as DP lets it leave: no per-site report (NaN rows, as a site without the
+    split sends) and the score histograms (C, 2, B) with N(0, (eval_noise_multiplier sqrt(C))^2) on every bin (one
+    record moves one bin per disease by 1), floored at 0 (post-processing)."""
+    if np.isnan(report[:, 0]).all():  # no such split here: no record to protect
+        return report, histograms
+    std = eval_noise_multiplier * float(histograms.shape[0]) ** 0.5
+    noise = torch.normal(0.0, std, histograms.shape, generator=generator, device=generator.device)
+    return np.full_like(report, np.nan), np.clip(histograms + noise.double().cpu().numpy(), 0.0, None)
+
+
 @dataclass
 class SitePrivacy:
     """One site's DP for one training: its noise multiplier and sampling rate, its own generator, what it spends."""
@@ -59,13 +71,7 @@ class SitePrivacy:
     generator: torch.Generator | None = None
 
     def release_summary(self, report: np.ndarray, histograms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """An evaluation's summary of a split as DP lets it leave: no per-site report (NaN rows, as a site without
-        the split sends) and the score histograms with Gaussian noise, floored at 0 (post-processing)."""
-        if np.isnan(report[:, 0]).all():  # no such split here: no record to protect
-            return report, histograms
-        std = self.eval_noise_multiplier * float(histograms.shape[0]) ** 0.5
-        noise = torch.normal(0.0, std, histograms.shape, generator=self.generator, device=self.generator.device)
-        return np.full_like(report, np.nan), np.clip(histograms + noise.double().cpu().numpy(), 0.0, None)
+        return noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
 
     def gradients(self, site: Site, batch: Batch, sample_loss: SampleLoss, extras: list[Tensor]
                   ) -> tuple[Tensor, list[Tensor]]:

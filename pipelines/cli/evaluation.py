@@ -22,6 +22,10 @@ def evaluate_command(
     flare_env: FlareEnv = FLARE_ENV,
     flare_workspace: str = FLARE_WORKSPACE,
     kit: str = ADMIN_KIT,
+    eval_noise_multiplier: float = typer.Option(
+        None, "--eval-noise-multiplier", min=0.0,
+        help="Each site releases its score histograms with this noise multiplier (charged to its privacy ledger) "
+             "and no per-site metric; without it a site with a privacy budget refuses the evaluation."),
     wide: bool = typer.Option(False, "--wide", help="Every metric of every disease, not the macro means only "
                               "(the default, readable in a 100-column terminal; MLflow has them all)."),
 ) -> None:
@@ -36,7 +40,7 @@ def evaluate_command(
     launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
     _, shards_root = check_evaluation(federation, shards, launcher)
     results = flows().evaluate(federation, None if shards_root is None else str(shards_root), model_version,
-                               launcher.model_dump(mode="json"))
+                               launcher.model_dump(mode="json"), eval_noise_multiplier)
     typer.echo(markdown_table(pd.DataFrame(comparison_rows(results))))
     if len(results) == 1:
         typer.echo("")

@@ -98,8 +98,9 @@ def train_command(
                                          help="With --dp: each site picks the sigma that spends this epsilon there."),
     eval_noise_multiplier: float = typer.Option(
         None, "--eval-noise-multiplier", min=0.0,
-        help="With --dp: evaluate during training, each site releasing its score histograms with this noise "
-             "multiplier (counted in its ledger) and no per-site metric; without it a DP training evaluates nothing."),
+        help="With --dp: evaluate during training and check the champion, each site releasing its score "
+             "histograms with this noise multiplier (counted in its ledger) and no per-site metric; without it a "
+             "DP training evaluates nothing."),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json

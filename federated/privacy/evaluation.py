@@ -1,0 +1,67 @@
+"""An evaluation job at a site (``fedauc evaluate``) as its privacy budget allows it (docs/privacy.md section 5).
+
+Without an evaluation noise multiplier the site releases its exact summaries, and a site with a budget refuses
+the job. With one (S_e), each model's valid and test score histograms leave with Gaussian noise (the training's
+noised evaluations' release, ``site.noised_summary``) and no per-site report: one Gaussian mechanism at rate 1
+per model, as a training's evaluation round is charged. A site with a budget admits the job against its ledger
+before it reads its shards and charges it once the models are scored; a site without one only reports what the
+job spent. The noise comes from a generator the site seeds itself (``site.site_seed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from federated.privacy.ledger import Entry, Ledger, admit, epsilon, ledger_path
+from federated.privacy.policy import DPConfig, refuse_release
+from federated.privacy.site import noised_summary, site_seed
+
+# The delta a site without a budget reports its spend at (a site with one uses its own), as a DP training does.
+DEFAULT_DELTA: float = DPConfig.model_fields["delta"].default
+
+
+@dataclass
+class EvaluationRelease:
+    """What one site releases of an evaluation job it admitted."""
+
+    ledger: Ledger
+    job: list[Entry]  # empty: an exact release
+    eval_noise_multiplier: float | None
+    privacy: dict | None  # epsilon_job, epsilon_spent, epsilon_remaining (None without a budget), delta
+    generator: torch.Generator | None
+
+    def release(self, summaries: list[dict[str, tuple[np.ndarray, np.ndarray]]]
+                ) -> list[dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """``summaries`` (per model, split -> (report, histograms)) as they leave the site, its ledger charged."""
+        if self.eval_noise_multiplier is None:
+            return summaries
+        if self.ledger.budget is not None:
+            self.ledger.entries.extend(self.job)
+            self.ledger.save()
+        return [{split: noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
+                 for split, (report, histograms) in summary.items()} for summary in summaries]
+
+
+def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],
+                     eval_noise_multiplier: float | None) -> EvaluationRelease:
+    """Site ``site``'s check of an evaluation job scoring the models ``labels`` against its ledger (beside
+    ``shard_dir``): raises ``PrivacyRefused`` in one line where the site refuses it, before anything is read."""
+    ledger = Ledger.load(ledger_path(shard_dir))
+    if eval_noise_multiplier is None:
+        refuse_release(site, ledger.budget, "an evaluation")
+        return EvaluationRelease(ledger, [], None, None, None)
+    job = [Entry(f"evaluation of model(s) {', '.join(labels)}", "evaluation", eval_noise_multiplier, 1.0,
+                 len(labels))]
+    if ledger.budget is None:
+        delta = DEFAULT_DELTA
+        spent = epsilon(job, delta)
+        privacy = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
+    else:
+        delta = ledger.budget.delta
+        privacy = admit(site, ledger, job)
+    return EvaluationRelease(ledger, job, eval_noise_multiplier, {**privacy, "delta": delta},
+                             torch.Generator().manual_seed(site_seed(site)))
