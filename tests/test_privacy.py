@@ -295,3 +295,15 @@ def test_localsgdam_per_record_loss_is_the_auc_square_loss_term():
     loss = auc_square_loss(torch.sigmoid(model(x)), y, *leaves, site.prior, mask=mask)
     for p, e in zip(private, torch.autograd.grad(loss, [*model.parameters(), *leaves])):
         torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
+
+
+def test_an_evaluation_jobs_noise_is_fresh_even_under_an_audits_fixed_seed(tmp_path, monkeypatch):
+    """A fixed FEDAUC_DP_NOISE_SEED reproduces a training's noise; an evaluation job's would give two jobs'
+    releases the same noise, whose difference is exact."""
+    from federated.privacy.evaluation import admit_evaluation
+    from federated.privacy.site import NOISE_SEED_ENV, site_seed
+
+    monkeypatch.setenv(NOISE_SEED_ENV, "7")
+    seeds = [admit_evaluation("north", tmp_path / "north", ["v1"], 1.0).generator.initial_seed() for _ in range(2)]
+    assert seeds[0] != seeds[1]
+    assert site_seed("north") == site_seed("north")  # the training's stays reproducible

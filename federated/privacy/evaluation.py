@@ -5,7 +5,8 @@ the job. With one (S_e), each model's valid and test score histograms leave with
 noised evaluations' release, ``site.noised_summary``) and no per-site report: one Gaussian mechanism at rate 1
 per model, as a training's evaluation round is charged. A site with a budget admits the job against its ledger
 before it reads its shards and charges it once the models are scored; a site without one only reports what the
-job spent. The noise comes from a generator the site seeds itself (``site.site_seed``).
+job spent. The noise comes from a generator the site seeds itself with fresh entropy every job (``site.site_seed``:
+an audit's fixed seed would give two jobs' releases the same noise).
 """
 
 from __future__ import annotations
@@ -64,4 +65,4 @@ def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],
         delta = ledger.budget.delta
         privacy = admit(site, ledger, job)
     return EvaluationRelease(ledger, job, eval_noise_multiplier, {**privacy, "delta": delta},
-                             torch.Generator().manual_seed(site_seed(site)))
+                             torch.Generator().manual_seed(site_seed(site, fresh=True)))

@@ -34,12 +34,12 @@ from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
 NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
 
 
-def site_seed(name: str, resumed: bool = False) -> int:
-    """The site's own seed of its noise and sampling (module docstring). A resumed training always draws fresh
-    entropy: a fixed seed would repeat the noise of rounds already sent, and the difference of two releases with
-    the same noise is a difference of gradients without any."""
+def site_seed(name: str, fresh: bool = False) -> int:
+    """The site's own seed of its noise and sampling (module docstring). ``fresh`` (a resumed training, an
+    evaluation job) draws entropy even under a fixed seed: that seed would repeat noise already sent, and the
+    difference of two releases with the same noise is a difference of exact values."""
     fixed = os.environ.get(NOISE_SEED_ENV)
-    if fixed is None or resumed:
+    if fixed is None or fresh:
         return secrets.randbits(62)
     return int.from_bytes(hashlib.sha256(f"{fixed}#{name}".encode()).digest()[:8], "little") >> 2
 
@@ -132,7 +132,7 @@ def admit_sites(config: TrainConfig, datas: list[SiteData], indices: list[int],
             report = admit(data.name, ledger, job, dp.accountant)
             charges.append((ledger, job))
         out.append(SitePrivacy(data.name, sigma, dp.max_grad_norm, q, min(config.batch_size, n),
-                               site_seed(data.name, config.resume), {**report, "delta": delta},
+                               site_seed(data.name, fresh=config.resume), {**report, "delta": delta},
                                dp.eval_noise_multiplier))
     for ledger, job in charges:  # every site of this process agreed: now charge them
         ledger.entries.extend(job)
