@@ -105,8 +105,8 @@ def test_a_dp_training_with_eval_noise_checks_the_champion_by_a_noised_evaluatio
     from pipelines import runs
     from preprocessing.federation import Federation
 
+    mlflow.set_tracking_uri(None)  # first: where an earlier test set one, this unsets MLFLOW_TRACKING_URI too
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
-    mlflow.set_tracking_uri(None)
     federation, shards, paths = budgets([None, None, None])
     settings = dict(algorithm="fedavg", network="linear", rounds=1, local_steps=2, batch_size=16, lr=0.5,
                     eval_every=0, progress=False, loader_workers=0, device="cpu")

@@ -68,8 +68,8 @@ def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets, tmp_
     from pipelines import runs
     from pipelines.registry import CHAMPION_ALIAS
 
+    mlflow.set_tracking_uri(None)  # first: where an earlier test set one, this unsets MLFLOW_TRACKING_URI too
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
-    mlflow.set_tracking_uri(None)
     federation, shards, paths = budgets([50.0, 40.0, 30.0])
     settings = _config(federation, shards).model_dump(mode="json", exclude={"sites"})
     for path in paths:  # the champion was trained before the sites set budgets, on two of them: unscored on three
