@@ -1,6 +1,6 @@
 """The server's liveness watch names a site that left the consortium (its client logged out, recorded by the
-server's own process in ``LEFT_FILE``) within a second, and only one still training in this job
-(federated/flare/live.py); the POC case is tests/test_flare_site_lifetime.py."""
+server's own process in ``LEFT_FILE``) within a second, and only one still training in this job; earlier
+departures are not this job's (federated/flare/live.py). The POC case is tests/test_flare_site_lifetime.py."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ def test_the_watch_names_a_training_site_that_left_and_ignores_earlier_or_finish
     record_departure(tmp_path, "new-york")
     assert called.wait(2.5)
     live.stop()
+    # A failing job's failure is the departure of a site that left without its result (federated/flare/server.py).
+    assert live.departed(["vienna", "barcelona"]) == "barcelona" and live.departed(["vienna"]) is None
     assert named == [("new-york", "site 'new-york' left the consortium (its operator stopped fedauc); the job stops: "
                                   "start the site again with `fedauc consortium start-site`, then `fedauc train "
                                   "--resume`")]

@@ -3,9 +3,11 @@
 NVFlare's client dies on SIGTERM without a word to the server, which then lists it until its heartbeat
 timeout (600 s in a provisioned kit) and refuses to stop meanwhile. :class:`LeaveOnStop`, a component of the
 client process (``local/resources.json``, written by ``federated.flare.consortium.prepare_site``), turns
-SIGTERM into NVIDIA FLARE's own client shutdown (``ClientEngine.shutdown``: the client logs out, the server
-drops it at once), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
-processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone).
+SIGTERM into a logout (the server drops the client at once) and then NVIDIA FLARE's own client shutdown
+(``ClientEngine.shutdown``), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
+processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone). The logout
+comes first because the shutdown ends the jobs before it logs out: a job process that ends fails the other
+sites' collectives, and the server, not yet told the site left, would name one of them.
 
 SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop, and from the kernel when
 ``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``).
@@ -51,11 +53,18 @@ class LeaveOnStop(FLComponent):
             return
         self._leaving.set()
         self.logger.info("SIGTERM: leaving the consortium")
-        # Not in the handler itself: shutdown takes locks the interrupted main thread may hold.
-        threading.Thread(target=engine.shutdown, name="fedauc-leave", daemon=True).start()
+        # Not in the handler itself: logout and shutdown take locks the interrupted main thread may hold.
+        threading.Thread(target=self._logout_then_shutdown, args=(engine,), name="fedauc-leave", daemon=True).start()
         deadline = threading.Timer(self.grace_s, os._exit, args=(0,))
         deadline.daemon = True  # a process that ended by itself does not wait for it
         deadline.start()
+
+    def _logout_then_shutdown(self, engine) -> None:
+        try:
+            engine.client.logout_client(engine.new_context())
+        except Exception as err:  # the shutdown still logs out, later
+            self.logger.warning(f"could not log out before the shutdown: {err}")
+        engine.shutdown()
 
 
 class RecordDepartures(FLComponent):

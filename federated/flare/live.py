@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 LIVE_FILE = "fedauc_live.json"  # NVFlare's admin `cat` serves only some extensions; .json is one
@@ -59,6 +59,11 @@ def record_departure(root_dir: Path, site: str) -> None:
     path = Path(root_dir) / LEFT_FILE
     with _departures:
         _write_atomic(path, json.dumps({**_read_json(path), site: time.time()}))
+
+
+def left_reason(site: str) -> str:
+    return (f"site {site!r} left the consortium (its operator stopped fedauc); the job stops: start the site again "
+            f"with `fedauc consortium start-site`, then `fedauc train --resume`")
 
 
 class LiveRecords:
@@ -118,20 +123,23 @@ class LiveRecords:
                 _write_atomic(self.sites_path, json.dumps({"sites": self._known}))
                 self._dirty = False
 
+    def departed(self, among: Iterable[str]) -> str | None:
+        """The first of the sites ``among`` to have left the consortium since the job started (``LEFT_FILE``)."""
+        # Earlier departures are of sites that came back before this job (it started with all of them).
+        left = {site: at for site, at in _read_json(self.left_path).items() if at > self.started and site in among}
+        return min(left, key=left.get) if left else None
+
     def watch(self, on_gone: Callable[[str, str], None]) -> None:
         def loop():
             while not self._stop.wait(1.0):
                 self.flush()
-                # Earlier departures are of sites that came back before this job (it started with all of them).
-                left = {site for site, at in _read_json(self.left_path).items() if at > self.started}
                 with self._lock:
                     now = time.time()
-                    gone = sorted(site for site in self._heard if site in left)
+                    training = list(self._heard)
                     silent = [(now - t, site) for site, t in self._heard.items() if now - t > self.dead_after_s]
-                if gone:
-                    on_gone(gone[0], f"site {gone[0]!r} left the consortium (its operator stopped fedauc); the job "
-                                     f"stops: start the site again with `fedauc consortium start-site`, then `fedauc "
-                                     f"train --resume`")
+                gone = self.departed(training)
+                if gone is not None:
+                    on_gone(gone, left_reason(gone))
                     return
                 if silent:
                     seconds, site = max(silent)

@@ -43,9 +43,14 @@ def signal_family(members: list[psutil.Process], signum: int) -> None:
 
 
 def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
-    """SIGTERM process ``pid`` and all it started, SIGKILL what is left after ``grace_s``; the survivors
-    (none, unless a process ignores SIGKILL)."""
+    """SIGTERM process ``pid``, then, once it has ended or after ``grace_s``, what it started and left
+    running; SIGKILL what is left after ``grace_s`` more; the survivors (none, unless a process ignores
+    SIGKILL)."""
     members = family(pid)
+    # The root first: a hospital's client logs out before its job processes end (federated.flare.leave), so
+    # the server hears that the hospital left before the other sites fail for want of it.
+    signal_family(members[-1:], signal.SIGTERM)
+    psutil.wait_procs(members[-1:], timeout=grace_s)
     signal_family(members, signal.SIGTERM)
     _, alive = psutil.wait_procs(members, timeout=grace_s)
     signal_family(alive, signal.SIGKILL)
