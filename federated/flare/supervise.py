@@ -3,8 +3,9 @@
 NVFlare's client (``client_train``) starts one process per job in a session of its own and does not stop
 them when it is itself signalled: SIGTERM to a plain ``subprocess.call`` left the job process running and
 connected to the server. Here the client runs in a session of its own, SIGTERM and SIGINT to this process
-are caught, and then the client and every process it started (found before any is signalled, since a job
-process whose parent died is no longer in the tree) get SIGTERM, and SIGKILL ``grace_s`` seconds later.
+are caught, and then the client gets SIGTERM (it logs out: ``federated.flare.leave``), and once it has
+ended every process it started that is left (found before any is signalled, since a job process whose
+parent died is no longer in the tree), and SIGKILL ``grace_s`` seconds later.
 
 A caught signal is not enough: ``kill -9`` (an OOM kill, a crashed supervisor) ends the caller without a
 word, and the client, in its own session, ran on. So the client also gets a parent-death signal
