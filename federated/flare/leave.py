@@ -15,7 +15,8 @@ SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop,
 :class:`RecordDepartures`, a component of the server's process (written by
 ``federated.flare.centre.prepare_server``), notes each logout where a running job's liveness watch reads it
 (``federated.flare.live.LEFT_FILE``): only the server's process hears it, and the job then names the site
-that left at once, instead of 30 s later as one gone silent.
+that left at once, instead of 30 s later as one gone silent or, sooner, one of the sites whose collective
+failed as the leaving site's job process ended.
 """
 
 from __future__ import annotations

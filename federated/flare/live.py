@@ -17,9 +17,10 @@ network dropped) is named at once, instead of when the others time out at a coll
 which still bounds a site that is alive but slow). NVIDIA FLARE's own dead-client detection is no help
 here: the server drops a client after its ``heart_beat_timeout`` (600 s in a provisioned kit) and reports
 a dead job only when the client's parent process survives to say so. A site stopped cleanly (``systemctl
-stop``: its client logs out, ``federated.flare.leave``) is named within a second as having left, whichever
-of its processes NVIDIA FLARE ends first: the job's watch reads ``LEFT_FILE``, and NVIDIA FLARE's own
-report of the logout to the job puts the client on a watch list for 60 s and names no one.
+stop``: its client logs out before its job process ends, ``federated.flare.leave``) is named within a
+second as having left: the job's watch reads ``LEFT_FILE``, and a job failing meanwhile (the others'
+collectives fail as the site's job process ends) names the departure (``departed``), not those failures.
+NVIDIA FLARE's own report of the logout to the job puts the client on a watch list for 60 s and names no one.
 """
 
 from __future__ import annotations
