@@ -6,7 +6,8 @@ own processes, mutual TLS). One module, one consortium, the tests in order:
 a training runs ends its NVFlare client and the job's process within seconds, and the server stops listing
 the hospital (its client logged out on its parent-death signal);
 (b) a second ``start-site`` of a running kit refuses in one line naming the first's pid; SIGTERM to
-``start-site`` (``systemctl stop``) makes the hospital leave at once;
+``start-site`` (``systemctl stop``) while a training runs makes the hospital leave at once, and the centre's
+``fedauc train`` fails within seconds naming the site that left and what to do, on its MLflow runs too;
 (c) ``fedauc consortium stop-server`` is refused while a hospital heartbeats, naming it, and succeeds within
 60 s of the last hospital stopping, one of them killed without a word (SIGKILL of its client), in a few lines
 of its own.
@@ -24,11 +25,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
 from federated.flare.supervise import family, signal_family
+from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
 from preprocessing.federation import load_federation
 
@@ -135,8 +138,9 @@ def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium
     assert outcome["exit_code"] == 1, outcome["output"]
 
 
-def test_a_second_start_site_refuses_and_a_stopped_one_leaves_at_once(consortium, melanoma_shards):
-    root, _ = melanoma_shards
+def test_a_second_start_site_refuses_and_one_stopped_mid_training_leaves_named_at_once(
+        consortium, melanoma_shards, tmp_path, monkeypatch, trainings):
+    root, federation = melanoma_shards
     kit = consortium.kits.sites["new-york"]
     first = _start_site(consortium, melanoma_shards, "new-york")
     second = CliRunner().invoke(app, ["consortium", "start-site", str(kit), "--site-yaml", str(root / "new-york.yaml"),
@@ -146,6 +150,16 @@ def test_a_second_start_site_refuses_and_a_stopped_one_leaves_at_once(consortium
                                       f"{first.pid}` or `systemctl stop fedauc-site`) before starting it again")
     assert (kit / "local" / "fedauc-site.pid").stat().st_mode & 0o077 == 0
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    empty = tmp_path / "no-shards-here"
+    empty.mkdir()
+    thread, outcome = trainings(["train", "--federation", str(federation), "--shards", str(empty), "--algorithm",
+                                 "codasca", "-p", "T0=4", "--rounds", "400", "--local-steps", "2", "--batch-size", "8",
+                                 "--eval-every", "0", "--run-name", "left", "--backend", "flare", "--flare-env", "prod",
+                                 "--kit", str(consortium.kits.admin), "--flare-workspace", str(tmp_path / "flare")])
+    _until("a round of the training", lambda: any(job.rounds_done for job in
+                                                  consortium_status(consortium.kits.admin).jobs), 300)
+
     first.send_signal(signal.SIGTERM)
     stopped_at = time.monotonic()
     assert first.wait(60) == 0
@@ -153,6 +167,22 @@ def test_a_second_start_site_refuses_and_a_stopped_one_leaves_at_once(consortium
     _until("the server to stop listing new-york", lambda: "new-york" not in connected_sites(consortium.kits.admin), 20)
     assert time.monotonic() - stopped_at < 30
     assert not _of_site(kit) and not (kit / "local" / "fedauc-site.pid").exists()
+
+    thread.join(120)
+    output = outcome["output"]
+    assert outcome["exit_code"] == 1 and "Traceback" not in output, output
+    message = next(line for line in output.splitlines() if line.startswith("error: "))
+    assert "failed: site 'new-york' left the consortium (its operator stopped fedauc)" in message, output
+    assert "`fedauc consortium start-site`" in message and "`fedauc train --resume`" in message, message
+    named_after_s = outcome["ended"] - stopped_at
+    assert named_after_s < 30, named_after_s
+    mlflow = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    runs = mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()])
+    assert runs and {run.info.status for run in runs} == {"FAILED"}
+    for run in runs:
+        assert run.data.tags[FAILED_SITE_TAG] == "new-york"
+        assert "site 'new-york' left the consortium" in run.data.tags[FAILURE_TAG]
+        assert run.data.tags[DESCRIPTION_TAG].startswith("FAILED at site new-york: ")
 
 
 # Last: it stops the module's consortium.

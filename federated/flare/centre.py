@@ -13,6 +13,7 @@ from pathlib import Path
 
 from federated.flare.consortium import client_env, start_command
 from federated.flare.installed import allow_components
+from federated.flare.leave import SERVER_COMPONENT
 from federated.flare.lockdown import check_private_key, server_stores
 from preprocessing.errors import ConfigError
 
@@ -24,7 +25,7 @@ def prepare_server(kit: str | Path) -> Path:
         raise ConfigError(f"{root}: not the server's startup kit (no startup/fed_server.json)",
                           fix="pass the server's folder that `fedauc consortium provision` wrote")
     check_private_key(root / "startup" / "server.key")
-    allow_components(root / "local")
+    allow_components(root / "local", SERVER_COMPONENT)  # a running job names a hospital that left at once
     server_stores(root)
     return root
 

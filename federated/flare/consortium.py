@@ -134,10 +134,7 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     write_owner_only(client.root / "local" / SITE_FILE, json.dumps({
         "site": site.name, "shards": str(shard_dir), "sharing": site.sharing.model_dump(),
         "allowed_code_versions": site.allowed_code_versions}))
-    resources = allow_components(client.root / "local")
-    config = json.loads(resources.read_text())
-    config["components"] = [c for c in config.get("components", []) if c["id"] != LEAVE_ON_STOP["id"]] + [LEAVE_ON_STOP]
-    write_owner_only(resources, json.dumps(config, indent=2))
+    allow_components(client.root / "local", LEAVE_ON_STOP)
     install_site_policy(client.root / "local")
     return client
 

@@ -50,11 +50,12 @@ class InstalledRecipe(CollabRecipe):
         return []
 
 
-def allow_components(local_dir: str | Path) -> Path:
+def allow_components(local_dir: str | Path, component: dict | None = None) -> Path:
     """Write ``local/resources.json`` (from the kit's ``resources.json.default`` when there is one) with
     :data:`COMPONENTS` as its only allowed components, enforced, and no log streaming (NVFlare otherwise
     adds a ``JobLogStreamer`` to every job, which uploads the site's ``error_log.txt``, tracebacks with the
-    site's paths, to the centre); the file written."""
+    site's paths, to the centre), and ``component`` among the process's own (one of the same id replaced);
+    the file written."""
     local = Path(local_dir)
     resources = {"format_version": 2}
     for name in ("resources.json", "resources.json.default"):
@@ -63,6 +64,8 @@ def allow_components(local_dir: str | Path) -> Path:
             break
     resources.update(class_allow_list=list(COMPONENTS), class_list_enforcement_mode="enforce",
                      allow_log_streaming=False)
+    if component is not None:
+        resources["components"] = [c for c in resources.get("components", []) if c["id"] != component["id"]] + [component]
     local.mkdir(parents=True, exist_ok=True, mode=0o700)
     write_owner_only(local / "resources.json", json.dumps(resources, indent=2))
     return local / "resources.json"

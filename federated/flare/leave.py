@@ -3,12 +3,20 @@
 NVFlare's client dies on SIGTERM without a word to the server, which then lists it until its heartbeat
 timeout (600 s in a provisioned kit) and refuses to stop meanwhile. :class:`LeaveOnStop`, a component of the
 client process (``local/resources.json``, written by ``federated.flare.consortium.prepare_site``), turns
-SIGTERM into NVIDIA FLARE's own client shutdown (``ClientEngine.shutdown``: the client logs out, the server
-drops it at once), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
-processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone).
+SIGTERM into a logout (the server drops the client at once) and then NVIDIA FLARE's own client shutdown
+(``ClientEngine.shutdown``), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
+processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone). The logout
+comes first because the shutdown ends the jobs before it logs out: a job process that ends fails the other
+sites' collectives, and the server, not yet told the site left, would name one of them.
 
 SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop, and from the kernel when
 ``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``).
+
+:class:`RecordDepartures`, a component of the server's process (written by
+``federated.flare.centre.prepare_server``), notes each logout where a running job's liveness watch reads it
+(``federated.flare.live.LEFT_FILE``): only the server's process hears it, and the job then names the site
+that left at once, instead of 30 s later as one gone silent or, sooner, one of the sites whose collective
+failed as the leaving site's job process ended.
 """
 
 from __future__ import annotations
@@ -16,13 +24,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 
-# The entry of ``local/resources.json``'s ``components`` that installs it.
+from federated.flare.live import record_departure
+
+# The entries of ``local/resources.json``'s ``components`` that install them, at a site and at the server.
 COMPONENT = {"id": "fedauc_leave_on_stop", "path": "federated.flare.leave.LeaveOnStop", "args": {}}
+SERVER_COMPONENT = {"id": "fedauc_record_departures", "path": "federated.flare.leave.RecordDepartures", "args": {}}
 
 
 class LeaveOnStop(FLComponent):
@@ -42,8 +54,24 @@ class LeaveOnStop(FLComponent):
             return
         self._leaving.set()
         self.logger.info("SIGTERM: leaving the consortium")
-        # Not in the handler itself: shutdown takes locks the interrupted main thread may hold.
-        threading.Thread(target=engine.shutdown, name="fedauc-leave", daemon=True).start()
+        # Not in the handler itself: logout and shutdown take locks the interrupted main thread may hold.
+        threading.Thread(target=self._logout_then_shutdown, args=(engine,), name="fedauc-leave", daemon=True).start()
         deadline = threading.Timer(self.grace_s, os._exit, args=(0,))
         deadline.daemon = True  # a process that ended by itself does not wait for it
         deadline.start()
+
+    def _logout_then_shutdown(self, engine) -> None:
+        try:
+            engine.client.logout_client(engine.new_context())
+        except Exception as err:  # the shutdown still logs out, later
+            self.logger.warning(f"could not log out before the shutdown: {err}")
+        engine.shutdown()
+
+
+class RecordDepartures(FLComponent):
+    def handle_event(self, event_type: str, fl_ctx: FLContext):
+        # Fired once the server has dropped the client (NVIDIA FLARE's ``quit_client``), with the client's context.
+        if event_type == EventType.CLIENT_QUIT and fl_ctx.get_peer_context() is not None:
+            site = fl_ctx.get_peer_context().get_identity_name()
+            self.logger.info(f"site {site} left the consortium")
+            record_departure(Path(fl_ctx.get_engine().get_workspace().get_root_dir()), site)

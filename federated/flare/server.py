@@ -20,7 +20,7 @@ import torch
 from nvflare.collab import collab
 
 from federated.flare.evaluate_server import serve_evaluation
-from federated.flare.live import LiveRecords
+from federated.flare.live import LiveRecords, left_reason
 from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.rendezvous import COMBINE, Rendezvous
 from federated.flare.site_failure import FAILED
@@ -99,6 +99,11 @@ def run() -> str:
     while not finished.wait(0.5) and _rendezvous.failure is None:
         pass
     _live.stop()
+    # A site that left mid-job (its client logged out first: federated.flare.leave) fails the others' collectives
+    # as its job process ends; its departure, not their failures, is why the job stops.
+    left = _live.departed([site for site in spec.sites if site not in returned or FAILED in returned[site]])
+    if left is not None:
+        raise _failed(left_reason(left), left)
     if _rendezvous.failure is not None:
         raise _failed(_rendezvous.failure, _rendezvous.failed_site)
     if results.failures:

@@ -3,8 +3,9 @@
 NVFlare's client (``client_train``) starts one process per job in a session of its own and does not stop
 them when it is itself signalled: SIGTERM to a plain ``subprocess.call`` left the job process running and
 connected to the server. Here the client runs in a session of its own, SIGTERM and SIGINT to this process
-are caught, and then the client and every process it started (found before any is signalled, since a job
-process whose parent died is no longer in the tree) get SIGTERM, and SIGKILL ``grace_s`` seconds later.
+are caught, and then the client gets SIGTERM (it logs out: ``federated.flare.leave``), and once it has
+ended every process it started that is left (found before any is signalled, since a job process whose
+parent died is no longer in the tree), and SIGKILL ``grace_s`` seconds later.
 
 A caught signal is not enough: ``kill -9`` (an OOM kill, a crashed supervisor) ends the caller without a
 word, and the client, in its own session, ran on. So the client also gets a parent-death signal
@@ -43,9 +44,14 @@ def signal_family(members: list[psutil.Process], signum: int) -> None:
 
 
 def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
-    """SIGTERM process ``pid`` and all it started, SIGKILL what is left after ``grace_s``; the survivors
-    (none, unless a process ignores SIGKILL)."""
+    """SIGTERM process ``pid``, then, once it has ended or after ``grace_s``, what it started and left
+    running; SIGKILL what is left after ``grace_s`` more; the survivors (none, unless a process ignores
+    SIGKILL)."""
     members = family(pid)
+    # The root first: a hospital's client logs out before its job processes end (federated.flare.leave), so
+    # the server hears that the hospital left before the other sites fail for want of it.
+    signal_family(members[-1:], signal.SIGTERM)
+    psutil.wait_procs(members[-1:], timeout=grace_s)
     signal_family(members, signal.SIGTERM)
     _, alive = psutil.wait_procs(members, timeout=grace_s)
     signal_family(alive, signal.SIGKILL)
