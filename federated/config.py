@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from federated import secagg_graph
 from federated.aggregation import RULES
 from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from federated.privacy.budget import declared_budget
 from federated.privacy.ledger import ledger_path
-from federated.privacy.policy import DPConfig
+from federated.privacy.policy import DPConfig, SiteBudget
 from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
 
@@ -38,8 +39,12 @@ class ShardSite(BaseModel):
         return shard_content_hash(self.path)
 
     def privacy_ledger(self) -> Path:
-        """The site's privacy ledger (federated/privacy/ledger.py): beside its shard folder."""
+        """The site's privacy ledger (federated/privacy/ledger.py): the site's, keyed by its name."""
         return ledger_path(self.path)
+
+    def declared_privacy(self) -> SiteBudget | None:
+        """The privacy budget the shards were written under (a site whose ledger is lost refuses every job)."""
+        return declared_budget(self.path)
 
 
 class SyntheticSite(BaseModel):
@@ -60,6 +65,9 @@ class SyntheticSite(BaseModel):
 
     def privacy_ledger(self) -> Path | None:
         return self.ledger
+
+    def declared_privacy(self) -> None:  # no shards: the ledger, where given, holds the budget
+        return None
 
     def load(self, index: int) -> SiteData:
         seed = self.task_seed + 1000 + index if self.site_seed is None else self.site_seed
@@ -86,6 +94,9 @@ class TensorSite(BaseModel):
 
     def privacy_ledger(self) -> Path | None:
         return self.ledger
+
+    def declared_privacy(self) -> None:  # no shards: the ledger, where given, holds the budget
+        return None
 
     def load(self, index: int) -> SiteData:
         splits = {}

@@ -271,76 +271,79 @@ class Engine:
         cfg = self.config
         history: list[dict] = []
         start_round = 0
-        ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        if ckpt_dir is not None and cfg.resume:
-            round_dir = latest_round_dir(ckpt_dir)
-            if round_dir is not None:
-                meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
-                start_round, history = meta["round"] + 1, meta["history"]
-                self.health.resume(history)
-        bar = None
-        if cfg.progress and self.is_leader:
-            from tqdm.auto import tqdm
+        with privacy.settling(cfg, self.privacy) as released:  # charges what left on an early stop
+            ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+            if ckpt_dir is not None and cfg.resume:
+                round_dir = latest_round_dir(ckpt_dir)
+                if round_dir is not None:
+                    meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
+                    start_round, history = meta["round"] + 1, meta["history"]
+                    self.health.resume(history)
+            bar = None
+            if cfg.progress and self.is_leader:
+                from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
-        initial = ([0] * len(self.sites), [0] * len(self.sites))
-        test_histograms = valid_histograms = None
-        if start_round == 0 and self.algorithm.initial_gather:
-            initial = self.communicate((Comm.GATHER,))
-            self.each_site(self.algorithm.round_end)
-        for r in range(start_round, cfg.rounds):
-            t0 = time.perf_counter()
-            if self.secure:
-                self.secure.round = r
-            clock = RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
-            losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
-            self.each_site(self.algorithm.before_communication)
-            tensors = [self._tensors(site) for site in self.sites]
-            check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
-            norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
-            if self.privacy:
-                losses, norms = privacy.withhold(losses, norms, self.privacy, r, cfg.lr)
-            sent, received = self.communicate()
-            self.each_site(self.algorithm.round_end)
-            stage = self.algorithm.stage_length
-            if stage and self.sites[0].iteration % stage == 0:
-                extra = self.stage_boundary()
-                sent = [b + extra for b in sent]
-                received = [b + extra for b in received]
-            if r == 0:
-                sent = [b + extra for b, extra in zip(sent, initial[0])]
-                received = [b + extra for b, extra in zip(received, initial[1])]
-            # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
-            # checked before a diverged model is evaluated or checkpointed.
-            rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
-                    in enumerate(zip(self.sites, sent, received, losses, norms))]
-            per_site = self.transport.gather([row.to(self.device) for row in rows]).cpu()
-            health = self.health.check(r, per_site[:, :-COLUMNS])
-            sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
-            last = r == cfg.rounds - 1
-            evaluated = None
-            if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
-                evaluated = self.evaluate()  # every site's payload has one size (fixed-size summaries)
-                sent = [b + evaluated.bytes_sent[0] for b in sent]
-                received = [b + evaluated.bytes_received[0] for b in received]
-            record: RoundRecord = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
-                      "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
-                      "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health,
-                      **record_times(per_site, self.health.site_names)}
-            if evaluated is not None:
-                record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
-                test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms
-            history.append(record)
-            if ckpt_dir is not None:
-                save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
-                           self.transport.barrier, cfg, self._site_fingerprints())
-            if self.is_leader:
-                warn_outliers(record)
-                for cb in callbacks:
-                    cb(record)
-            if bar is not None:
-                bar.set_postfix(loss=f"{record['train_loss']:.4f}")
-                bar.update(1)
+                bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
+            initial = ([0] * len(self.sites), [0] * len(self.sites))
+            test_histograms = valid_histograms = None
+            if start_round == 0 and self.algorithm.initial_gather:
+                initial = self.communicate((Comm.GATHER,))
+                self.each_site(self.algorithm.round_end)
+            for r in range(start_round, cfg.rounds):
+                t0 = time.perf_counter()
+                if self.secure:
+                    self.secure.round = r
+                clock = RoundClock(len(self.sites), self.device)  # the slow site named (federated/timing.py)
+                losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
+                self.each_site(self.algorithm.before_communication)
+                tensors = [self._tensors(site) for site in self.sites]
+                check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
+                norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
+                if self.privacy:
+                    losses, norms = privacy.withhold(losses, norms, self.privacy, r, cfg.lr)
+                released.rounds += 1  # from here the round has left the site
+                sent, received = self.communicate()
+                self.each_site(self.algorithm.round_end)
+                stage = self.algorithm.stage_length
+                if stage and self.sites[0].iteration % stage == 0:
+                    extra = self.stage_boundary()
+                    sent = [b + extra for b in sent]
+                    received = [b + extra for b in received]
+                if r == 0:
+                    sent = [b + extra for b, extra in zip(sent, initial[0])]
+                    received = [b + extra for b, extra in zip(received, initial[1])]
+                # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
+                # checked before a diverged model is evaluated or checkpointed.
+                rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
+                        in enumerate(zip(self.sites, sent, received, losses, norms))]
+                per_site = self.transport.gather([row.to(self.device) for row in rows]).cpu()
+                health = self.health.check(r, per_site[:, :-COLUMNS])
+                sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
+                last = r == cfg.rounds - 1
+                evaluated = None
+                if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
+                    released.evaluations += 1
+                    evaluated = self.evaluate()  # every site's payload has one size (fixed-size summaries)
+                    sent = [b + evaluated.bytes_sent[0] for b in sent]
+                    received = [b + evaluated.bytes_received[0] for b in received]
+                record: RoundRecord = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
+                          "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
+                          "seconds": time.perf_counter() - t0, "lr": cfg.lr, **health,
+                          **record_times(per_site, self.health.site_names)}
+                if evaluated is not None:
+                    record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
+                    test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms
+                history.append(record)
+                if ckpt_dir is not None:
+                    save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
+                               self.transport.barrier, cfg, self._site_fingerprints())
+                if self.is_leader:
+                    warn_outliers(record)
+                    for cb in callbacks:
+                        cb(record)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{record['train_loss']:.4f}")
+                    bar.update(1)
         if bar is not None:
             bar.close()
         gm = self.global_model()

@@ -16,7 +16,8 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from federated.privacy.ledger import set_budget
+from federated.privacy.budget import set_budget
+from federated.privacy.ledger import check_delta
 from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
@@ -66,15 +67,20 @@ def report(config: SiteConfig, summary: ShardSummary) -> dict:
             "report_md": str(md_path.relative_to(summary.site_dir.parent))}
 
 
-def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2) -> dict:
+def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, raise_budget: bool = False) -> dict:
     """The flow's work, run inside a flow: the site YAML ``config_path``'s shards into ``out_dir``; paths in
-    what it returns are relative to ``out_dir``."""
+    what it returns are relative to ``out_dir``. ``raise_budget``: the hospital raises (or removes) its privacy
+    budget (``fedauc preprocess --raise-budget``); an edit of the YAML alone only lowers it."""
     config, result = scan(str(config_path))
     labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
     summary = write_shards(config, result, str(out_dir), workers)
-    # The site's privacy budget goes into its ledger beside the shards, where every training on them reads it.
-    set_budget(summary.site_dir, config.privacy)
+    if config.privacy is not None:
+        check_delta(config.name, config.privacy.delta, summary.counts.get("train", 0))
+    # The site's privacy budget goes into its ledger (the site's, wherever its shards are), a change as an event.
+    _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget)
+    if budget_change is not None:
+        print(budget_change, flush=True)
     paths = report(config, summary)
     return {
         "site": summary.site,
@@ -86,12 +92,13 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2) -
         "quarantined": summary.quarantined,
         "reused": summary.reused,
         "warnings": labels["warnings"],
+        "budget_change": budget_change,
         **paths,
     }
 
 
 @flow(name="preprocess_site")
-def preprocess_site(site: str, shards: str | None = None, workers: int = 2) -> dict:
+def preprocess_site(site: str, shards: str | None = None, workers: int = 2, raise_budget: bool = False) -> dict:
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""
-    return preprocess(site_yaml(site), site_shards(shards), workers)
+    return preprocess(site_yaml(site), site_shards(shards), workers, raise_budget)

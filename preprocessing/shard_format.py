@@ -52,6 +52,7 @@ class ShardInfo(TypedDict):
     kept: int
     quarantined: int
     transform: dict
+    privacy: dict | None  # the site's declared budget {epsilon, delta} (docs/privacy.md section 2; absent before it)
     files: dict[str, dict]  # split file -> {"bytes", "sha256"} (preprocessing/shard_integrity.py; absent before it)
 
 

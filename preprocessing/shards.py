@@ -114,6 +114,7 @@ def write_site_shards(
     workers: int = 1,
     chunk_size: int = 32,
     progress: bool = True,
+    privacy: dict | None = None,
 ) -> ShardSummary:
     """Decode, resize and write every record of ``records`` into ``out_dir/<site>/`` (``docs/shards.md``).
 
@@ -131,7 +132,7 @@ def write_site_shards(
             return _summary_from_info(site, site_dir, info, reused=True)
         return _write_locked(
             records, scan_quarantine, site, data_root, site_dir, transform, content_hash, input_rows,
-            workers, chunk_size, progress,
+            workers, chunk_size, progress, privacy,
         )
 
 
@@ -147,6 +148,7 @@ def _write_locked(
     workers: int,
     chunk_size: int,
     progress: bool,
+    privacy: dict | None,
 ) -> ShardSummary:
     # From here the shards on disk are stale: without shard.json they cannot be mistaken for a finished run.
     (site_dir / SHARD_FILE).unlink(missing_ok=True)
@@ -192,6 +194,9 @@ def _write_locked(
         "kept": int(sum(counts.values())),
         "quarantined": int(len(quarantine)),
         "transform": asdict(transform),
+        # The site's declared privacy budget travels with its shards (hashed: it is in the label contract), so a
+        # site whose ledger is lost refuses every job (federated/privacy/budget.py).
+        "privacy": privacy,
         "files": file_digests(site_dir),
     }
     _write_atomic(site_dir / SHARD_FILE, json.dumps(info, indent=2) + "\n")
@@ -311,4 +316,5 @@ def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = T
         input_rows=scan.input_rows,
         workers=workers,
         progress=progress,
+        privacy=None if config.privacy is None else config.privacy.model_dump(),
     )

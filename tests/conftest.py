@@ -34,6 +34,8 @@ def pytest_configure(config):
         os.environ.setdefault(name, value)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.join(state, 'mlruns.db')}"
     _session_tracking_uri.append(os.environ["MLFLOW_TRACKING_URI"])
+    # The sites' privacy ledgers (federated/privacy/ledger.py), never the user's; site processes inherit it.
+    os.environ["FEDAUC_SITE_STATE"] = os.path.join(state, "site-state")
 
 
 def pytest_unconfigure(config):
@@ -57,6 +59,16 @@ def session_tracking_store():
     next test of this worker would then write into the project's mlruns.db."""
     os.environ["MLFLOW_TRACKING_URI"] = _session_tracking_uri[0]
     yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_site_ledgers():
+    """Every test starts with no site ledger: sites are keyed by name (vienna, ...) in the session's one state
+    directory, which the site processes of a module's consortium also use."""
+    from federated.privacy.ledger import state_dir
+
+    yield
+    shutil.rmtree(state_dir(), ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

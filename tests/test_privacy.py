@@ -16,7 +16,8 @@ from torch import nn
 
 import federated
 from federated.algorithms.fedavg import FedAvg
-from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path, set_budget
+from federated.privacy.budget import set_budget
+from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path, state_dir
 from federated.privacy.policy import DP_EXTRA_STEPS, DP_METHODS, PrivacyRefused, SiteBudget
 from federated.privacy.sgd import clip_per_sample, noised_sum, per_sample_gradients, private_gradients
 from models.objectives import auc_margin_loss, auc_square_loss, masked_bce_with_logits
@@ -94,10 +95,10 @@ def test_the_ledger_is_owner_only_and_a_readable_one_is_refused(tmp_path):
     shard_dir.mkdir(parents=True)
     old = os.umask(0)
     try:
-        path = set_budget(shard_dir, SiteBudget(epsilon=3, delta=1e-6))
+        path, _ = set_budget("vienna", shard_dir, SiteBudget(epsilon=3, delta=1e-6))
     finally:
         os.umask(old)
-    assert path == tmp_path / "shards" / "vienna.privacy-ledger.json"
+    assert path == state_dir() / "vienna.privacy-ledger.json"  # the site's, not the shard folder's
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert Ledger.load(path).budget == SiteBudget(epsilon=3, delta=1e-6)
     path.chmod(0o644)
@@ -251,13 +252,14 @@ def test_evaluation_histograms_are_released_with_counted_noise_and_no_per_site_m
     assert positive.mean() == pytest.approx(2.0 * 2 * math.sqrt(2 / math.pi), rel=0.02)
 
 
-def test_a_resumed_training_is_not_charged_again(tmp_path):
+def test_a_resume_of_a_finished_training_runs_and_charges_no_round(tmp_path):
     budget = {"epsilon": 8, "delta": 1e-5}
     cfg = _config(tmp_path, budgets=(budget, budget), checkpoint_dir=str(tmp_path / "ckpt"))
-    federated.train(cfg)
+    first = federated.train(cfg)
     result = federated.train({**cfg, "resume": True})
     assert len(Ledger.load(tmp_path / "site0.privacy-ledger.json").entries) == 1
-    assert result.privacy["synthetic0"]["epsilon_spent"] == pytest.approx(result.privacy["synthetic0"]["epsilon_job"])
+    assert result.privacy["synthetic0"]["epsilon_job"] == 0.0
+    assert result.privacy["synthetic0"]["epsilon_spent"] == pytest.approx(first.privacy["synthetic0"]["epsilon_spent"])
 
 
 def test_the_site_yaml_declares_its_budget():
@@ -306,4 +308,4 @@ def test_an_evaluation_jobs_noise_is_fresh_even_under_an_audits_fixed_seed(tmp_p
     monkeypatch.setenv(NOISE_SEED_ENV, "7")
     seeds = [admit_evaluation("north", tmp_path / "north", ["v1"], 1.0).generator.initial_seed() for _ in range(2)]
     assert seeds[0] != seeds[1]
-    assert site_seed("north") == site_seed("north")  # the training's stays reproducible
+    assert site_seed("north", "job") == site_seed("north", "job")  # the training's stays reproducible

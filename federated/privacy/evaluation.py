@@ -4,7 +4,8 @@ Without an evaluation noise multiplier the site releases its exact summaries, an
 the job. With one (S_e), each model's valid and test score histograms leave with Gaussian noise (the training's
 noised evaluations' release, ``site.noised_summary``) and no per-site report: one Gaussian mechanism at rate 1
 per model, as a training's evaluation round is charged. A site with a budget admits the job against its ledger
-before it reads its shards and charges it once the models are scored; a site without one only reports what the
+before it reads its shards and charges it once the models are scored, admitting it again under the ledger's lock
+(a training may have been charged meanwhile); a site without one only reports what the
 job spent. The noise comes from a generator the site seeds itself with fresh entropy every job (``site.site_seed``:
 an audit's fixed seed would give two jobs' releases the same noise).
 """
@@ -17,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from federated.privacy.ledger import Entry, Ledger, admit, epsilon, ledger_path
-from federated.privacy.policy import DPConfig, refuse_release
+from federated.privacy.budget import declared_budget
+from federated.privacy.ledger import Entry, admit, epsilon, ledger_path, locked, site_ledger
+from federated.privacy.policy import DPConfig, SiteBudget, refuse_release
 from federated.privacy.site import noised_summary, site_seed
 
 # The delta a site without a budget reports its spend at (a site with one uses its own), as a DP training does.
@@ -29,7 +31,9 @@ DEFAULT_DELTA: float = DPConfig.model_fields["delta"].default
 class EvaluationRelease:
     """What one site releases of an evaluation job it admitted."""
 
-    ledger: Ledger
+    site: str
+    ledger: Path | None  # None: the site has no budget (or the release is exact)
+    declared: SiteBudget | None  # the budget its shards declare
     job: list[Entry]  # empty: an exact release
     eval_noise_multiplier: float | None
     privacy: dict | None  # epsilon_job, epsilon_spent, epsilon_remaining (None without a budget), delta
@@ -37,32 +41,41 @@ class EvaluationRelease:
 
     def release(self, summaries: list[dict[str, tuple[np.ndarray, np.ndarray]]]
                 ) -> list[dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """``summaries`` (per model, split -> (report, histograms)) as they leave the site, its ledger charged."""
+        """``summaries`` (per model, split -> (report, histograms)) as they leave the site, its ledger charged: the
+        ledger is re-read under its lock and the job admitted again against what the site has spent by now (a
+        training may have been charged since), then appended; refused, nothing leaves."""
         if self.eval_noise_multiplier is None:
             return summaries
-        if self.ledger.budget is not None:
-            self.ledger.entries.extend(self.job)
-            self.ledger.save()
+        if self.ledger is not None:
+            with locked(self.ledger) as ledgers:
+                ledger, budget = site_ledger(self.site, self.ledger, ledgers, self.declared)
+                self.privacy = {**admit(self.site, ledger, self.job, budget=budget), "delta": budget.delta}
+                ledger.entries.extend(self.job)
+                ledger.save()
         return [{split: noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
                  for split, (report, histograms) in summary.items()} for summary in summaries]
 
 
 def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],
                      eval_noise_multiplier: float | None) -> EvaluationRelease:
-    """Site ``site``'s check of an evaluation job scoring the models ``labels`` against its ledger (beside
-    ``shard_dir``): raises ``PrivacyRefused`` in one line where the site refuses it, before anything is read."""
-    ledger = Ledger.load(ledger_path(shard_dir))
+    """Site ``site``'s check of an evaluation job scoring the models ``labels`` against its ledger (the site's,
+    ``ledger.ledger_path``): raises ``PrivacyRefused`` in one line where the site refuses it, before anything is
+    read."""
+    path, declared = ledger_path(shard_dir), declared_budget(shard_dir)
+    with locked(path) as ledgers:
+        ledger, budget = site_ledger(site, path, ledgers, declared)
     if eval_noise_multiplier is None:
-        refuse_release(site, ledger.budget, "an evaluation")
-        return EvaluationRelease(ledger, [], None, None, None)
-    job = [Entry(f"evaluation of model(s) {', '.join(labels)}", "evaluation", eval_noise_multiplier, 1.0,
-                 len(labels))]
-    if ledger.budget is None:
+        refuse_release(site, budget, "an evaluation")
+        return EvaluationRelease(site, None, declared, [], None, None, None)
+    what = f"evaluation of model(s) {', '.join(labels)}"
+    job = [Entry(what, "evaluation", eval_noise_multiplier, 1.0, len(labels))]
+    if budget is None:
         delta = DEFAULT_DELTA
         spent = epsilon(job, delta)
         privacy = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
     else:
-        delta = ledger.budget.delta
-        privacy = admit(site, ledger, job)
-    return EvaluationRelease(ledger, job, eval_noise_multiplier, {**privacy, "delta": delta},
-                             torch.Generator().manual_seed(site_seed(site, fresh=True)))
+        delta = budget.delta
+        privacy = admit(site, ledger, job, budget=budget)
+    return EvaluationRelease(site, None if budget is None else path, declared, job, eval_noise_multiplier,
+                             {**privacy, "delta": delta},
+                             torch.Generator().manual_seed(site_seed(site, what, fresh=True)))

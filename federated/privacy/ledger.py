@@ -1,47 +1,83 @@
-"""A site's privacy ledger: its budget and every release it has made, kept beside its shards, owner-only (0600),
+"""A site's privacy ledger: its budget, every change of it, and every release it has made; owner-only (0600),
 read and written only on the site's own machine (nothing here is ever sent).
+
+The ledger is the site's, not one shard folder's: it lives in the site's state directory (``FEDAUC_SITE_STATE``,
+default ``~/.fedauc/site-state``), keyed by the site's name, so preprocessing the same records into another
+folder finds the spend already there. Every read-modify-write holds an exclusive lock (``fcntl.flock`` on
+``<ledger>.lock``) from load to save: jobs admitted at once, or an evaluation overlapping a training, each see
+the others' charges and none writes back a stale copy.
 
 Each entry is one Gaussian mechanism applied ``steps`` times at sampling rate ``sample_rate`` with noise
 multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; noised
-evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores; a noised release of
-label counts: one step at q = 1). What the site has spent is the composition of all entries by Opacus's
-accountant (RDP, Mironov 2017, or PRV, Gopi et al. 2021) at the budget's delta: not the sum of the entries'
-epsilons, which would overstate it.
+evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores). What the site has
+spent is the composition of all entries by Opacus's accountant (RDP, Mironov 2017, or PRV, Gopi et al. 2021) at
+the budget's delta: not the sum of the entries' epsilons, which would overstate it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 
 LEDGER_SUFFIX = ".privacy-ledger.json"
+STATE_ENV = "FEDAUC_SITE_STATE"
+DEFAULT_STATE_DIR = "~/.fedauc/site-state"
+
+
+def state_dir() -> Path:
+    """The site's state directory: where its ledger lives, whatever folder its shards are written to."""
+    return Path(os.environ.get(STATE_ENV) or DEFAULT_STATE_DIR).expanduser()
 
 
 def ledger_path(shard_dir: str | Path) -> Path:
-    """Where the ledger of the site whose shards are in ``shard_dir`` lives: beside that folder (the shard folder's
-    own files are hashed into its content hash, which a ledger entry must not change)."""
-    shard_dir = Path(shard_dir)
-    return shard_dir.parent / f"{shard_dir.name}{LEDGER_SUFFIX}"
+    """The ledger of the site whose shards are in ``shard_dir`` (the shard writer names that folder after the
+    site): in the site's state directory, so every copy of the site's shards shares it."""
+    return state_dir() / f"{Path(shard_dir).name}{LEDGER_SUFFIX}"
 
 
 @dataclass
 class Entry:
-    job: str  # what identifies the training (a resumed training is not charged twice)
-    what: str  # "training", "evaluation" or "prior"
+    job: str  # the training's job key (federated/privacy/site.py), or what an evaluation job scored
+    what: str  # "training" or "evaluation"
     noise_multiplier: float
     sample_rate: float
     steps: int
     when: float = field(default_factory=time.time)
+    attempt: str = ""  # one run of the job (a resume is another); its entries are settled to what it sent
+
+
+@dataclass
+class BudgetEvent:
+    """One change of the site's budget: the budget after it (None: none), the one before, the epsilon then
+    spent (at the delta of the stricter of the two), when, and how (the command the hospital ran)."""
+
+    budget: dict | None
+    previous: dict | None
+    spent: float
+    how: str
+    when: float = field(default_factory=time.time)
+
+    def line(self, site: str) -> str:
+        return (f"site {site!r}: privacy budget {_show(self.previous)} -> {_show(self.budget)} "
+                f"({self.how}; epsilon spent then {self.spent:.3g})")
+
+
+def _show(budget: dict | None) -> str:
+    return "none" if budget is None else f"(epsilon {budget['epsilon']:g}, delta {budget['delta']:g})"
 
 
 def epsilon(entries: list[Entry], delta: float, accountant: str = "rdp") -> float:
     """The epsilon at ``delta`` of all ``entries`` composed, as Opacus's accountant computes it."""
+    entries = [e for e in entries if e.steps > 0]
     if not entries:
         return 0.0
     from opacus.accountants import PRVAccountant, RDPAccountant
@@ -51,62 +87,119 @@ def epsilon(entries: list[Entry], delta: float, accountant: str = "rdp") -> floa
     return float(acc.get_epsilon(delta))
 
 
+def lower(first: SiteBudget | None, second: SiteBudget | None) -> SiteBudget | None:
+    """The stricter of two budgets, coordinate-wise (None: no budget, the loosest)."""
+    if first is None or second is None:
+        return first or second
+    return SiteBudget(epsilon=min(first.epsilon, second.epsilon), delta=min(first.delta, second.delta))
+
+
 @dataclass
 class Ledger:
     path: Path | None  # None: a site without a ledger (no budget)
     budget: SiteBudget | None = None
     entries: list[Entry] = field(default_factory=list)
+    events: list[BudgetEvent] = field(default_factory=list)
+    exists: bool = True  # False: no file at ``path`` yet
 
     @classmethod
     def load(cls, path: str | Path | None) -> Ledger:
-        """The ledger at ``path``; none there: no budget and nothing spent. One readable by others is refused."""
+        """The ledger at ``path``; none there: no budget and nothing spent. One readable by others, or one that is
+        not a ledger, is refused in one line."""
         if path is None:
-            return cls(None)
+            return cls(None, exists=False)
         path = Path(path)
         if not path.exists():
-            return cls(path)
+            return cls(path, exists=False)
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
             raise PrivacyRefused(f"{path}: the privacy ledger has mode {mode:o}; it must be owner-only "
                                  f"(chmod 600 {path})")
-        raw = json.loads(path.read_text())
-        budget = raw.get("budget")
-        return cls(path, None if budget is None else SiteBudget.model_validate(budget),
-                   [Entry(**e) for e in raw.get("entries", [])])
+        try:
+            raw = json.loads(path.read_text())
+            budget = raw.get("budget")
+            return cls(path, None if budget is None else SiteBudget.model_validate(budget),
+                       [Entry(**e) for e in raw.get("entries", [])],
+                       [BudgetEvent(**e) for e in raw.get("events", [])])
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            raise PrivacyRefused(f"{path}: the privacy ledger is unreadable ({type(err).__name__}); every job is "
+                                 "refused until it is restored from the site's backup") from None
 
     def save(self) -> None:
         """Write it atomically, created 0600 (never world-readable, not even for a moment)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; this is not
         with os.fdopen(fd, "w") as f:
             json.dump({"budget": None if self.budget is None else self.budget.model_dump(),
-                       "entries": [asdict(e) for e in self.entries]}, f, indent=1)
+                       "entries": [asdict(e) for e in self.entries],
+                       "events": [asdict(e) for e in self.events]}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self.exists = True
 
     def spent(self, delta: float, accountant: str = "rdp") -> float:
         return epsilon(self.entries, delta, accountant)
 
-    def charged(self, job: str) -> bool:
-        return any(e.job == job for e in self.entries)
+    def settle(self, attempt: str, steps: dict[str, int]) -> None:
+        """Set the entries of run ``attempt`` to the steps it released (``what`` -> steps); none: dropped."""
+        for e in self.entries:
+            if e.attempt == attempt:
+                e.steps = min(e.steps, steps.get(e.what, 0))
+        self.entries = [e for e in self.entries if e.steps > 0 or e.attempt != attempt]
 
 
-def set_budget(shard_dir: str | Path, budget: SiteBudget | None) -> Path | None:
-    """Record the site YAML's budget in the site's ledger (``fedauc preprocess``); its entries stay. A site
-    without a budget and without a ledger gets none."""
-    ledger = Ledger.load(ledger_path(shard_dir))
-    if budget is None and ledger.budget is None and not ledger.entries:
-        return None
-    ledger.budget = budget
-    ledger.save()
-    return ledger.path
+@contextmanager
+def locked(*paths: Path | None) -> Iterator[dict[Path, Ledger]]:
+    """The ledgers at ``paths``, each loaded under its exclusive lock, held until the block ends (taken in one
+    order, so two processes locking the same ledgers cannot deadlock). Save inside the block."""
+    with ExitStack() as stack:
+        ledgers = {}
+        for path in sorted({Path(p) for p in paths if p is not None}):
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            stack.callback(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            ledgers[path] = Ledger.load(path)
+        yield ledgers
 
 
-def admit(site: str, ledger: Ledger, job: list[Entry], accountant: str = "rdp") -> dict:
+def site_ledger(site: str, path: Path | None, ledgers: dict[Path, Ledger], declared: SiteBudget | None
+                ) -> tuple[Ledger, SiteBudget | None]:
+    """Site ``site``'s ledger and the budget admission holds it to (failing closed): a site whose shards declare a
+    budget refuses every job, in one line, where its ledger is missing; the budget is the stricter of the declared
+    and the ledger's."""
+    ledger = ledgers[Path(path)] if path is not None else Ledger(None, exists=False)
+    if declared is not None and not ledger.exists:
+        raise PrivacyRefused(f"site {site!r} refuses every job: its shards declare a privacy budget (epsilon "
+                             f"{declared.epsilon:g}, delta {declared.delta:g}) and its privacy ledger is missing; "
+                             "restore it from the site's backup (a ledger is never recreated empty)")
+    effective = lower(declared, ledger.budget)
+    if declared is not None and ledger.budget is not None and declared != ledger.budget:
+        from preprocessing.locks import notice
+
+        notice(f"site {site!r}: its shards declare the privacy budget {_show(declared.model_dump())} and its ledger "
+               f"{_show(ledger.budget.model_dump())}; the stricter, {_show(effective.model_dump())}, applies")
+    return ledger, effective
+
+
+def check_delta(site: str, delta: float, records: int) -> None:
+    """Refuse a delta of at least 1/records: a mechanism that publishes one random record in the clear is
+    (0, 1/records)-DP, so such a delta bounds nothing (and the accountant's epsilon can turn negative)."""
+    if records and delta >= 1.0 / records:
+        raise PrivacyRefused(f"site {site!r} refuses the job: delta {delta:g} is not below 1 / its number of training "
+                             "records, so (epsilon, delta) would allow publishing a record in the clear; set "
+                             "privacy.delta (or --dp's delta) well below that, e.g. 1e-5")
+
+
+def admit(site: str, ledger: Ledger, job: list[Entry], accountant: str = "rdp",
+          budget: SiteBudget | None = None) -> dict:
     """Refuse ``job`` in one line naming the site, the job's cost and what remains if it would take the ledger over
-    the site's budget; else what the site will have spent once the caller charges it: {"epsilon_job",
-    "epsilon_spent", "epsilon_remaining"}."""
-    budget = ledger.budget
+    ``budget`` (default: the ledger's); else what the site will have spent once the caller charges it:
+    {"epsilon_job", "epsilon_spent", "epsilon_remaining"}."""
+    budget = budget or ledger.budget
     delta = budget.delta
     before = ledger.spent(delta, accountant)
     cost = epsilon(job, delta, accountant)

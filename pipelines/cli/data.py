@@ -67,6 +67,9 @@ def preprocess(
     site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
     out: str = typer.Option(None, "--out", help="Shards go to OUT/<site>/ (default: $FEDAUC_SHARDS, else shards/)."),
     workers: int = typer.Option(2, "--workers", min=0, help="Decoding processes (0: in this process)."),
+    raise_budget: bool = typer.Option(False, "--raise-budget",
+                                      help="Raise (or remove) the site's privacy budget to what its YAML says; "
+                                           "without it an edit can only lower the budget."),
 ) -> None:
     """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
     from pipelines.checks import check_site
@@ -87,7 +90,7 @@ def preprocess(
     quiet_prefect_user_errors()
 
     os.environ[SHARDS_ENV] = str(out.resolve())  # the flow run carries names only (pipelines.site_params)
-    summary = preprocess_site(name_here(site_yaml), workers=workers)
+    summary = preprocess_site(name_here(site_yaml), workers=workers, raise_budget=raise_budget)
     state = "unchanged, nothing to do" if summary["reused"] else "written"
     typer.echo(f"{summary['site']}: shards {state} in {out / summary['site_dir']}")
     typer.echo(f"  counts per split: {summary['counts']}")

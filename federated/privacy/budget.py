@@ -1,0 +1,63 @@
+"""A site's budget as ``fedauc preprocess`` declares it: every change is an event in the site's ledger (its time,
+the budget before and after, the epsilon spent then), printed in one line; an edit of the site YAML can lower the
+budget but never raise or remove it: that takes ``fedauc preprocess --raise-budget``, run by the hospital.
+
+The shard writer also records the declared budget in the shards' ``shard.json`` (covered by their content hash),
+where admission reads it (``ledger.site_ledger``): a site whose shards declare a budget and whose ledger is gone
+refuses every job, instead of training as a site without one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked
+from federated.privacy.policy import SiteBudget
+from preprocessing.shard_format import SHARD_FILE
+
+
+def declared_budget(shard_dir: str | Path) -> SiteBudget | None:
+    """The budget the shards in ``shard_dir`` were written under (their ``shard.json``; None: none, or shards
+    written before the field existed)."""
+    info = Path(shard_dir) / SHARD_FILE
+    if not info.is_file():
+        return None
+    declared = json.loads(info.read_text()).get("privacy")
+    return None if declared is None else SiteBudget.model_validate(declared)
+
+
+def _looser(new: SiteBudget | None, old: SiteBudget | None) -> bool:
+    if old is None:
+        return False
+    return new is None or new.epsilon > old.epsilon or new.delta > old.delta
+
+
+def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False
+               ) -> tuple[Path | None, str | None]:
+    """Record the site YAML's ``budget`` in the site's ledger, as an event where it changes the ledger's;
+    (the ledger's path, None for a site that never had a budget; the one line to print, None when nothing
+    changed). A looser budget (or none) than the ledger's is kept out unless ``raise_budget``."""
+    path = ledger_path(shard_dir)
+    with locked(path) as ledgers:
+        ledger: Ledger = ledgers[path]
+        old = ledger.budget
+        if budget == old and (ledger.exists or budget is None):
+            return (path if ledger.exists else None), None
+        delta = min(b.delta for b in (budget, old) if b is not None)
+        spent = ledger.spent(delta)
+        if _looser(budget, old) and not raise_budget:
+            return path, (f"site {site!r}: the site YAML's privacy budget {_dump(budget)} is looser than its ledger's "
+                          f"{_dump(old)}, which stays (epsilon spent {spent:.3g}); to raise it, run fedauc "
+                          "preprocess --raise-budget")
+        how = "raised by fedauc preprocess --raise-budget" if _looser(budget, old) else "fedauc preprocess"
+        event = BudgetEvent(None if budget is None else budget.model_dump(), None if old is None else old.model_dump(),
+                            spent, how)
+        ledger.budget = budget
+        ledger.events.append(event)
+        ledger.save()
+        return path, event.line(site)
+
+
+def _dump(budget: SiteBudget | None) -> str:
+    return "none" if budget is None else f"(epsilon {budget.epsilon:g}, delta {budget.delta:g})"
