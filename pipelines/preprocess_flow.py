@@ -78,7 +78,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     if config.privacy is not None:
         check_delta(config.name, config.privacy.delta, summary.counts.get("train", 0))
     # The site's privacy budget goes into its ledger (the site's, wherever its shards are), a change as an event.
-    _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget)
+    _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget, config_path)
     if budget_change is not None:
         print(budget_change, flush=True)
     paths = report(config, summary)

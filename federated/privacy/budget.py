@@ -33,17 +33,23 @@ def _looser(new: SiteBudget | None, old: SiteBudget | None) -> bool:
     return new is None or new.epsilon > old.epsilon or new.delta > old.delta
 
 
-def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False
-               ) -> tuple[Path | None, str | None]:
+def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False,
+               site_yaml: str | Path | None = None) -> tuple[Path | None, str | None]:
     """Record the site YAML's ``budget`` in the site's ledger, as an event where it changes the ledger's;
     (the ledger's path, None for a site that never had a budget; the one line to print, None when nothing
-    changed). A looser budget (or none) than the ledger's is kept out unless ``raise_budget``."""
+    changed). A looser budget (or none) than the ledger's is kept out unless ``raise_budget``. ``site_yaml``: that
+    YAML, whose budget admission reads again (``ledger.site_ledger``)."""
     path = ledger_path(shard_dir)
     with locked(path) as ledgers:
         ledger: Ledger = ledgers[path]
         old = ledger.budget
-        if budget == old and (ledger.exists or budget is None):
-            return (path if ledger.exists else None), None
+        if budget is None and not ledger.exists:
+            return None, None
+        if site_yaml is not None and ledger.site_yaml != str(Path(site_yaml).resolve()):
+            ledger.site_yaml = str(Path(site_yaml).resolve())
+            ledger.save()
+        if budget == old:
+            return path, None
         delta = min(b.delta for b in (budget, old) if b is not None)
         spent = ledger.spent(delta)
         if _looser(budget, old) and not raise_budget:

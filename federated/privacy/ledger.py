@@ -100,6 +100,7 @@ class Ledger:
     budget: SiteBudget | None = None
     entries: list[Entry] = field(default_factory=list)
     events: list[BudgetEvent] = field(default_factory=list)
+    site_yaml: str | None = None  # the site YAML preprocess read: admission re-reads its budget (a lowered one holds)
     exists: bool = True  # False: no file at ``path`` yet
 
     @classmethod
@@ -120,7 +121,7 @@ class Ledger:
             budget = raw.get("budget")
             return cls(path, None if budget is None else SiteBudget.model_validate(budget),
                        [Entry(**e) for e in raw.get("entries", [])],
-                       [BudgetEvent(**e) for e in raw.get("events", [])])
+                       [BudgetEvent(**e) for e in raw.get("events", [])], raw.get("site_yaml"))
         except (OSError, ValueError, TypeError, AttributeError) as err:
             raise PrivacyRefused(f"{path}: the privacy ledger is unreadable ({type(err).__name__}); every job is "
                                  "refused until it is restored from the site's backup") from None
@@ -134,7 +135,7 @@ class Ledger:
         with os.fdopen(fd, "w") as f:
             json.dump({"budget": None if self.budget is None else self.budget.model_dump(),
                        "entries": [asdict(e) for e in self.entries],
-                       "events": [asdict(e) for e in self.events]}, f, indent=1)
+                       "events": [asdict(e) for e in self.events], "site_yaml": self.site_yaml}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -169,20 +170,38 @@ def locked(*paths: Path | None) -> Iterator[dict[Path, Ledger]]:
 def site_ledger(site: str, path: Path | None, ledgers: dict[Path, Ledger], declared: SiteBudget | None
                 ) -> tuple[Ledger, SiteBudget | None]:
     """Site ``site``'s ledger and the budget admission holds it to (failing closed): a site whose shards declare a
-    budget refuses every job, in one line, where its ledger is missing; the budget is the stricter of the declared
-    and the ledger's."""
+    budget refuses every job, in one line, where its ledger is missing; the budget is the stricter of the shards',
+    the ledger's and its site YAML's now (an edit that lowers it holds at once; raising takes
+    ``fedauc preprocess --raise-budget``), said in one line where they differ."""
     ledger = ledgers[Path(path)] if path is not None else Ledger(None, exists=False)
     if declared is not None and not ledger.exists:
         raise PrivacyRefused(f"site {site!r} refuses every job: its shards declare a privacy budget (epsilon "
                              f"{declared.epsilon:g}, delta {declared.delta:g}) and its privacy ledger is missing; "
                              "restore it from the site's backup (a ledger is never recreated empty)")
-    effective = lower(declared, ledger.budget)
-    if declared is not None and ledger.budget is not None and declared != ledger.budget:
+    sources = {"shards": declared, "ledger": ledger.budget, "site YAML": _yaml_budget(ledger.site_yaml)}
+    effective = None
+    for budget in sources.values():
+        effective = lower(effective, budget)
+    if ledger.budget is not None and any(b is not None and b != effective for b in sources.values()):
         from preprocessing.locks import notice
 
-        notice(f"site {site!r}: its shards declare the privacy budget {_show(declared.model_dump())} and its ledger "
-               f"{_show(ledger.budget.model_dump())}; the stricter, {_show(effective.model_dump())}, applies")
+        notice(f"site {site!r}: privacy budgets differ ({', '.join(f'{k} {_show(_dump(b))}' for k, b in sources.items())}"
+               f"); the stricter, {_show(_dump(effective))}, applies")
     return ledger, effective
+
+
+def _dump(budget: SiteBudget | None) -> dict | None:
+    return None if budget is None else budget.model_dump()
+
+
+def _yaml_budget(site_yaml: str | None) -> SiteBudget | None:
+    """The budget the site YAML says now (None: none, or the YAML is gone: the ledger's then holds)."""
+    if site_yaml is None or not Path(site_yaml).is_file():
+        return None
+    import yaml
+
+    declared = (yaml.safe_load(Path(site_yaml).read_text()) or {}).get("privacy")
+    return None if declared is None else SiteBudget.model_validate(declared)
 
 
 def check_delta(site: str, delta: float, records: int) -> None:
