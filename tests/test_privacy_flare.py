@@ -95,3 +95,68 @@ def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets, tmp_
         assert metrics["privacy/epsilon_remaining"] == pytest.approx(budget - metrics["privacy/epsilon_spent"])
         assert metrics["privacy/delta"] == pytest.approx(1e-5)
         assert "train_loss" not in metrics  # withheld by the sites, not logged as NaN
+
+
+def test_resumes_over_the_simulator_charge_every_round_that_leaves_the_sites_again(tmp_path, budgets):
+    """Each site process charges a resumed training for every round after its last committed checkpoint: a round
+    sent but not committed (the centre aborted after the exchange) and, with no checkpoint left, every round. The
+    ledger then composes every release that left the site."""
+    import shutil
+
+    from federated.checkpoint import point_latest
+    from federated.privacy.ledger import Entry, epsilon
+
+    federation, shards, paths = budgets([50.0, 50.0, 50.0])
+    ckpt = tmp_path / "ckpt"
+    cfg = _config(federation, shards, checkpoint_dir=str(ckpt))
+    train_flare(cfg, federation, shards, "sim", tmp_path / "sim1", name="test-dp-resume")
+    for site in ("vienna", "barcelona", "new-york"):  # round 1 left every site, its checkpoint never committed
+        (ckpt / site / "round_000001" / "meta.json").unlink()
+        point_latest(ckpt / site, 0)
+    resumed = cfg.model_copy(update={"resume": True})
+    train_flare(resumed, federation, shards, "sim", tmp_path / "sim2", name="test-dp-resume")
+    shutil.rmtree(ckpt)  # no checkpoint at all: the resume trains from round 0
+    train_flare(resumed, federation, shards, "sim", tmp_path / "sim3", name="test-dp-resume")
+    for path in paths:
+        ledger = Ledger.load(path)
+        assert [e.steps for e in ledger.entries] == [4, 2, 4]  # rounds x local steps that left, per run
+        q = ledger.entries[0].sample_rate
+        assert ledger.spent(1e-5) == pytest.approx(epsilon([Entry("", "training", 1.0, q, 10)], 1e-5), rel=1e-9)
+
+
+def _evaluate_meanwhile(shards, stop, done):
+    """Evaluation jobs at every site, one after another, each holding its admission a moment before it releases."""
+    import time
+
+    from federated.privacy.evaluation import admit_evaluation
+
+    count = 0
+    while not stop.is_set():
+        releases = [admit_evaluation(site, shards / site, ["v1"], 50.0) for site in ("vienna", "barcelona", "new-york")]
+        time.sleep(0.2)
+        for release in releases:
+            release.release([])
+        count += 1
+    done.put(count)
+
+
+def test_a_flare_training_and_evaluations_at_once_keep_every_charge(tmp_path, budgets):
+    """The site processes of a simulator training charge their ledgers while another process admits and releases
+    evaluation jobs at the same sites: every ledger holds the training and every evaluation."""
+    import multiprocessing
+
+    federation, shards, paths = budgets([50.0, 50.0, 50.0])
+    context = multiprocessing.get_context("fork")
+    stop, done = context.Event(), context.Queue()
+    evaluations = context.Process(target=_evaluate_meanwhile, args=(shards, stop, done))
+    evaluations.start()
+    try:
+        train_flare(_config(federation, shards), federation, shards, "sim", tmp_path / "sim", name="test-dp-at-once")
+    finally:
+        stop.set()
+        count = done.get(timeout=120)
+        evaluations.join(60)
+    assert count >= 1
+    for path in paths:
+        whats = [e.what for e in Ledger.load(path).entries]
+        assert whats.count("training") == 1 and whats.count("evaluation") == count
