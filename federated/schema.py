@@ -77,7 +77,8 @@ class MetricKey:
 # Under differential privacy, on each site's run: what the training spent of the site's budget (federated/privacy),
 # logged as ``privacy/<name>``; epsilon_remaining only where the site has a budget.
 PRIVACY_PREFIX = "privacy/"
-PRIVACY_METRICS = ("epsilon_job", "epsilon_spent", "epsilon_remaining", "delta")
+PRIVACY_METRICS = ("epsilon_job", "epsilon_spent", "epsilon_remaining", "delta", "budget_epsilon")
+PRIVACY_BUDGET_CHANGE_TAG = "privacy.budget_change"  # the site ledger's last budget change, one line
 
 
 # --- MLflow tags -----------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from federated.schema import (
     CONTINUES_TAG,
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    PRIVACY_BUDGET_CHANGE_TAG,
     PRIVACY_METRICS,
     PRIVACY_PREFIX,
     ROLE_TAG,
@@ -245,6 +246,8 @@ def log_privacy(client, names: list[str], child_ids: list[str], privacy: dict[st
         for key in PRIVACY_METRICS:
             if spent.get(key) is not None:
                 client.log_metric(run_id, PRIVACY_PREFIX + key, float(spent[key]))
+        if spent.get("budget_change"):
+            client.set_tag(run_id, PRIVACY_BUDGET_CHANGE_TAG, spent["budget_change"])
 
 
 def training_summary(run: TrainingRun) -> dict:

@@ -118,3 +118,24 @@ def test_a_budget_is_lowered_by_an_edit_and_raised_only_by_the_hospitals_flag(si
     assert [(e.previous and e.previous["epsilon"], e.budget and e.budget["epsilon"]) for e in events] == \
         [(None, 40.0), (40.0, pytest.approx(spent)), (pytest.approx(spent), 90.0)]
     assert all(e.when > 0 for e in events) and events[2].spent == pytest.approx(spent)
+
+
+def test_the_last_budget_change_reaches_mlflow_and_consortium_status(site_yaml, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from federated.flare.operate import SiteStatus
+    from pipelines.runs import log_privacy
+
+    shard_dir, line = _preprocess(site_yaml, tmp_path / "shards")
+    reported = _train(shard_dir).privacy["vienna"]
+    assert reported["budget_epsilon"] == 40.0
+    assert reported["budget_change"].endswith(f" UTC: {line}")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    run = client.create_run(client.create_experiment("budget"))
+    log_privacy(client, ["vienna"], [run.info.run_id], {"vienna": reported})
+    data = client.get_run(run.info.run_id).data
+    assert data.tags["privacy.budget_change"] == reported["budget_change"]
+    assert data.metrics["privacy/budget_epsilon"] == 40.0
+    status = SiteStatus("vienna", None, 0.0, epsilon_spent=reported["epsilon_spent"],
+                        epsilon_remaining=reported["epsilon_remaining"], budget_change=reported["budget_change"])
+    assert status.budget().endswith(f"left; last change: {reported['budget_change']}")

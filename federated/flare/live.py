@@ -111,10 +111,12 @@ class LiveRecords:
             self._known.setdefault(site, {}).update(last_heartbeat=now, fedauc=version, job=self.job_id)
             self._dirty = True
 
-    def budget(self, site: str, spent: float, remaining: float | None) -> None:
-        """What ``site``'s ledger has spent, and has left (None: no budget), once it admitted this DP job."""
+    def budget(self, site: str, spent: float, remaining: float | None, change: str | None = None) -> None:
+        """What ``site``'s ledger has spent, and has left (None: no budget), once it admitted this DP job, and its
+        ledger's last budget change (one line; None: none)."""
         with self._lock:
-            self._known.setdefault(site, {}).update(epsilon_spent=spent, epsilon_remaining=remaining)
+            self._known.setdefault(site, {}).update(epsilon_spent=spent, epsilon_remaining=remaining,
+                                                    budget_change=change)
             self._dirty = True
 
     def flush(self) -> None:

@@ -55,12 +55,14 @@ class SiteStatus:
     # What its privacy ledger had spent and had left when it admitted its last DP job (remaining None: no budget).
     epsilon_spent: float | None = None
     epsilon_remaining: float | None = None
+    budget_change: str | None = None  # its ledger's last budget change, as the site said it
 
     def budget(self) -> str:
         if self.epsilon_spent is None:
             return "-"
         left = "no budget" if self.epsilon_remaining is None else f"{self.epsilon_remaining:.3g} left"
-        return f"{self.epsilon_spent:.3g} spent, {left}"
+        change = f"; last change: {self.budget_change}" if self.budget_change else ""
+        return f"{self.epsilon_spent:.3g} spent, {left}{change}"
 
 
 @dataclass
@@ -119,7 +121,7 @@ def _joined_times(log_text: str) -> dict[str, float]:
 def site_status(name: str, joined: float | None, last_heartbeat: float, known: dict) -> SiteStatus:
     """A connected site's status; ``known``: its entry of the server's ``SITES_FILE`` (federated/flare/live.py)."""
     return SiteStatus(name, joined, last_heartbeat, known.get("fedauc"), known.get("last_heartbeat"),
-                      known.get("epsilon_spent"), known.get("epsilon_remaining"))
+                      known.get("epsilon_spent"), known.get("epsilon_remaining"), known.get("budget_change"))
 
 
 def consortium_status(kit: str | Path) -> ConsortiumStatus:

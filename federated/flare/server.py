@@ -51,8 +51,8 @@ def heartbeat(site: str, version: str, done: bool) -> None:
 
 
 @collab.publish
-def budget(site: str, spent: float, remaining: float | None) -> None:
-    _live.budget(site, spent, remaining)
+def budget(site: str, spent: float, remaining: float | None, change: str | None = None) -> None:
+    _live.budget(site, spent, remaining, change)
 
 
 def _failed(reason: str, site: str | None = None) -> RuntimeError:

@@ -83,7 +83,8 @@ def _train(job: dict) -> dict:
         engine = Engine(config, transport=transport, own_checkpoints=True)
         for admitted in engine.privacy or ():  # what the site's own ledger says, for `fedauc consortium status`
             collab.server(timeout=_CALL_MARGIN_S, optional=True).budget(
-                name, admitted.epsilon["epsilon_spent"], admitted.epsilon["epsilon_remaining"])
+                name, admitted.epsilon["epsilon_spent"], admitted.epsilon["epsilon_remaining"],
+                admitted.epsilon.get("budget_change"))
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}

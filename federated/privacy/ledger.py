@@ -204,6 +204,14 @@ def _yaml_budget(site_yaml: str | None) -> SiteBudget | None:
     return None if declared is None else SiteBudget.model_validate(declared)
 
 
+def budget_report(site: str, ledger: Ledger, budget: SiteBudget) -> dict:
+    """What a site reports of its budget with a job it admitted (MLflow, ``fedauc consortium status``): the epsilon
+    it held the job to and its ledger's last budget change, in one line."""
+    last = ledger.events[-1] if ledger.events else None
+    when = None if last is None else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.when))
+    return {"budget_epsilon": budget.epsilon, "budget_change": None if last is None else f"{when}: {last.line(site)}"}
+
+
 def check_delta(site: str, delta: float, records: int) -> None:
     """Refuse a delta of at least 1/records: a mechanism that publishes one random record in the clear is
     (0, 1/records)-DP, so such a delta bounds nothing (and the accountant's epsilon can turn negative)."""

@@ -37,7 +37,16 @@ from federated.config import TrainConfig
 from federated.data import Batch, SiteData
 from federated.health import TrainingDiverged, lower_lr_fix
 from federated.network import build_model
-from federated.privacy.ledger import Entry, Ledger, admit, check_delta, epsilon, locked, site_ledger
+from federated.privacy.ledger import (
+    Entry,
+    Ledger,
+    admit,
+    budget_report,
+    check_delta,
+    epsilon,
+    locked,
+    site_ledger,
+)
 from federated.privacy.policy import DP_EXTRA_STEPS, PrivacyRefused, SiteBudget, check_dp_job, check_network
 from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
 
@@ -169,7 +178,7 @@ def _admit_locked(config: TrainConfig, datas: list[SiteData], budgeted: list[tup
             spent = epsilon(job, delta, dp.accountant)
             report = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
         else:
-            report = admit(data.name, ledger, job, dp.accountant, budget)
+            report = {**admit(data.name, ledger, job, dp.accountant, budget), **budget_report(data.name, ledger, budget)}
             charges.append((ledger, job))
         # A resume draws fresh noise: its checkpoint does not hold the generator's state.
         out.append(SitePrivacy(data.name, sigma, dp.max_grad_norm, q, min(config.batch_size, n),
