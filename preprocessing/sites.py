@@ -79,8 +79,8 @@ class SharingPolicy(BaseModel):
 
 
 class PrivacyBudget(BaseModel):
-    """``privacy: {epsilon, delta}``: what every training on this site's records together may spend (its ledger,
-    beside its shards, composes them; federated/privacy/ledger.py)."""
+    """``privacy: {epsilon, delta}``: what every training on this site's records together may spend (the site's
+    ledger, in its state directory, composes them; federated/privacy/ledger.py)."""
 
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(gt=0)
