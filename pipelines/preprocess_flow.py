@@ -16,7 +16,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from federated.privacy.budget import set_budget
+from federated.privacy.budget import declared_budget, set_budget
 from federated.privacy.ledger import check_delta
 from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
@@ -74,11 +74,13 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     config, result = scan(str(config_path))
     labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
+    declared_before = declared_budget(Path(out_dir) / config.name)  # before the shards are rewritten
     summary = write_shards(config, result, str(out_dir), workers)
     if config.privacy is not None:
         check_delta(config.name, config.privacy.delta, summary.counts.get("train", 0))
     # The site's privacy budget goes into its ledger (the site's, wherever its shards are), a change as an event.
-    _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget, config_path)
+    _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget, config_path,
+                                  declared_before)
     if budget_change is not None:
         print(budget_change, flush=True)
     paths = report(config, summary)

@@ -42,8 +42,10 @@ def _preprocess(site_yaml, out, raise_budget=False):
     from preprocessing.sites import load_site
 
     config = load_site(site_yaml)
+    before = declared_budget(out / config.name)
     summary = shard_site(config, scan_site(config), out, workers=0, progress=False)
-    return summary.site_dir, set_budget(config.name, summary.site_dir, config.privacy, raise_budget, site_yaml)[1]
+    return summary.site_dir, set_budget(config.name, summary.site_dir, config.privacy, raise_budget, site_yaml,
+                                        before)[1]
 
 
 def _train(shard_dir, dp=DP):
@@ -67,6 +69,10 @@ def test_the_budget_travels_with_the_shards_and_a_lost_ledger_refuses_every_job(
                                   "(a ledger is never recreated empty)")
     with pytest.raises(PrivacyRefused, match=r"^site 'vienna' refuses every job"):
         admit_evaluation("vienna", shard_dir, ["v1"], 2.0)
+    with pytest.raises(PrivacyRefused, match=r"and its privacy ledger is missing; restore it from the site's backup "
+                                             "before preprocessing again"):
+        _preprocess(site_yaml, tmp_path / "shards")  # preprocessing again starts no fresh ledger at 0
+    assert not ledger_path(shard_dir).exists()
     ledger_path(shard_dir).write_text("{not json")
     ledger_path(shard_dir).chmod(0o600)
     with pytest.raises(PrivacyRefused, match="the privacy ledger is unreadable") as err:

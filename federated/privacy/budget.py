@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked
-from federated.privacy.policy import SiteBudget
+from federated.privacy.policy import PrivacyRefused, SiteBudget
 from preprocessing.shard_format import SHARD_FILE
 
 
@@ -34,14 +34,20 @@ def _looser(new: SiteBudget | None, old: SiteBudget | None) -> bool:
 
 
 def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False,
-               site_yaml: str | Path | None = None) -> tuple[Path | None, str | None]:
+               site_yaml: str | Path | None = None, declared_before: SiteBudget | None = None
+               ) -> tuple[Path | None, str | None]:
     """Record the site YAML's ``budget`` in the site's ledger, as an event where it changes the ledger's;
     (the ledger's path, None for a site that never had a budget; the one line to print, None when nothing
     changed). A looser budget (or none) than the ledger's is kept out unless ``raise_budget``. ``site_yaml``: that
-    YAML, whose budget admission reads again (``ledger.site_ledger``)."""
+    YAML, whose budget admission reads again (``ledger.site_ledger``). ``declared_before``: the budget the shards
+    in ``shard_dir`` declared before this run: with the ledger gone, refused (a new ledger would start at 0)."""
     path = ledger_path(shard_dir)
     with locked(path) as ledgers:
         ledger: Ledger = ledgers[path]
+        if declared_before is not None and not ledger.exists:
+            raise PrivacyRefused(f"site {site!r}: its shards were written under a privacy budget (epsilon "
+                                 f"{declared_before.epsilon:g}, delta {declared_before.delta:g}) and its privacy "
+                                 "ledger is missing; restore it from the site's backup before preprocessing again")
         old = ledger.budget
         if budget is None and not ledger.exists:
             return None, None
