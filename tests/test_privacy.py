@@ -18,8 +18,9 @@ import federated
 from federated.algorithms.fedavg import FedAvg
 from federated.privacy.budget import set_budget
 from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path, state_dir
-from federated.privacy.policy import DP_EXTRA_STEPS, DP_METHODS, PrivacyRefused, SiteBudget
+from federated.privacy.policy import PrivacyRefused, SiteBudget, dp_methods
 from federated.privacy.sgd import clip_per_sample, noised_sum, per_sample_gradients, private_gradients
+from federated.registry import get_algorithm
 from models.objectives import auc_margin_loss, auc_square_loss, masked_bce_with_logits
 
 SITE = {"kind": "synthetic", "n_train": 200, "n_test": 100, "shape": [6], "pos_rate": 0.2, "signal": 2.0}
@@ -272,13 +273,13 @@ def test_the_site_yaml_declares_its_budget():
         SiteConfig.model_validate({**site, "privacy": {"epsilon": 0, "delta": 1e-5}})
 
 
-@pytest.mark.parametrize("algorithm", sorted(DP_METHODS))
+@pytest.mark.parametrize("algorithm", sorted(dp_methods()))
 def test_every_dp_algorithm_trains_and_is_charged_each_step_it_takes(tmp_path, algorithm):
     budget = {"epsilon": 20, "delta": 1e-5}
     result = federated.train(_config(tmp_path, algorithm=algorithm, budgets=(budget, None)))
     assert all(torch.isfinite(v).all() for v in result.global_state.values())
     (entry,) = Ledger.load(tmp_path / "site0.privacy-ledger.json").entries
-    assert entry.steps == 3 * 2 + DP_EXTRA_STEPS.get(algorithm, 0)
+    assert entry.steps == 3 * 2 + get_algorithm(algorithm).dp_extra_steps
     assert result.privacy["synthetic1"]["epsilon_remaining"] is None  # no budget there, still reported
 
 

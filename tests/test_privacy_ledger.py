@@ -182,3 +182,18 @@ def test_a_delta_of_at_least_one_over_the_records_is_refused(tmp_path, where):
     assert str(err.value).startswith("site 'synthetic0' refuses the job: delta ")
     assert "is not below 1 / its number of training records" in str(err.value)
     assert not Ledger.load(path).entries
+
+
+def test_which_algorithms_train_under_dp_is_declared_on_their_classes():
+    from federated.algorithms.fedavg import FedAvg
+    from federated.privacy.policy import check_dp_job, dp_methods
+
+    assert dp_methods() == {"fedavg": "DP-SGD", "fedprox": "DP-SGD", "scaffold": "DP-SGD", "localsgdm": "DP-SGD",
+                            "codaplus": "DP-SGDA", "codasca": "DP-SGDA", "localsgdam": "DP-SGDA"}
+
+    class Reweighted(FedAvg):  # a subclass that changes the step declares its own DP, it inherits none
+        pass
+
+    assert Reweighted.dp() is None and FedAvg.dp() == "DP-SGD"
+    with pytest.raises(PrivacyRefused, match="its ratio loss weights positives by the federation's class counts"):
+        check_dp_job("localsgdm_rl", {"noise_multiplier": 1.0}, False)

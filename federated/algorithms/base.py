@@ -115,6 +115,18 @@ class Algorithm:
     # command line pools the sites before an in-process training; a backend that keeps data at the hospitals
     # (NVIDIA FLARE) refuses it, since pooling moves patient data.
     pools_sites: ClassVar[bool] = False
+    # Differential privacy (federated/privacy, docs/privacy.md section 4): the method that privatizes the local step
+    # ("DP-SGD", "DP-SGDA"), which counts only where declared on the class itself (a subclass that changes the step
+    # declares its own, it inherits none), else why DP refuses it; and the local steps it takes beyond rounds x I,
+    # each a release the ledger counts.
+    dp_method: ClassVar[str | None] = None
+    dp_refusal: ClassVar[str] = "it has no DP analysis"
+    dp_extra_steps: ClassVar[int] = 0
+
+    @classmethod
+    def dp(cls) -> str | None:
+        """The DP method this very class declares (None: refused under DP, ``dp_refusal`` says why)."""
+        return cls.__dict__.get("dp_method")
 
     def __init__(self, params: dict, fed: FederationContext):
         self.p = self.Params(**params)
@@ -166,7 +178,7 @@ class Algorithm:
     def sample_loss(self, site: Site, logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
                     extras: list[torch.Tensor]) -> torch.Tensor:
         """One record's loss (``logits``, ``y``, ``mask``: (C,)), for the algorithms that run under DP: their batch
-        loss is the batch mean of it (federated/privacy/policy.py DP_METHODS)."""
+        loss is the batch mean of it (``Algorithm.dp_method``)."""
         raise NotImplementedError(f"{type(self).__name__} has no per-record loss: it does not run under DP")
 
     def differentiate(self, site: Site, batch: Batch, batch_loss: Callable[[], torch.Tensor],

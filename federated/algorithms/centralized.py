@@ -19,6 +19,7 @@ from federated.registry import register
 @register
 class Centralized(LocalPair):
     name = "centralized"
+    dp_refusal = "it pools every site's records at one place, which DP at the site cannot cover"
     pools_sites = True
 
     def __init__(self, params: dict, fed):

@@ -37,6 +37,7 @@ class CoDAParams(CODAPlusParams):
 @register
 class CoDA(CODAPlus):
     name = "coda"
+    dp_refusal = "its stage statistics are per-class sums of the site's own scores, released without noise"
     Params = CoDAParams
 
     def state_spec(self, site: Site):

@@ -78,6 +78,7 @@ def derived_stage_length(iterations: int, local_steps: int, stages: int) -> int 
 @register
 class CODAPlus(Algorithm):
     name = "codaplus"
+    dp_method = "DP-SGDA"  # (w, a, b, alpha) clipped together per record
     Params = CODAPlusParams
 
     def __init__(self, params, fed):

@@ -53,6 +53,7 @@ class CODASCAParams(CODAPlusParams):
 @register
 class CODASCA(CODAPlus):
     name = "codasca"
+    dp_method = "DP-SGDA"  # its control variates are means of noised gradients
     Params = CODASCAParams
 
     def variate_names(self, site: Site) -> list[str]:

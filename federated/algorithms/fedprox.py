@@ -23,6 +23,7 @@ class FedProxParams(FedAvgParams):
 @register
 class FedProx(FedAvg):
     name = "fedprox"
+    dp_method = "DP-SGD"  # the proximal term does not depend on records
     Params = FedProxParams
 
     def state_spec(self, site: Site):

@@ -57,6 +57,8 @@ class LocalSCGDAMParams(LocalSGDAMParams):
 @register
 class LocalSCGDAM(AUCMinimax):
     name = "localscgdam"
+    dp_refusal = ("its compositional estimator carries per-site moving averages of data-dependent values across "
+                  "steps; no DP analysis of it is implemented")
     Params = LocalSCGDAMParams
 
     # --- state: x = (model, a, b), y = alpha, and the tracked h, u (like x) and v (like y) ----------

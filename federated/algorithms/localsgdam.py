@@ -22,6 +22,8 @@ from models.objectives import auc_square_loss, auc_square_terms
 @register
 class LocalSGDAM(LocalSCGDAM):
     name = "localsgdam"
+    dp_method = "DP-SGDA"
+    dp_extra_steps = 1  # its initial estimate draws its own minibatch (docs/algorithms.md section 6)
     Params = LocalSGDAMParams
 
     def tracked_kinds(self) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ class LocalSGDMParams(FedAvgParams):
 @register
 class LocalSGDM(FedAvg):
     name = "localsgdm"
+    dp_method = "DP-SGD"
     Params = LocalSGDMParams
 
     def state_spec(self, site: Site):

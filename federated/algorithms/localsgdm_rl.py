@@ -22,6 +22,8 @@ from models.objectives import masked_bce_with_logits, ratio_positive_weight
 @register
 class LocalSGDMRatioLoss(LocalSGDM):
     name = "localsgdm_rl"
+    dp_refusal = ("its ratio loss weights positives by the federation's class counts, which it does not release "
+                  "with noise")
 
     def __init__(self, params: dict, fed):
         super().__init__(params, fed)

@@ -45,6 +45,9 @@ class FedSGDAParams(BaseModel):
 class FedSGDA(AUCMinimax):
     """The AUC square min-max (1.1) as FedSGDA+ and FedSGDA-M evaluate it."""
 
+    dp_refusal = ("its gradients are taken at extrapolated points through a functional forward that the per-sample "
+                  "clipping does not cover yet")
+
     def gradients_at(self, site: Site, batch: Batch, weights: list[torch.Tensor] | None, ab_alpha):
         """(loss, grad_w, grad_a, grad_b, grad_alpha) of f on ``batch`` at the network ``weights`` (None = the
         model's own, whose forward updates BN running statistics; otherwise batch statistics, buffers untouched)."""

@@ -53,6 +53,10 @@ def masked_kl_opauc_surrogate(pos_scores: torch.Tensor, neg_scores: torch.Tensor
 class PairwiseAlgorithm(Algorithm):
     """A local step on a pairwise objective of the batch's active scores."""
 
+    dp_refusal = ("its loss pairs each record with other records' scores and it gathers per-sample scores (score "
+                  "pools): one record moves many terms and leaves the site in the clear, so per-sample clipping "
+                  "bounds nothing")
+
     def __init__(self, params: dict, fed):
         super().__init__(params, fed)
         self.loss_fn = get_surrogate(self.p.surrogate, self.p.margin, self.p.temperature)

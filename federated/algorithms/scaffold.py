@@ -20,6 +20,7 @@ from federated.state import Comm
 @register
 class Scaffold(FedAvg):
     name = "scaffold"
+    dp_method = "DP-SGD"  # its control variates are means of noised gradients
 
     def state_spec(self, site: Site):
         spec = {}

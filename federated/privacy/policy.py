@@ -18,34 +18,15 @@ from torch import nn
 from preprocessing.errors import ConfigError
 from preprocessing.sites import PrivacyBudget
 
-# The algorithms whose local step is a sum of per-sample terms once the global state is fixed: their gradient is
-# privatized by per-sample clipping and Gaussian noise (federated/privacy/sgd.py). DP-SGD for the cross-entropy
-# family; DP-SGDA for the AUC-margin family, where (w, a, b) and alpha are one clipped vector per sample.
-DP_METHODS: dict[str, str] = {
-    "fedavg": "DP-SGD", "fedprox": "DP-SGD", "scaffold": "DP-SGD", "localsgdm": "DP-SGD",
-    "codaplus": "DP-SGDA", "codasca": "DP-SGDA", "localsgdam": "DP-SGDA",
-}
-# Local steps an algorithm takes beyond rounds x I, each a release the ledger counts: LocalSGDAM's initial
-# estimate draws its own minibatch (docs/algorithms.md section 6).
-DP_EXTRA_STEPS: dict[str, int] = {"localsgdam": 1}
 
-_PAIRWISE = ("its loss pairs each record with other records' scores and it gathers per-sample scores (score "
-             "pools): one record moves many terms and leaves the site in the clear, so per-sample clipping bounds "
-             "nothing")
-# Why each other algorithm is refused under DP (docs/privacy.md section 3).
-DP_REFUSALS: dict[str, str] = {
-    "fedxl1": _PAIRWISE, "fedxl2": _PAIRWISE, "localpair": _PAIRWISE,
-    "centralized": "it pools every site's records at one place, which DP at the site cannot cover",
-    "coda": "its stage statistics are per-class sums of the site's own scores, released without noise",
-    "localscgdam": "its compositional estimator carries per-site moving averages of data-dependent values across "
-                   "steps; no DP analysis of it is implemented",
-    "fedsgda_plus": "its gradients are taken at extrapolated points through a functional forward that the "
-                    "per-sample clipping does not cover yet",
-    "fedsgda_m": "its gradients are taken at extrapolated points through a functional forward that the "
-                 "per-sample clipping does not cover yet",
-    "localsgdm_rl": "its ratio loss weights positives by the federation's class counts, which it does not "
-                    "release with noise",
-}
+def dp_methods() -> dict[str, str]:
+    """The algorithms DP may train and how (``Algorithm.dp_method``, declared on each class): those whose local step
+    is a sum of per-sample terms once the global state is fixed, privatized by per-sample clipping and Gaussian
+    noise (federated/privacy/sgd.py). DP-SGD for the cross-entropy family; DP-SGDA for the AUC-margin family,
+    where (w, a, b) and alpha are one clipped vector per sample."""
+    from federated.registry import algorithm_names, get_algorithm
+
+    return {name: get_algorithm(name).dp() for name in algorithm_names() if get_algorithm(name).dp()}
 
 
 class PrivacyRefused(ConfigError):
@@ -97,10 +78,12 @@ def check_dp_job(algorithm: str, dp: DPConfig | dict | None, guarantee_positives
     cover."""
     if not dp:
         return
-    if algorithm not in DP_METHODS:
-        why = DP_REFUSALS.get(algorithm, "it has no DP analysis")
-        raise PrivacyRefused(f"algorithm {algorithm!r} is refused under DP: {why}; under DP use one of "
-                             f"{', '.join(sorted(DP_METHODS))}")
+    from federated.registry import get_algorithm
+
+    cls = get_algorithm(algorithm)
+    if cls.dp() is None:
+        raise PrivacyRefused(f"algorithm {algorithm!r} is refused under DP: {cls.dp_refusal}; under DP use one of "
+                             f"{', '.join(sorted(dp_methods()))}")
     if guarantee_positives:
         raise PrivacyRefused("guarantee_positives is refused under DP: it puts chosen positives in every batch, "
                              "and the accountant assumes Poisson sampling (each record in a batch with probability q)")

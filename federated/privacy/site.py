@@ -47,8 +47,9 @@ from federated.privacy.ledger import (
     locked,
     site_ledger,
 )
-from federated.privacy.policy import DP_EXTRA_STEPS, PrivacyRefused, SiteBudget, check_dp_job, check_network
+from federated.privacy.policy import PrivacyRefused, SiteBudget, check_dp_job, check_network
 from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
+from federated.registry import get_algorithm
 
 NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
 
@@ -129,7 +130,7 @@ def first_round(config: TrainConfig) -> int:
 def training_steps(config: TrainConfig, start: int, rounds_sent: int) -> int:
     """The DP-SGD steps released by ``rounds_sent`` rounds from round ``start`` (an algorithm's extra steps are taken
     in round 0)."""
-    extra = DP_EXTRA_STEPS.get(config.algorithm, 0) if start == 0 and rounds_sent else 0
+    extra = get_algorithm(config.algorithm).dp_extra_steps if start == 0 and rounds_sent else 0
     return rounds_sent * config.local_steps + extra
 
 
