@@ -85,6 +85,9 @@ class PrivacyBudget(BaseModel):
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
+    # How the site composes its releases into its spend (federated/privacy/accounting.py): the site's choice, not
+    # a job's. RDP (Mironov 2017) or PRV (Gopi et al. 2021), both Opacus's.
+    accountant: Literal["rdp", "prv"] = "rdp"
 
 
 class PacsSettings(BaseModel):

@@ -57,7 +57,7 @@ def _train(shard_dir, dp=DP):
 def test_the_budget_travels_with_the_shards_and_a_lost_ledger_refuses_every_job(site_yaml, tmp_path):
     shard_dir, line = _preprocess(site_yaml, tmp_path / "shards")
     assert declared_budget(shard_dir) == SiteBudget(**BUDGET)
-    assert json.loads((shard_dir / "shard.json").read_text())["privacy"] == BUDGET
+    assert json.loads((shard_dir / "shard.json").read_text())["privacy"] == {**BUDGET, "accountant": "rdp"}
     assert line == "site 'vienna': privacy budget none -> (epsilon 40, delta 1e-05) (fedauc preprocess; epsilon " \
                    "spent then 0)"
     ledger_path(shard_dir).unlink()

@@ -197,3 +197,19 @@ def test_which_algorithms_train_under_dp_is_declared_on_their_classes():
     assert Reweighted.dp() is None and FedAvg.dp() == "DP-SGD"
     with pytest.raises(PrivacyRefused, match="its ratio loss weights positives by the federation's class counts"):
         check_dp_job("localsgdm_rl", {"noise_multiplier": 1.0}, False)
+
+
+def test_a_site_composes_its_ledger_with_its_own_accountant_whatever_the_job_says(tmp_path):
+    """The accountant is an object the site's budget names (federated/privacy/accounting.py): a job that asks for RDP
+    is charged at a PRV site as PRV composes it, evaluation jobs included (which name none)."""
+    from federated.privacy.accounting import PRV, RDP, SubsampledGaussian
+
+    shard_dir = tmp_path / "shards" / "north"
+    path = ledger_path(shard_dir)
+    Ledger(path, SiteBudget(epsilon=200, delta=1e-5, accountant="prv")).save()
+    spent = federated.train(_config([path], rounds=1, dp={**TRAINING_ONLY, "accountant": "rdp"})).privacy
+    training = [e.mechanism for e in Ledger.load(path).entries]
+    assert spent["synthetic0"]["epsilon_spent"] == pytest.approx(PRV.epsilon(training, 1e-5), rel=1e-9)
+    assert PRV.epsilon(training, 1e-5) != pytest.approx(RDP.epsilon(training, 1e-5), rel=1e-3)
+    evaluation = admit_evaluation("north", shard_dir, ["v1"], 2.0).privacy
+    assert evaluation["epsilon_job"] == pytest.approx(PRV.epsilon([SubsampledGaussian(2.0, 1.0, 1)], 1e-5), rel=1e-9)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked
+from federated.privacy.accounting import ACCOUNTANTS
+from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked, show_budget
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 from preprocessing.shard_format import SHARD_FILE
 
@@ -30,7 +31,8 @@ def declared_budget(shard_dir: str | Path) -> SiteBudget | None:
 def _looser(new: SiteBudget | None, old: SiteBudget | None) -> bool:
     if old is None:
         return False
-    return new is None or new.epsilon > old.epsilon or new.delta > old.delta
+    # Another accountant may compose the same releases into a smaller epsilon: a change of it is a raise.
+    return new is None or new.epsilon > old.epsilon or new.delta > old.delta or new.accountant != old.accountant
 
 
 def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False,
@@ -57,7 +59,7 @@ def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, rais
         if budget == old:
             return path, None
         delta = min(b.delta for b in (budget, old) if b is not None)
-        spent = ledger.spent(delta)
+        spent = ledger.spent(delta, ACCOUNTANTS[(old or budget).accountant])
         if _looser(budget, old) and not raise_budget:
             return path, (f"site {site!r}: the site YAML's privacy budget {_dump(budget)} is looser than its ledger's "
                           f"{_dump(old)}, which stays (epsilon spent {spent:.3g}); to raise it, run fedauc "
@@ -72,4 +74,4 @@ def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, rais
 
 
 def _dump(budget: SiteBudget | None) -> str:
-    return "none" if budget is None else f"(epsilon {budget.epsilon:g}, delta {budget.delta:g})"
+    return show_budget(None if budget is None else budget.model_dump())

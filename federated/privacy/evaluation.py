@@ -49,7 +49,7 @@ class EvaluationRelease:
         if self.ledger is not None:
             with locked(self.ledger) as ledgers:
                 ledger, budget = site_ledger(self.site, self.ledger, ledgers, self.declared)
-                self.privacy = {**admit(self.site, ledger, self.job, budget=budget), "delta": budget.delta}
+                self.privacy = {**admit(self.site, ledger, self.job, budget), "delta": budget.delta}
                 ledger.entries.extend(self.job)
                 ledger.save()
         return [{split: noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
@@ -75,7 +75,7 @@ def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],
         privacy = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
     else:
         delta = budget.delta
-        privacy = admit(site, ledger, job, budget=budget)
+        privacy = admit(site, ledger, job, budget)
     return EvaluationRelease(site, None if budget is None else path, declared, job, eval_noise_multiplier,
                              {**privacy, "delta": delta},
                              torch.Generator().manual_seed(site_seed(site, what, fresh=True)))

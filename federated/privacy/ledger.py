@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 
 LEDGER_SUFFIX = ".privacy-ledger.json"
@@ -54,6 +55,10 @@ class Entry:
     when: float = field(default_factory=time.time)
     attempt: str = ""  # one run of the job (a resume is another); its entries are settled to what it sent
 
+    @property
+    def mechanism(self) -> SubsampledGaussian:
+        return SubsampledGaussian(self.noise_multiplier, self.sample_rate, self.steps)
+
 
 @dataclass
 class BudgetEvent:
@@ -67,31 +72,29 @@ class BudgetEvent:
     when: float = field(default_factory=time.time)
 
     def line(self, site: str) -> str:
-        return (f"site {site!r}: privacy budget {_show(self.previous)} -> {_show(self.budget)} "
+        return (f"site {site!r}: privacy budget {show_budget(self.previous)} -> {show_budget(self.budget)} "
                 f"({self.how}; epsilon spent then {self.spent:.3g})")
 
 
-def _show(budget: dict | None) -> str:
-    return "none" if budget is None else f"(epsilon {budget['epsilon']:g}, delta {budget['delta']:g})"
+def show_budget(budget: dict | None) -> str:
+    if budget is None:
+        return "none"
+    accountant = budget.get("accountant", RDP.name)
+    return f"(epsilon {budget['epsilon']:g}, delta {budget['delta']:g}{'' if accountant == RDP.name else ', ' + accountant})"
 
 
-def epsilon(entries: list[Entry], delta: float, accountant: str = "rdp") -> float:
-    """The epsilon at ``delta`` of all ``entries`` composed, as Opacus's accountant computes it."""
-    entries = [e for e in entries if e.steps > 0]
-    if not entries:
-        return 0.0
-    from opacus.accountants import PRVAccountant, RDPAccountant
-
-    acc = RDPAccountant() if accountant == "rdp" else PRVAccountant()
-    acc.history = [(e.noise_multiplier, e.sample_rate, e.steps) for e in entries]
-    return float(acc.get_epsilon(delta))
+def epsilon(entries: list[Entry], delta: float, accountant: Accountant = RDP) -> float:
+    """The epsilon at ``delta`` of all ``entries`` composed by ``accountant``."""
+    return accountant.epsilon((e.mechanism for e in entries), delta)
 
 
 def lower(first: SiteBudget | None, second: SiteBudget | None) -> SiteBudget | None:
-    """The stricter of two budgets, coordinate-wise (None: no budget, the loosest)."""
+    """The stricter of two budgets, coordinate-wise (None: no budget, the loosest), composed by the first's
+    accountant."""
     if first is None or second is None:
         return first or second
-    return SiteBudget(epsilon=min(first.epsilon, second.epsilon), delta=min(first.delta, second.delta))
+    return SiteBudget(epsilon=min(first.epsilon, second.epsilon), delta=min(first.delta, second.delta),
+                      accountant=first.accountant)
 
 
 @dataclass
@@ -141,7 +144,7 @@ class Ledger:
         os.replace(tmp, self.path)
         self.exists = True
 
-    def spent(self, delta: float, accountant: str = "rdp") -> float:
+    def spent(self, delta: float, accountant: Accountant = RDP) -> float:
         return epsilon(self.entries, delta, accountant)
 
     def settle(self, attempt: str, steps: dict[str, int]) -> None:
@@ -178,15 +181,15 @@ def site_ledger(site: str, path: Path | None, ledgers: dict[Path, Ledger], decla
         raise PrivacyRefused(f"site {site!r} refuses every job: its shards declare a privacy budget (epsilon "
                              f"{declared.epsilon:g}, delta {declared.delta:g}) and its privacy ledger is missing; "
                              "restore it from the site's backup (a ledger is never recreated empty)")
-    sources = {"shards": declared, "ledger": ledger.budget, "site YAML": _yaml_budget(ledger.site_yaml)}
+    sources = {"ledger": ledger.budget, "shards": declared, "site YAML": _yaml_budget(ledger.site_yaml)}
     effective = None
     for budget in sources.values():
         effective = lower(effective, budget)
     if ledger.budget is not None and any(b is not None and b != effective for b in sources.values()):
         from preprocessing.locks import notice
 
-        notice(f"site {site!r}: privacy budgets differ ({', '.join(f'{k} {_show(_dump(b))}' for k, b in sources.items())}"
-               f"); the stricter, {_show(_dump(effective))}, applies")
+        notice(f"site {site!r}: privacy budgets differ ({', '.join(f'{k} {show_budget(_dump(b))}' for k, b in sources.items())}"
+               f"); the stricter, {show_budget(_dump(effective))}, applies")
     return ledger, effective
 
 
@@ -221,12 +224,12 @@ def check_delta(site: str, delta: float, records: int) -> None:
                              "privacy.delta (or --dp's delta) well below that, e.g. 1e-5")
 
 
-def admit(site: str, ledger: Ledger, job: list[Entry], accountant: str = "rdp",
-          budget: SiteBudget | None = None) -> dict:
+def admit(site: str, ledger: Ledger, job: list[Entry], budget: SiteBudget | None = None) -> dict:
     """Refuse ``job`` in one line naming the site, the job's cost and what remains if it would take the ledger over
-    ``budget`` (default: the ledger's); else what the site will have spent once the caller charges it:
-    {"epsilon_job", "epsilon_spent", "epsilon_remaining"}."""
+    ``budget`` (default: the ledger's; composed by its accountant); else what the site will have spent once the
+    caller charges it: {"epsilon_job", "epsilon_spent", "epsilon_remaining"}."""
     budget = budget or ledger.budget
+    accountant = ACCOUNTANTS[budget.accountant]
     delta = budget.delta
     before = ledger.spent(delta, accountant)
     cost = epsilon(job, delta, accountant)

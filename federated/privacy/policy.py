@@ -55,6 +55,7 @@ class DPConfig(BaseModel):
     max_grad_norm: float = Field(default=1.0, gt=0)  # C: the L2 bound of one record's gradient
     # delta where a site has no budget (a site with one uses its own)
     delta: float = Field(default=1e-5, gt=0, lt=1)
+    # at sites without a budget (a site with one composes with its own, federated/privacy/accounting.py)
     accountant: Literal["rdp", "prv"] = "rdp"
     # The class prior p of the AUC losses comes from every site's label counts (per disease: positives, known
     # labels; records), which leave before the training as without DP: a DP job declares them public (published

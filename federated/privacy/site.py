@@ -37,6 +37,7 @@ from federated.config import TrainConfig
 from federated.data import Batch, SiteData
 from federated.health import TrainingDiverged, lower_lr_fix
 from federated.network import build_model
+from federated.privacy.accounting import ACCOUNTANTS
 from federated.privacy.ledger import (
     Entry,
     Ledger,
@@ -158,8 +159,6 @@ def _admit_locked(config: TrainConfig, datas: list[SiteData], budgeted: list[tup
         return None
     check_dp_job(config.algorithm, dp, config.guarantee_positives)
     check_network(config.network, build_model(config, input_shape, len(datas[0].diseases)))
-    from opacus.accountants.utils import get_noise_multiplier
-
     key, start = job_key(config), first_round(config)
     steps = training_steps(config, start, config.rounds - start)
     attempt = uuid.uuid4().hex
@@ -168,18 +167,18 @@ def _admit_locked(config: TrainConfig, datas: list[SiteData], budgeted: list[tup
         n = len(data.train)
         q = min(config.batch_size, n) / n
         delta = dp.delta if budget is None else budget.delta
+        accountant = ACCOUNTANTS[dp.accountant if budget is None else budget.accountant]  # a budget's is the site's
         check_delta(data.name, delta, n)
-        sigma = dp.noise_multiplier or get_noise_multiplier(target_epsilon=dp.target_epsilon, target_delta=delta,
-                                                            sample_rate=q, steps=steps, accountant=dp.accountant)
+        sigma = dp.noise_multiplier or accountant.noise_multiplier(dp.target_epsilon, delta, q, steps)
         job = [Entry(key, "training", sigma, q, steps, attempt=attempt)] if steps else []
         evaluations = evaluation_rounds(config, start)
         if dp.eval_noise_multiplier is not None and evaluations:
             job.append(Entry(key, "evaluation", dp.eval_noise_multiplier, 1.0, evaluations, attempt=attempt))
         if budget is None:
-            spent = epsilon(job, delta, dp.accountant)
+            spent = epsilon(job, delta, accountant)
             report = {"epsilon_job": spent, "epsilon_spent": spent, "epsilon_remaining": None}
         else:
-            report = {**admit(data.name, ledger, job, dp.accountant, budget), **budget_report(data.name, ledger, budget)}
+            report = {**admit(data.name, ledger, job, budget), **budget_report(data.name, ledger, budget)}
             charges.append((ledger, job))
         # A resume draws fresh noise: its checkpoint does not hold the generator's state.
         out.append(SitePrivacy(data.name, sigma, dp.max_grad_norm, q, min(config.batch_size, n),
