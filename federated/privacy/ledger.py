@@ -10,8 +10,9 @@ the others' charges and none writes back a stale copy.
 Each entry is one Gaussian mechanism applied ``steps`` times at sampling rate ``sample_rate`` with noise
 multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; noised
 evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores). What the site has
-spent is the composition of all entries by Opacus's accountant (RDP, Mironov 2017, or PRV, Gopi et al. 2021) at
-the budget's delta: not the sum of the entries' epsilons, which would overstate it.
+spent is the composition of all entries by the site's accountant (its budget's: RDP, Mironov 2017, or PRV, Gopi et
+al. 2021; federated/privacy/accounting.py) at the budget's delta: not the sum of the entries' epsilons, which would
+overstate it.
 """
 
 from __future__ import annotations
