@@ -92,7 +92,7 @@ def melanoma_shards(tmp_path_factory):
 
 @pytest.fixture
 def budgets(melanoma_shards):
-    """Write each clinic's budget (an epsilon at delta 1e-5; None: no ledger) beside its shards for one test, and
+    """Write each clinic's budget (an epsilon at delta 1e-5; None: no ledger) in its ledger for one test, and
     take the ledgers away after it (the shards are shared with the session's other tests, which train without
     DP): ``budgets(epsilons)`` gives the federation, its shards folder and the ledgers' paths."""
     from federated.privacy.ledger import Ledger, ledger_path

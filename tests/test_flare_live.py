@@ -170,7 +170,7 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
 
 def test_over_poc_a_site_refuses_a_dp_job_over_its_budget_and_status_shows_each_sites_epsilon(
         consortium, melanoma_shards, tmp_path, monkeypatch, trainings):
-    """Each hospital's fedauc reads its own ledger beside its shards, on its own machine: one over its budget
+    """Each hospital's fedauc reads its own ledger (its state directory), on its own machine: one over its budget
     refuses the job before any step, in one line the centre hears; after a DP training `fedauc consortium
     status` shows what each site's ledger has spent and has left."""
     root, federation = melanoma_shards
