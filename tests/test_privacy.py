@@ -182,33 +182,37 @@ def test_batchnorm_is_refused_under_dp_and_its_groupnorm_variant_trains(tmp_path
     assert all(torch.isfinite(v).all() for v in result.global_state.values())
 
 
-def test_with_dp_the_server_receives_no_per_site_loss_or_norm(tmp_path, monkeypatch):
-    """The row each site sends in the round's per-site gather carries NaN for its losses and update norms (each
-    site checks its own); without DP it carries their values (the check can fail)."""
+def test_with_dp_the_server_receives_no_per_site_loss_norm_or_time(tmp_path, monkeypatch):
+    """The row each site sends in the round's per-site gather carries NaN for its losses, update norms and compute
+    and wait seconds (each site checks its own loss and update; its time follows its secret Poisson batch sizes),
+    and the record has no round seconds and names no slowest site; without DP the rows carry values (the check can
+    fail)."""
     from federated import engine
 
     def rows_sent(cfg) -> torch.Tensor:
         rows = []
 
         def recording(*args):
-            rows.append(engine_site_row(*args))
+            rows.append(engine_with_times(*args))
             return rows[-1]
 
-        monkeypatch.setattr(engine, "site_row", recording)
+        monkeypatch.setattr(engine, "with_times", recording)
         records = []
         federated.train(cfg, callbacks=[records.append])
         return torch.cat(rows).cpu(), records
 
-    engine_site_row = engine.site_row
+    engine_with_times = engine.with_times
     sent, records = rows_sent(_config(tmp_path, algorithm="codasca"))
-    assert len(sent) == 2 * 3 and sent[:, 3:].isnan().all()  # 2 sites x 3 rounds; losses, then norms
+    assert len(sent) == 2 * 3 and sent[:, 3:].isnan().all()  # 2 sites x 3 rounds; losses, norms, then times
     for record in records:
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
         assert "loss_reference" not in record and record["outliers"] == []
         assert all(math.isnan(v) for v in record["update_norm"]["model"])
+        assert all(math.isnan(v) for v in record["site_compute_s"] + record["site_wait_s"] + [record["seconds"]])
+        assert "slowest" not in record
         assert "metrics" not in record  # no evaluation is released without its own noise
-    clear, _ = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))
-    assert clear[:, 3:].isfinite().all()
+    clear, records = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))
+    assert clear[:, 3:].isfinite().all() and records[-1]["slowest"]["compute_s"] > 0
 
 
 def test_a_dp_site_names_itself_when_its_update_is_not_finite(tmp_path, monkeypatch):
