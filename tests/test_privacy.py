@@ -311,3 +311,22 @@ def test_an_evaluation_jobs_noise_is_fresh_even_under_an_audits_fixed_seed(tmp_p
     seeds = [admit_evaluation("north", tmp_path / "north", ["v1"], 1.0).generator.initial_seed() for _ in range(2)]
     assert seeds[0] != seeds[1]
     assert site_seed("north") == site_seed("north")  # the training's stays reproducible
+
+
+def test_a_site_yaml_with_a_budget_and_a_shared_qc_grid_is_refused_in_one_line(tmp_path):
+    """The grid is real training images with their labels, sent with every training: no budget counts it."""
+    import yaml
+
+    from preprocessing.sites import SiteConfigError, load_site
+
+    (tmp_path / "a").mkdir()
+    site = {"name": "a", "format": "nih-cxr14", "root": "a", "task": "chest-xray"}
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump({**site, "sharing": {"qc_grid": True}, "privacy": {"epsilon": 3, "delta": 1e-5}}))
+    with pytest.raises(SiteConfigError) as err:
+        load_site(path)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{path}: sharing.qc_grid: true sends real training images")
+    for alone in ({"sharing": {"qc_grid": True}}, {"privacy": {"epsilon": 3, "delta": 1e-5}}):
+        path.write_text(yaml.safe_dump({**site, **alone}))
+        assert load_site(path).name == "a"
