@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                               "needs 'shard' or 'synthetic' sites", fix="write the sites' data as shards")
         site = None if args.site is None else site_index(config, args.site)
         device = training_device(config, int(os.environ.get("LOCAL_RANK", "0")))
+        if config.dp is not None:
+            # Before the process group exists: Opacus (the ledger's accountant) imports torch.distributed's
+            # sharding modules, and imported while a group is up they keep it referenced, so that
+            # destroy_process_group no longer frees it and gloo's threads run into interpreter exit, where
+            # tearing them down aborts the ranks (SIGABRT, "terminate called without an active exception").
+            import opacus.accountants  # noqa: F401
         transport = DistributedTransport(config.timeout_s, device, site)
         _check_same_config(config, transport)
         engine = Engine(config, transport)

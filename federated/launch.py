@@ -227,7 +227,8 @@ def launcher(value: Launcher | dict | None) -> Launcher:
 
 def _local_reports(federation: Federation, config: TrainConfig, result: TrainResult) -> list[dict]:
     """Every site's report, computed here (its shards are on this machine), checked as FLARE's are."""
-    reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes)
+    reports = [site_report(site.name, spec.path, site.sharing, result.input_shape, result.num_classes,
+                           private=config.dp is not None)
                for site, spec in zip(federation.sites, config.sites) if isinstance(spec, ShardSite)]
     check_site_reports(reports, [site.name for site in federation.sites], federation.task,
                        tuple(federation.sites[0].diseases))

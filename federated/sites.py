@@ -89,11 +89,12 @@ def site_index(config: TrainConfig, name: str) -> int:
 
 
 def site_report(name: str, shard_dir: Path, sharing: SharingPolicy, input_shape: tuple[int, ...],
-                num_classes: int) -> dict:
+                num_classes: int, private: bool = False) -> dict:
     """What the centre records about a site's data, computed where the shards are: their content hash,
     task and diseases, the QC summary as the site's ``sharing`` policy lets it leave (aggregate counts,
     small ones suppressed: ``preprocessing.qc.central_summary``), the sample grid's PNG bytes only where
-    the policy opts in (``qc_grid``), and the model input shape and class count the site trains with.
+    the policy opts in (``qc_grid``) and the training is not ``private`` (under DP: real training images, which no
+    accountant counts), and the model input shape and class count the site trains with.
     Nothing per image. An NVIDIA FLARE site returns it with its result, so the centre needs no shards."""
     info = read_shard_info(shard_dir)
     grid = Path(shard_dir) / QC_DIR / SAMPLE_GRID_FILE
@@ -103,7 +104,7 @@ def site_report(name: str, shard_dir: Path, sharing: SharingPolicy, input_shape:
         "task": info.get("task"),
         "diseases": list(info.get("diseases", ())),
         "qc": central_summary(build_report(Path(shard_dir)), sharing.min_count, sharing.qc_grid),
-        "qc_grid": grid.read_bytes() if sharing.qc_grid and grid.is_file() else None,
+        "qc_grid": grid.read_bytes() if sharing.qc_grid and not private and grid.is_file() else None,
         "input_shape": [int(n) for n in input_shape],
         "num_classes": int(num_classes),
     }

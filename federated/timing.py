@@ -9,11 +9,16 @@ nothing per image.
 
 In the record: ``site_compute_s`` and ``site_wait_s`` (per site, in site order) and ``slowest``: the site
 with the longest compute, its compute, and ``held_up_s``, how much longer than the next slowest site it took,
-the time the round would have been shorter without its delay (0 with one site).
+the time the round would have been shorter without its delay (0 with one site); ``seconds``, the round's wall
+time in the process that writes the record.
+
+Under differential privacy every site sends NaN in its timing columns and the record's ``seconds`` is NaN, with
+no ``slowest``: a site's compute time grows with its secret Poisson batch sizes (docs/privacy.md section 5).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -28,8 +33,10 @@ class RoundClock:
     """Times the sites of this process through one round: ``time`` runs each site's local steps, in site
     order, then ``row(i)`` once the round's collectives have returned."""
 
-    def __init__(self, num_sites: int, device: torch.device):
+    def __init__(self, num_sites: int, device: torch.device, withheld: bool = False):
+        self.started = time.perf_counter()
         self.device = device
+        self.withheld = withheld
         self.compute = [0.0] * num_sites
         self.ended = [0.0] * num_sites
         self._next = 0
@@ -46,8 +53,15 @@ class RoundClock:
         return out
 
     def row(self, i: int) -> torch.Tensor:
-        """Site ``i``'s columns (float64, CPU): its compute, and its wait from then until now."""
+        """Site ``i``'s columns (float64, CPU): its compute, and its wait from then until now; NaN if withheld."""
+        if self.withheld:
+            return torch.full((1, COLUMNS), float("nan"), dtype=torch.float64)
         return torch.tensor([[self.compute[i], time.perf_counter() - self.ended[i]]], dtype=torch.float64)
+
+    def record(self, per_site: torch.Tensor, site_names: list[str]) -> dict:
+        """The round record's timing keys: the round's seconds so far and ``record_times`` of the gathered rows."""
+        seconds = float("nan") if self.withheld else time.perf_counter() - self.started
+        return {"seconds": seconds, **record_times(per_site, site_names)}
 
 
 def with_times(row: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
@@ -58,6 +72,8 @@ def with_times(row: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
 def record_times(per_site: torch.Tensor, site_names: list[str]) -> dict:
     """The round record's timing keys from every site's gathered row (timing in the last COLUMNS)."""
     compute, wait = per_site[:, -2].tolist(), per_site[:, -1].tolist()
+    if any(math.isnan(c) for c in compute):  # withheld (differential privacy): no site is named
+        return {"site_compute_s": compute, "site_wait_s": wait}
     order = sorted(range(len(compute)), key=lambda k: compute[k], reverse=True)
     slowest = order[0]
     held_up = compute[slowest] - compute[order[1]] if len(order) > 1 else 0.0

@@ -86,6 +86,10 @@ def site_params(reports: list[dict]) -> dict[str, str]:
     return {f"shard_hash.{report['site']}": report["shard_hash"] for report in reports}
 
 
+# What a site sends as NaN under differential privacy (federated/privacy/site.py, federated/timing.py): not logged.
+WITHHELD_UNDER_DP = ("train_loss", "round_seconds", "compute_seconds", "wait_seconds")
+
+
 class RoundLogger:
     """Engine callback: splits each round's record between the parent run and the site child runs."""
 
@@ -113,9 +117,10 @@ class RoundLogger:
             metrics["compute_seconds"], metrics["wait_seconds"] = compute, wait
         if "slowest" in record:
             parent["slowest_site_held_up_seconds"] = record["slowest"]["held_up_s"]
-        if math.isnan(record["train_loss"]):  # under differential privacy the sites withhold their losses
-            for metrics in (parent, *children):
-                del metrics["train_loss"]
+        for metrics in (parent, *children):  # under differential privacy the sites withhold losses and timings (NaN)
+            for key in WITHHELD_UNDER_DP:
+                if key in metrics and math.isnan(metrics[key]):
+                    del metrics[key]
         for key in ("update_norm", "update_norm_rel"):  # federated/health.py: per group, per site
             for group, values in record[key].items():
                 for metrics, value in zip(children, values):

@@ -167,6 +167,12 @@ class SiteConfig(BaseModel):
         mapped = getattr(getattr(self, "_adapter_options", None), "label_columns", {})
         for disease in sorted(set(mapped) - set(diseases)):
             problems.append(f"options.label_columns.{disease}: unknown disease for task {self.task}; expected some of {list(diseases)}")
+        if self.privacy is not None and self.sharing.qc_grid:
+            # Refused here, where the hospital writes it, not at training: the grid (real training images with
+            # their labels) leaves with the site's report of every training, and a site with a budget admits
+            # only DP trainings, so no job could honour both; ``fedauc preprocess`` stops before writing.
+            problems.append("sharing.qc_grid: true sends real training images of the site with every training, "
+                            "which no privacy budget counts; a site with `privacy:` keeps qc_grid: false")
         if problems:
             raise ValueError("\n".join(problems))
         self.uncertain_policy = default_uncertain_policy(self.task) | self.uncertain_policy

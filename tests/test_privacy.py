@@ -184,33 +184,37 @@ def test_batchnorm_is_refused_under_dp_and_its_groupnorm_variant_trains(tmp_path
     assert all(torch.isfinite(v).all() for v in result.global_state.values())
 
 
-def test_with_dp_the_server_receives_no_per_site_loss_or_norm(tmp_path, monkeypatch):
-    """The row each site sends in the round's per-site gather carries NaN for its losses and update norms (each
-    site checks its own); without DP it carries their values (the check can fail)."""
+def test_with_dp_the_server_receives_no_per_site_loss_norm_or_time(tmp_path, monkeypatch):
+    """The row each site sends in the round's per-site gather carries NaN for its losses, update norms and compute
+    and wait seconds (each site checks its own loss and update; its time follows its secret Poisson batch sizes),
+    and the record has no round seconds and names no slowest site; without DP the rows carry values (the check can
+    fail)."""
     from federated import engine
 
     def rows_sent(cfg) -> torch.Tensor:
         rows = []
 
         def recording(*args):
-            rows.append(engine_site_row(*args))
+            rows.append(engine_with_times(*args))
             return rows[-1]
 
-        monkeypatch.setattr(engine, "site_row", recording)
+        monkeypatch.setattr(engine, "with_times", recording)
         records = []
         federated.train(cfg, callbacks=[records.append])
         return torch.cat(rows).cpu(), records
 
-    engine_site_row = engine.site_row
+    engine_with_times = engine.with_times
     sent, records = rows_sent(_config(tmp_path, algorithm="codasca"))
-    assert len(sent) == 2 * 3 and sent[:, 3:].isnan().all()  # 2 sites x 3 rounds; losses, then norms
+    assert len(sent) == 2 * 3 and sent[:, 3:].isnan().all()  # 2 sites x 3 rounds; losses, norms, then times
     for record in records:
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
         assert "loss_reference" not in record and record["outliers"] == []
         assert all(math.isnan(v) for v in record["update_norm"]["model"])
+        assert all(math.isnan(v) for v in record["site_compute_s"] + record["site_wait_s"] + [record["seconds"]])
+        assert "slowest" not in record
         assert "metrics" not in record  # no evaluation is released without its own noise
-    clear, _ = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))
-    assert clear[:, 3:].isfinite().all()
+    clear, records = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))
+    assert clear[:, 3:].isfinite().all() and records[-1]["slowest"]["compute_s"] > 0
 
 
 def test_a_dp_site_names_itself_when_its_update_is_not_finite(tmp_path, monkeypatch):
@@ -310,3 +314,23 @@ def test_an_evaluation_jobs_noise_is_fresh_even_under_an_audits_fixed_seed(tmp_p
     seeds = [admit_evaluation("north", tmp_path / "north", ["v1"], 1.0).generator.initial_seed() for _ in range(2)]
     assert seeds[0] != seeds[1]
     assert site_seed("north", "job") == site_seed("north", "job")  # the training's stays reproducible
+
+
+def test_a_site_yaml_with_a_budget_and_a_shared_qc_grid_is_refused_in_one_line(tmp_path):
+    """The grid is real training images with their labels, sent with every training: no budget counts it."""
+    import yaml
+
+    from preprocessing.sites import SiteConfigError, load_site
+
+    (tmp_path / "a").mkdir()
+    site = {"name": "a", "format": "nih-cxr14", "root": "a", "task": "chest-xray"}
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump({**site, "sharing": {"qc_grid": True}, "privacy": {"epsilon": 3, "delta": 1e-5}}))
+    with pytest.raises(SiteConfigError) as err:
+        load_site(path)
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{path}: sharing.qc_grid: true sends real training images")
+    for alone in ({"sharing": {"qc_grid": True}}, {"privacy": {"epsilon": 3, "delta": 1e-5}}):
+        path.write_text(yaml.safe_dump({**site, **alone}))
+        assert load_site(path).name == "a"
+

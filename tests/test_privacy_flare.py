@@ -95,6 +95,7 @@ def test_the_centre_records_each_sites_spent_and_remaining_epsilon(budgets, tmp_
         assert metrics["privacy/epsilon_remaining"] == pytest.approx(budget - metrics["privacy/epsilon_spent"])
         assert metrics["privacy/delta"] == pytest.approx(1e-5)
         assert "train_loss" not in metrics  # withheld by the sites, not logged as NaN
+        assert "compute_seconds" not in metrics and "wait_seconds" not in metrics  # likewise: the batches' sizes
 
 
 def test_resumes_over_the_simulator_charge_every_round_that_leaves_the_sites_again(tmp_path, budgets):

@@ -91,7 +91,8 @@ def _train(job: dict) -> dict:
         check_model_inputs([server.collective(INPUTS_SEQ, "inputs", site, inputs)[0], inputs])
         # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
         result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
-        report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes)
+        report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes,
+                             private=config.dp is not None)
         report["privacy"] = result.privacy.get(name)  # what the job spent of its budget (aggregate numbers)
     except Exception as err:
         # The server hears at once (the other sites stop waiting), in one line that names no path.
