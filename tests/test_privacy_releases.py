@@ -23,7 +23,7 @@ from federated.backends import InProcessTransport
 from federated.engine import Engine
 from preprocessing.sites import SharingPolicy
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
+DOC = Path(__file__).resolve().parents[1] / "docs/privacy.md"
 ROUND_ROW = ["index", "bytes_sent", "bytes_received", "loss_mean", "loss_first"]  # then norms, then timings
 TIMINGS = ["compute_seconds", "wait_seconds"]
 
