@@ -9,7 +9,8 @@ import json
 import math
 import random
 
-from federated.flare.live import SITES_FILE, LiveRecords
+from federated.flare.live import LiveRecords
+from federated.flare.protocol import SITES_FILE
 from federated.health import relative_to_others
 
 

@@ -12,6 +12,7 @@ import torch
 
 from federated.backends import SiteFailure, dtype_groups, flatten, unflatten_into
 from federated.flare.keys import SiteKeys
+from federated.flare.protocol import Collective
 
 # (seq, what, site, payload) -> combined result; in a job: the server proxy's ``collective``.
 CollectiveCall = Callable[[int, str, int, object], object]
@@ -49,27 +50,27 @@ class FlareTransport:
         groups = list(dtype_groups(tensors).values())
         flats = [flatten([tensors[i] for i in idx]).cpu() for idx in groups]
         if robust is None:
-            means = self._collective("mean", {"weight": float(w), "flats": flats})
-        else:  # federated/aggregation.py at the server (rendezvous.COMBINE["robust_mean"])
-            means = self._collective("robust_mean", {"robust": robust.payload(), "flats": flats})
+            means = self._collective(Collective.MEAN, {"weight": float(w), "flats": flats})
+        else:  # federated/aggregation.py at the server (rendezvous.COMBINE[Collective.ROBUST_MEAN])
+            means = self._collective(Collective.ROBUST_MEAN, {"robust": robust.payload(), "flats": flats})
         for idx, mean in zip(groups, means):
             unflatten_into(mean.to(self.device), [tensors[i] for i in idx])
 
     def gather(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site
-        return self._collective("gather", local.cpu()).to(local.device)
+        return self._collective(Collective.GATHER, local.cpu()).to(local.device)
 
     def ring_sum(self, per_site: list[torch.Tensor]) -> torch.Tensor:
         (local,) = per_site
-        return self._collective("ring_sum", local.cpu())
+        return self._collective(Collective.RING_SUM, local.cpu())
 
     def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
         if self.keys is None:  # never fall back to unchecked keys at a site that may be in a consortium
             raise RuntimeError("secure aggregation over FLARE needs the site's SiteKeys (federated/flare/site.py)")
-        return self.keys.verified(self._collective("keys", self.keys.signed(self.site, own[self.site])))
+        return self.keys.verified(self._collective(Collective.KEYS, self.keys.signed(self.site, own[self.site])))
 
     def barrier(self) -> None:
-        self._collective("barrier", None)
+        self._collective(Collective.BARRIER, None)
 
     def close(self) -> None:
         """Nothing to release: NVIDIA FLARE's client owns the connection."""

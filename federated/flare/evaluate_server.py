@@ -14,8 +14,7 @@ import numpy as np
 import torch
 from nvflare.collab import collab
 
-from federated.flare.protocol import FAILURE_MARK, WEIGHTS_FILE
-from federated.flare.site_failure import FAILED
+from federated.flare.protocol import FAILED, FAILURE_MARK, WEIGHTS_FILE
 from federated.flare.spec import FlareJob
 
 

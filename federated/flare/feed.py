@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federated.engine import RoundCallback
-from federated.flare.live import LIVE_FILE
+from federated.flare.protocol import LIVE_FILE
 from federated.timing import describe_slowest
 
 

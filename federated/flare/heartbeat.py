@@ -1,5 +1,5 @@
 """The site's heartbeat while it trains: a thread of its own calls the server's published ``heartbeat``
-every ``HEARTBEAT_S`` seconds (``federated.flare.live``), so the centre tells a dead site (silent) from a
+every ``HEARTBEAT_S`` seconds (``federated.flare.protocol``), so the centre tells a dead site (silent) from a
 slow one (still beating, bounded by ``--site-timeout`` at the next collective). It carries the site's
 name and the fedauc code version it runs (``federated.version``), nothing else."""
 
@@ -9,7 +9,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from federated.flare.live import HEARTBEAT_S
+from federated.flare.protocol import HEARTBEAT_S
 from federated.version import code_version
 
 

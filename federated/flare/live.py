@@ -7,7 +7,7 @@ admin ``cat`` against a consortium) and ``fedauc consortium status`` reads for a
 ``SITES_FILE`` in the server's workspace root: every site's last heartbeat and the fedauc version it runs,
 and, once it admitted a DP job, the epsilon its ledger has spent and has left, across jobs; ``LEFT_FILE``
 beside it: when each site last left the consortium (its client logged out), written by the server's own
-process (``federated.flare.leave.RecordDepartures``), which alone hears the logout. They hold what the
+process (``federated.flare.departures.RecordDepartures``), which alone hears the logout. They hold what the
 sites already send the centre (a round's aggregate record: bytes, mean loss, metrics with small counts
 suppressed), nothing per image.
 
@@ -32,10 +32,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-LIVE_FILE = "fedauc_live.json"  # NVFlare's admin `cat` serves only some extensions; .json is one
-SITES_FILE = "fedauc_sites.json"
-LEFT_FILE = "fedauc_left.json"
-HEARTBEAT_S = 5.0
+from federated.flare.protocol import LEFT_FILE, LIVE_FILE, SITES_FILE
+
 DEAD_AFTER_S = 30.0  # six missed heartbeats: a busy machine skips one, a dead one all
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from federated.flare.feed import parse
-from federated.flare.live import LIVE_FILE, SITES_FILE
+from federated.flare.protocol import LIVE_FILE, SITES_FILE
 from federated.timing import describe_slowest
 from preprocessing.errors import ConfigError
 

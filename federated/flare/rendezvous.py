@@ -13,6 +13,7 @@ import torch
 
 from federated.aggregation import combine_payloads
 from federated.backends import SiteFailure, ring_sum, weighted_sum
+from federated.flare.protocol import Collective
 
 
 @dataclass
@@ -102,19 +103,18 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
     return [weighted_sum([p["flats"][g] for p in payloads], weights) for g in range(len(payloads[0]["flats"]))]
 
 
-# How the server combines each kind of collective (FlareTransport's payloads), in site order; "inputs": every
+# How the server combines each kind of collective (FlareTransport's payloads), in site order; INPUTS: every
 # site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareTransport numbers from 1).
-# Secure aggregation: "keys" hands every site's signed public key to every site (each checks them all),
-# "ring_sum" adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
-# "resume": every site's committed checkpoint rounds, before the model inputs (federated/flare/resume.py).
+# Secure aggregation: KEYS hands every site's signed public key to every site (each checks them all),
+# RING_SUM adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
+# RESUME: every site's committed checkpoint rounds, before the model inputs (federated/flare/resume.py).
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
-    "mean": _mean,
-    "robust_mean": combine_payloads,  # --aggregation median | trimmed-mean (federated/aggregation.py)
-    "gather": lambda payloads: torch.cat(payloads, dim=0),
-    "barrier": lambda payloads: None,
-    "inputs": lambda payloads: payloads,
-    "keys": lambda payloads: payloads,
-    "ring_sum": ring_sum,
-    "resume": lambda payloads: payloads,
+    Collective.MEAN: _mean,
+    Collective.ROBUST_MEAN: combine_payloads,  # --aggregation median | trimmed-mean (federated/aggregation.py)
+    Collective.GATHER: lambda payloads: torch.cat(payloads, dim=0),
+    Collective.BARRIER: lambda payloads: None,
+    Collective.INPUTS: lambda payloads: payloads,
+    Collective.KEYS: lambda payloads: payloads,
+    Collective.RING_SUM: ring_sum,
+    Collective.RESUME: lambda payloads: payloads,
 }
-INPUTS_SEQ = 0

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from federated.checkpoint import LATEST, committed_rounds, point_latest
 from federated.flare.backend import CollectiveCall
+from federated.flare.protocol import RESUME_SEQ, Collective
 from federated.flare.spec import FlareJob
 from preprocessing.errors import DataError
 
 CHECKPOINTS = "fedauc_checkpoints"
-RESUME_SEQ = -1  # the one collective before the engine's (FlareTransport numbers from 1, the model inputs at 0)
 
 
 def site_checkpoint_dir(job: FlareJob, site: str, workspace_root: Path) -> Path | None:
@@ -37,7 +37,7 @@ def agree_on_round(call: CollectiveCall, site_index: int, sites: list[str], ckpt
     """The round every site completed, pointed at by this site's ``LATEST``; None when no site holds a
     checkpoint of this training (it starts over). Every site decides from the same exchanged lists, so a
     refusal is the same at every site and names the site(s) it concerns."""
-    everyone = call(RESUME_SEQ, "resume", site_index, committed_rounds(ckpt_dir))
+    everyone = call(RESUME_SEQ, Collective.RESUME, site_index, committed_rounds(ckpt_dir))
     if not any(everyone):
         (ckpt_dir / LATEST).unlink(missing_ok=True)
         return None

@@ -21,9 +21,8 @@ from nvflare.collab import collab
 
 from federated.flare.evaluate_server import serve_evaluation
 from federated.flare.live import LiveRecords, left_reason
-from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
+from federated.flare.protocol import FAILED, FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.rendezvous import COMBINE, Rendezvous
-from federated.flare.site_failure import FAILED
 from federated.flare.spec import FlareJob
 
 _rendezvous: Rendezvous | None = None

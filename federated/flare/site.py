@@ -22,8 +22,7 @@ from federated.flare.backend import FlareTransport
 from federated.flare.evaluate_site import score_here
 from federated.flare.heartbeat import Heartbeat
 from federated.flare.keys import SiteKeys, load_identity
-from federated.flare.live import HEARTBEAT_S
-from federated.flare.rendezvous import INPUTS_SEQ
+from federated.flare.protocol import HEARTBEAT_S, INPUTS_SEQ, Collective
 from federated.flare.resume import agree_on_round, site_checkpoint_dir
 from federated.flare.site_failure import report_failure
 from federated.flare.spec import FlareJob, local_site
@@ -88,7 +87,7 @@ def _train(job: dict) -> dict:
         # Before the first step: a site whose images give another model input than site 0's stops the job
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}
-        check_model_inputs([server.collective(INPUTS_SEQ, "inputs", site, inputs)[0], inputs])
+        check_model_inputs([server.collective(INPUTS_SEQ, Collective.INPUTS, site, inputs)[0], inputs])
         # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
         result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes,

@@ -13,7 +13,8 @@ import re
 
 from nvflare.collab import collab
 
-FAILED = "fedauc_failed"
+from federated.flare.protocol import FAILED
+
 # Seconds the failure report may take to reach the server.
 REPORT_TIMEOUT_S = 30.0
 # Absolute POSIX, home-relative and Windows paths (not "and/or" or "3/4": no word character before).
