@@ -31,8 +31,8 @@ import federated
 from federated.checkpoint import committed_rounds
 from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
+from federated.flare.processes import family
 from federated.flare.resume import CHECKPOINTS
-from federated.flare.supervise import family
 from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import SiteBudget
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from federated.flare.operate import consortium_status
 from federated.flare.poc import LocalConsortium, connected_sites
-from federated.flare.supervise import family, signal_family
+from federated.flare.processes import family, signal_family
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
 from preprocessing.federation import load_federation

@@ -11,10 +11,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from federated.flare.consortium import client_env, start_command
+from federated.flare.departures import COMPONENT as RECORD_DEPARTURES
 from federated.flare.installed import allow_components
-from federated.flare.leave import SERVER_COMPONENT
 from federated.flare.lockdown import check_private_key, server_stores
+from federated.flare.processes import start_command, start_env
 from preprocessing.errors import ConfigError
 
 
@@ -25,11 +25,11 @@ def prepare_server(kit: str | Path) -> Path:
         raise ConfigError(f"{root}: not the server's startup kit (no startup/fed_server.json)",
                           fix="pass the server's folder that `fedauc consortium provision` wrote")
     check_private_key(root / "startup" / "server.key")
-    allow_components(root / "local", SERVER_COMPONENT)  # a running job names a hospital that left at once
+    allow_components(root / "local", RECORD_DEPARTURES)  # a running job names a hospital that left at once
     server_stores(root)
     return root
 
 
 def run_server(root: Path) -> int:
     """Run the server until it stops; its exit status."""
-    return subprocess.call(start_command(root), env=client_env(), cwd=root)
+    return subprocess.call(start_command(root), env=start_env(), cwd=root)

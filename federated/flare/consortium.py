@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import psutil
 from federated.flare.installed import allow_components
 from federated.flare.leave import COMPONENT as LEAVE_ON_STOP
 from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
+from federated.flare.processes import start_command, start_env
 from federated.flare.spec import SITE_FILE
 from federated.flare.supervise import claim, claimed_by, run_until_stopped
 from federated.sites import check_shard
@@ -139,18 +138,8 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     return client
 
 
-def start_command(root: Path) -> list[str]:
-    """A kit's own NVFlare start script, once, in the foreground (no restart loop: the caller supervises)."""
-    return ["bash", str(root / "startup" / "sub_start.sh"), "--once"]
-
-
 def client_command(kit: ClientKit) -> list[str]:
     return start_command(kit.root)
-
-
-def client_env() -> dict[str, str]:
-    """The start script calls ``python3``: make it this interpreter (the one with fedauc and nvflare)."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def run_site(kit: ClientKit) -> int:
@@ -161,6 +150,6 @@ def run_site(kit: ClientKit) -> int:
     pid_file = kit.root / "local" / PID_FILE
     claim(pid_file)
     try:
-        return run_until_stopped(client_command(kit), client_env(), kit.root)
+        return run_until_stopped(client_command(kit), start_env(), kit.root)
     finally:
         pid_file.unlink(missing_ok=True)

@@ -18,8 +18,10 @@ from nvflare.collab.api.module_wrapper import ModuleWrapper
 
 from federated.flare.lockdown import write_owner_only
 
-# The modules a fedauc job may name, at the server and at the sites.
-JOB_MODULES = ("federated.flare.server", "federated.flare.site")
+# The modules a fedauc job may name: its halves at the server and at the sites.
+SERVER_MODULE = "federated.flare.server"
+SITE_MODULE = "federated.flare.site"
+JOB_MODULES = (SERVER_MODULE, SITE_MODULE)
 
 
 class InstalledModule(ModuleWrapper):

@@ -32,7 +32,7 @@ from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.environments import check_flare_algorithm, check_flare_env
 from federated.flare.feed import LiveFeed, admin_reader, local_reader, progress_printer
-from federated.flare.installed import InstalledRecipe, allow_components
+from federated.flare.installed import SERVER_MODULE, SITE_MODULE, InstalledRecipe, allow_components
 from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.spec import FlareJob
 from federated.health import as_diverged, warn_outliers
@@ -80,7 +80,7 @@ def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = ()) -> Insta
     ``server_files``: data files (never code) the job carries in its app's ``config/`` folder for the server,
     e.g. the weights an evaluation sends to the sites."""
     r = InstalledRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
-                        server="federated.flare.server", client="federated.flare.site", min_clients=len(job.sites))
+                        server=SERVER_MODULE, client=SITE_MODULE, min_clients=len(job.sites))
     r.set_server_prop(JOB_PROP, job.model_dump())
     for path in server_files:
         # The recipe's own add_server_file puts files in custom/, the code folder; the job's FedJob can put

@@ -10,13 +10,8 @@ comes first because the shutdown ends the jobs before it logs out: a job process
 sites' collectives, and the server, not yet told the site left, would name one of them.
 
 SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop, and from the kernel when
-``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``).
-
-:class:`RecordDepartures`, a component of the server's process (written by
-``federated.flare.centre.prepare_server``), notes each logout where a running job's liveness watch reads it
-(``federated.flare.live.LEFT_FILE``): only the server's process hears it, and the job then names the site
-that left at once, instead of 30 s later as one gone silent or, sooner, one of the sites whose collective
-failed as the leaving site's job process ended.
+``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``). The server
+notes the logout for a running job (``federated.flare.departures``).
 """
 
 from __future__ import annotations
@@ -24,17 +19,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from pathlib import Path
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
-
-from federated.flare.live import record_departure
-
-# The entries of ``local/resources.json``'s ``components`` that install them, at a site and at the server.
-COMPONENT = {"id": "fedauc_leave_on_stop", "path": "federated.flare.leave.LeaveOnStop", "args": {}}
-SERVER_COMPONENT = {"id": "fedauc_record_departures", "path": "federated.flare.leave.RecordDepartures", "args": {}}
 
 
 class LeaveOnStop(FLComponent):
@@ -68,10 +56,5 @@ class LeaveOnStop(FLComponent):
         engine.shutdown()
 
 
-class RecordDepartures(FLComponent):
-    def handle_event(self, event_type: str, fl_ctx: FLContext):
-        # Fired once the server has dropped the client (NVIDIA FLARE's ``quit_client``), with the client's context.
-        if event_type == EventType.CLIENT_QUIT and fl_ctx.get_peer_context() is not None:
-            site = fl_ctx.get_peer_context().get_identity_name()
-            self.logger.info(f"site {site} left the consortium")
-            record_departure(Path(fl_ctx.get_engine().get_workspace().get_root_dir()), site)
+# The entry of a site's ``local/resources.json``'s ``components`` that installs it.
+COMPONENT = {"id": "fedauc_leave_on_stop", "path": f"{LeaveOnStop.__module__}.{LeaveOnStop.__qualname__}", "args": {}}

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from federated.flare.centre import prepare_server
-from federated.flare.consortium import check_server_reachable, client_command, client_env, prepare_site, start_command
+from federated.flare.consortium import check_server_reachable, client_command, prepare_site
+from federated.flare.processes import family, signal_family, start_command, start_env
 from federated.flare.provision import Kits, project, provision
-from federated.flare.supervise import family, signal_family
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
@@ -69,7 +69,7 @@ class LocalConsortium:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
             # Its own session, so that stopping it (and its job processes) never signals this process.
-            self.processes[name] = subprocess.Popen(command, cwd=cwd, env=client_env(), stdout=log,
+            self.processes[name] = subprocess.Popen(command, cwd=cwd, env=start_env(), stdout=log,
                                                     stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self, wait_s: float = 300.0) -> LocalConsortium:

@@ -16,7 +16,6 @@ parent). ``claim`` keeps one caller per folder: a pid file, owner-only, naming t
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
@@ -27,20 +26,7 @@ from pathlib import Path
 
 import psutil
 
-
-def family(pid: int) -> list[psutil.Process]:
-    """Process ``pid`` and every process below it, the deepest first."""
-    try:
-        root = psutil.Process(pid)
-        return [*reversed(root.children(recursive=True)), root]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def signal_family(members: list[psutil.Process], signum: int) -> None:
-    for member in members:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.send_signal(signum)
+from federated.flare.processes import family, signal_family
 
 
 def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
