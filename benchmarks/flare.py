@@ -37,8 +37,8 @@ import yaml
 
 import federated
 from federated.backends import dtype_groups, flatten
-from federated.flare.job import train_flare
-from federated.flare.poc import LocalConsortium
+from federated.flare.centre.job import train_flare
+from federated.flare.centre.poc import LocalConsortium
 from federated.sites import federation_config
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site

@@ -170,7 +170,7 @@ def _watch_rss(peaks: dict, done: threading.Event) -> None:
 def run_flare(job: dict, federation: Path) -> dict:
     import torch
 
-    from federated.flare.job import train_flare
+    from federated.flare.centre.job import train_flare
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 

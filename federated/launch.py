@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from federated.config import ShardSite, TrainConfig
 from federated.data import load_shard
 from federated.engine import RoundCallback, TrainResult
-from federated.flare.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
+from federated.flare.centre.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
 from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
 from federated.scoring import ModelToScore, Scores, score_site
@@ -166,7 +166,7 @@ class TorchrunFailed(FedaucError, RuntimeError):
 
 
 class Flare(_Launcher):
-    """An NVIDIA FLARE job (federated/flare/job.py): ``env`` ``sim`` (its simulator, every site a process
+    """An NVIDIA FLARE job (federated/flare/centre/job.py): ``env`` ``sim`` (its simulator, every site a process
     here), ``poc`` (a consortium provisioned and started here for the job) or ``prod`` (the running
     consortium reached with the admin's startup kit ``kit``; each hospital reads its own shards).
     ``workspace``: the job's folder here (its logs)."""
@@ -196,7 +196,7 @@ class Flare(_Launcher):
 
     def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
               callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
-        from federated.flare.job import train_flare
+        from federated.flare.centre.job import train_flare
 
         result = train_flare(config, federation, shards_root if self.reads_shards_here else None, self.env,
                              self.workspace, self.kit, callbacks, name)
@@ -205,7 +205,7 @@ class Flare(_Launcher):
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
               shards_root: Path | None, bins: int, min_count: int, eval_noise_multiplier: float | None = None
               ) -> Scores:
-        from federated.flare.evaluate_centre import evaluate_flare
+        from federated.flare.centre.evaluate import evaluate_flare
 
         return evaluate_flare(models, states, federation, shards_root if self.reads_shards_here else None,
                               self.env, self.workspace, self.kit, bins, min_count, eval_noise_multiplier)

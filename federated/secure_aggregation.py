@@ -9,7 +9,7 @@ histograms) goes through it, on every transport alike (docs/algorithms.md sectio
 
 1. Key agreement, once per run: every site draws a fresh X25519 key pair; the public keys go to every
    site through the transport (over FLARE signed with the site's consortium key and checked against the
-   consortium's root CA: federated/flare/keys.py); each pair (i, j) derives the X25519 shared secret.
+   consortium's root CA: federated/flare/site/keys.py); each pair (i, j) derives the X25519 shared secret.
 2. Fixed point: site k sends v_k = round(2^F * w_k * x_k) as an int64, w_k its aggregation weight (1 for
    a SUM). A value with |v_k| >= 2^(63 - ceil(log2 K)) stops the run with a :class:`SecureAggregationError`
    naming the site, round and tensor, so the sum of K contributions cannot leave int64.

@@ -19,13 +19,13 @@ these members and nothing more:
 - ``exchange_public_keys(own)``: every site's 32-byte public key for secure aggregation, in site order, from
   ``own`` (local site -> its key). Within one trust domain the keys travel through ``gather``
   (:func:`gathered_public_keys`); across hospitals a transport signs and checks them against the
-  consortium's certificates (federated/flare/keys.py) and never falls back to unchecked keys.
+  consortium's certificates (federated/flare/site/keys.py) and never falls back to unchecked keys.
 - ``barrier()``: return when every site reached it; ``close()``: release what the transport holds (a process
   group); idempotent.
 
 Errors: a site that stops answering is a ``federated.backends.SiteFailure`` naming the collective.
 Implementations: ``InProcessTransport`` and ``DistributedTransport`` (federated/backends.py),
-``FlareTransport`` (federated/flare/backend.py) and ``SecureTransport`` (federated/secure_aggregation.py), which
+``FlareTransport`` (federated/flare/site/backend.py) and ``SecureTransport`` (federated/secure_aggregation.py), which
 wraps any other.
 """
 

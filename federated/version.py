@@ -1,5 +1,5 @@
 """Which fedauc runs here: ``code_version()``, the one value MLflow records for a training (its
-``code_version`` param) and an NVIDIA FLARE site checks a job against (``federated/flare/version.py``).
+``code_version`` param) and an NVIDIA FLARE site checks a job against (``federated/flare/site/version.py``).
 
 The installed package's version and, for a git checkout (how a hospital pins its fedauc: a clone at a
 reviewed commit), ``+g`` and the first 12 hex digits of its HEAD commit: e.g. ``0.1.0+g248c0b5a1f3e``.

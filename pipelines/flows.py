@@ -151,8 +151,8 @@ def training_artifact(summary: dict) -> None:
 @flow(name="start_site_client")
 def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
     """At a hospital: its NVIDIA FLARE client from its startup kit, after every check
-    (federated/flare/consortium.py); runs until the client stops and returns its exit status."""
-    from federated.flare.consortium import prepare_site, run_site
+    (federated/flare/site/start.py); runs until the client stops and returns its exit status."""
+    from federated.flare.site.start import prepare_site, run_site
 
     return run_site(prepare_site(kit, site_yaml, shards_root))
 

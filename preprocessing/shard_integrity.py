@@ -67,7 +67,7 @@ def check_shard_files(site_dir: str | Path, info: dict, full: bool = False) -> N
 
     def named(path: Path) -> str:
         # The file inside the shard folder first: over NVIDIA FLARE the site's folder is redacted from what the
-        # centre reads (federated/flare/site_failure.py), the file's name in the shard layout is not.
+        # centre reads (federated/flare/site/failure.py), the file's name in the shard layout is not.
         return f"{path.relative_to(site_dir).as_posix()} (in {site_dir})"
     for split in SPLITS:
         path = site_dir / split / IMAGES_FILE

@@ -122,7 +122,7 @@ class SiteConfig(BaseModel):
     # together may spend at most this (epsilon, delta), enforced at the site; none: trainings without DP, as before.
     privacy: PrivacyBudget | None = None
     pacs: PacsSettings | None = None
-    # fedauc code versions (federated/flare/version.py) besides its own whose FLARE jobs this site runs.
+    # fedauc code versions (federated/flare/site/version.py) besides its own whose FLARE jobs this site runs.
     allowed_code_versions: list[str] = Field(default_factory=list)
 
     _adapter_options: AdapterOptions = PrivateAttr()

@@ -31,7 +31,7 @@ def test_train_rejects_a_parameter_without_value():
 def test_centralized_is_refused_over_flare():
     """Pooling moves patient data: over NVIDIA FLARE the command refuses it before anything starts."""
     from federated import SyntheticSite, TrainConfig
-    from federated.flare.job import train_flare
+    from federated.flare.centre.job import train_flare
     from preprocessing.errors import ConfigError
     from preprocessing.federation import load_federation
 

@@ -9,9 +9,9 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from federated.flare.heartbeat import Heartbeat
-from federated.flare.job import flare_job
-from federated.flare.version import check_code_version
+from federated.flare.centre.job import flare_job
+from federated.flare.site.heartbeat import Heartbeat
+from federated.flare.site.version import check_code_version
 from federated.sites import federation_config
 from pipelines import runs, tracking
 from preprocessing.federation import load_federation

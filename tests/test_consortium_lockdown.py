@@ -13,10 +13,10 @@ import pytest
 from nvflare.fuel.sec.authz import AuthzContext, Person
 from nvflare.security.security import COMMAND_CATEGORIES, FLAuthorizer
 
-from federated.flare.centre import prepare_server
-from federated.flare.consortium import prepare_site
+from federated.flare.centre.provision import project, provision
 from federated.flare.lockdown import ADMIN_RIGHTS, SERVER_RIGHTS, STORES
-from federated.flare.provision import project, provision
+from federated.flare.server.start import prepare_server
+from federated.flare.site.start import prepare_site
 from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 

@@ -14,11 +14,11 @@ import zipfile
 
 import pytest
 
-from federated.flare.job import FlareJobFailed, flare_job, train_flare
+from federated.flare.centre.job import FlareJobFailed, flare_job, train_flare
+from federated.flare.centre.poc import ADMIN, LocalConsortium, admin_session
+from federated.flare.centre.provision import project, provision
 from federated.flare.lockdown import STORES
-from federated.flare.poc import ADMIN, LocalConsortium, admin_session
 from federated.flare.protocol import JOB_PROP
-from federated.flare.provision import project, provision
 from federated.sites import federation_config
 from federated.version import code_version
 from preprocessing.federation import load_federation
@@ -72,7 +72,7 @@ def test_the_admins_shell_commands_at_a_site_are_refused_by_the_site(consortium)
 
 def test_a_job_from_another_code_version_is_refused_and_no_job_carries_code(consortium, melanoma_shards,
                                                                                tmp_path, monkeypatch):
-    monkeypatch.setattr("federated.flare.job.code_version", lambda: FOREIGN)
+    monkeypatch.setattr("federated.flare.centre.job.code_version", lambda: FOREIGN)
     with pytest.raises(FlareJobFailed) as failed:
         train_flare(_config(melanoma_shards), consortium.federation, None, "prod", tmp_path / "submit",
                     kit=consortium.kits.admin, name="foreign")
@@ -96,7 +96,8 @@ def test_a_job_from_another_code_version_is_refused_and_no_job_carries_code(cons
 def test_a_job_with_custom_code_is_refused_by_every_site(consortium, melanoma_shards, tmp_path):
     from nvflare.collab import CollabRecipe
 
-    from federated.flare import server, site
+    from federated.flare.server import job as server
+    from federated.flare.site import job as site
 
     # NVFlare's own collab recipe ships fedauc's package in the job (BYOC): the server permits it here.
     job = flare_job(_config(melanoma_shards), "melanoma", ("Melanoma",), 60.0, share_paths=False)

@@ -109,7 +109,7 @@ def test_resume_reaches_the_same_model_as_an_uninterrupted_run(tmp_path):
     federated.train(_cfg(rounds=3, checkpoint_dir=tmp_path, **common))
     assert (tmp_path / "LATEST").read_text() == "round_000002"
     # Older rounds pruned; the one before the last stays, so that the sites of a consortium, each with its own
-    # folder, can agree on the last round all of them completed (federated/flare/resume.py).
+    # folder, can agree on the last round all of them completed (federated/flare/site/resume.py).
     assert sorted(p.name for p in tmp_path.glob("round_*")) == ["round_000001", "round_000002"]
     resumed = federated.train(_cfg(rounds=6, checkpoint_dir=tmp_path, resume=True, **common))
     for key, value in full.global_state.items():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from federated.evaluation import combine_sites
-from federated.flare.evaluate_centre import evaluate_flare
-from federated.flare.job import FlareJobFailed
+from federated.flare.centre.evaluate import evaluate_flare
+from federated.flare.centre.job import FlareJobFailed
 from federated.launch import InProcess
 from federated.network import build_named
 from federated.privacy.ledger import Entry, Ledger, epsilon

@@ -12,8 +12,8 @@ import torch
 
 import federated
 from federated.backends import SiteFailure
-from federated.flare.job import train_flare
-from federated.flare.rendezvous import COMBINE, Rendezvous
+from federated.flare.centre.job import train_flare
+from federated.flare.server.rendezvous import COMBINE, Rendezvous
 from federated.sites import federation_config
 from preprocessing.federation import load_federation
 
@@ -109,7 +109,7 @@ def test_a_site_whose_images_give_another_model_input_stops_the_job_before_train
     import yaml
 
     from federated.checkpoint import latest_round_dir
-    from federated.flare.job import FlareJobFailed
+    from federated.flare.centre.job import FlareJobFailed
     from preprocessing.scan import scan_site
     from preprocessing.shards import shard_site
     from preprocessing.sites import load_site
@@ -132,7 +132,7 @@ def test_a_site_whose_images_give_another_model_input_stops_the_job_before_train
 
 
 def test_only_a_lost_port_race_makes_the_simulator_run_again(tmp_path):
-    from federated.flare.job import _lost_port_race
+    from federated.flare.centre.job import _lost_port_race
 
     log = tmp_path / "job" / "barcelona" / "log.txt"
     log.parent.mkdir(parents=True)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from federated.flare.consortium import check_certificate, read_kit
+from federated.flare.site.start import check_certificate, read_kit
 from federated.sites import check_site_reports, site_report
 from pipelines.cli import app
 from preprocessing.errors import DataError

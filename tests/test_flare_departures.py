@@ -1,12 +1,12 @@
 """The server's liveness watch names a site that left the consortium (its client logged out, recorded by the
 server's own process in ``LEFT_FILE``) within a second, and only one still training in this job; earlier
-departures are not this job's (federated/flare/live.py). The POC case is tests/test_flare_site_lifetime.py."""
+departures are not this job's (federated/flare/server/live.py). The POC case is tests/test_flare_site_lifetime.py."""
 
 from __future__ import annotations
 
 import threading
 
-from federated.flare.live import LiveRecords, record_departure
+from federated.flare.server.live import LiveRecords, record_departure
 
 
 def test_the_watch_names_a_training_site_that_left_and_ignores_earlier_or_finished_ones(tmp_path):
@@ -21,7 +21,7 @@ def test_the_watch_names_a_training_site_that_left_and_ignores_earlier_or_finish
     record_departure(tmp_path, "new-york")
     assert called.wait(2.5)
     live.stop()
-    # A failing job's failure is the departure of a site that left without its result (federated/flare/server.py).
+    # A failing job's failure is the departure of a site that left without its result (federated/flare/server/job.py).
     assert live.departed(["vienna", "barcelona"]) == "barcelona" and live.departed(["vienna"]) is None
     assert named == [("new-york", "site 'new-york' left the consortium (its operator stopped fedauc); the job stops: "
                                   "start the site again with `fedauc consortium start-site`, then `fedauc train "

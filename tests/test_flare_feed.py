@@ -1,4 +1,4 @@
-"""The centre's live reader of a FLARE job (federated/flare/feed.py): its transport's errors are retried and,
+"""The centre's live reader of a FLARE job (federated/flare/centre/feed.py): its transport's errors are retried and,
 once they last, end live logging with one line on stderr; any other error is a bug and is raised."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from federated.flare.feed import LiveFeed, LiveReader
+from federated.flare.centre.feed import LiveFeed, LiveReader
 
 
 def _records(*rounds: int) -> str:

@@ -1,4 +1,4 @@
-"""Operating a running consortium from the centre, on a real one on this machine (federated/flare/poc.py: kits
+"""Operating a running consortium from the centre, on a real one on this machine (federated/flare/centre/poc.py: kits
 from our provisioning, a server and three hospital clients as their own processes, mutual TLS), trainings
 submitted as the centre submits them (``fedauc train --flare-env prod --kit <admin kit>``, no shards here).
 One module, one consortium, the tests in order:
@@ -29,10 +29,10 @@ from typer.testing import CliRunner
 
 import federated
 from federated.checkpoint import committed_rounds
-from federated.flare.operate import consortium_status
-from federated.flare.poc import LocalConsortium, connected_sites
+from federated.flare.centre.operate import consortium_status
+from federated.flare.centre.poc import LocalConsortium, connected_sites
 from federated.flare.processes import family
-from federated.flare.resume import CHECKPOINTS
+from federated.flare.site.resume import CHECKPOINTS
 from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import SiteBudget
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG

@@ -1,4 +1,4 @@
-"""A real consortium on this machine (federated/flare/poc.py): kits from our provisioning, a server and three
+"""A real consortium on this machine (federated/flare/centre/poc.py): kits from our provisioning, a server and three
 hospital clients as their own processes, mutual TLS on a port chosen free at start, trainings submitted
 with the admin's kit (``ProdEnv``, as against a real consortium). One file, so that pytest-xdist runs these
 tests one after the other in one worker, on one consortium.
@@ -27,10 +27,10 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 import federated
-from federated.flare.consortium import client_command, read_kit
-from federated.flare.job import train_flare
-from federated.flare.poc import LocalConsortium, connected_sites
-from federated.flare.provision import project, provision
+from federated.flare.centre.job import train_flare
+from federated.flare.centre.poc import LocalConsortium, connected_sites
+from federated.flare.centre.provision import project, provision
+from federated.flare.site.start import client_command, read_kit
 from federated.sites import federation_config
 from pipelines.cli import app
 from pipelines.prefect_env import configure_prefect_env

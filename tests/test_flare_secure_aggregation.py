@@ -1,5 +1,5 @@
 """Secure aggregation over NVIDIA FLARE: the simulator trains the in-process model bit for bit with it, the
-server's ring sum is the in-process one, and the signed key exchange (federated/flare/keys.py, real
+server's ring sum is the in-process one, and the signed key exchange (federated/flare/site/keys.py, real
 consortium kits from ``nvflare provision``) refuses a public key that was altered, swapped, signed by
 another consortium or unsigned."""
 
@@ -12,10 +12,10 @@ import torch
 
 import federated
 from federated.backends import ring_sum
-from federated.flare.job import train_flare
-from federated.flare.keys import SiteKeys, load_identity
-from federated.flare.provision import project, provision
-from federated.flare.rendezvous import COMBINE
+from federated.flare.centre.job import train_flare
+from federated.flare.centre.provision import project, provision
+from federated.flare.server.rendezvous import COMBINE
+from federated.flare.site.keys import SiteKeys, load_identity
 from federated.secure_aggregation import SecureAggregationError, new_key
 from federated.sites import federation_config
 from preprocessing.errors import ConfigError

@@ -1,5 +1,5 @@
 """A hospital's processes live and die together, and a stopped hospital leaves the consortium, on a real one on
-this machine (federated/flare/poc.py: kits from our provisioning, a server and three hospital clients as their
+this machine (federated/flare/centre/poc.py: kits from our provisioning, a server and three hospital clients as their
 own processes, mutual TLS). One module, one consortium, the tests in order:
 
 (a) ``kill -9`` of ``fedauc consortium start-site``'s process group (an OOM kill, a crashed supervisor) while
@@ -28,8 +28,8 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from federated.flare.operate import consortium_status
-from federated.flare.poc import LocalConsortium, connected_sites
+from federated.flare.centre.operate import consortium_status
+from federated.flare.centre.poc import LocalConsortium, connected_sites
 from federated.flare.processes import family, signal_family
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
@@ -87,7 +87,7 @@ def _start_site(consortium, melanoma_shards, name: str) -> subprocess.Popen:
 def _registered_since(admin: Path, name: str) -> float:
     """When the server last heard from client ``name`` (0 when it does not list it): a client killed without
     a word stays listed, so a restarted one is told by a later time."""
-    from federated.flare.operate import admin_session
+    from federated.flare.centre.operate import admin_session
 
     session = admin_session(admin)
     try:

@@ -1,4 +1,4 @@
-"""No code travels to a hospital (federated/flare/installed.py, version.py): a fedauc NVFlare job is
+"""No code travels to a hospital (federated/flare/installed.py, federated/flare/site/version.py): a fedauc NVFlare job is
 configuration only and names fedauc's installed job modules; a site refuses a job built by another fedauc
 code version than its own or one its site YAML allows, in one line naming both."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from federated.flare.centre.job import recipe
 from federated.flare.installed import COMPONENTS, JOB_MODULES, InstalledModule, allow_components
-from federated.flare.job import recipe
 from federated.flare.protocol import JOB_PROP
+from federated.flare.site.version import ForeignCodeVersion, check_code_version, code_version
 from federated.flare.spec import FlareJob
-from federated.flare.version import ForeignCodeVersion, check_code_version, code_version
 
 FOREIGN = "0.0.9+gdeadbeef0000"
 
@@ -56,7 +56,7 @@ def test_a_fedauc_job_folder_holds_configuration_only(tmp_path):
 
 
 def test_the_job_modules_are_the_only_modules_a_job_can_name():
-    assert InstalledModule("federated.flare.site").module_name == "federated.flare.site"
+    assert InstalledModule("federated.flare.site.job").module_name == "federated.flare.site.job"
     with pytest.raises(ValueError, match="not 'os'"):
         InstalledModule("os")
 
@@ -91,7 +91,7 @@ def test_a_site_refuses_a_foreign_code_version_in_one_line_unless_its_yaml_allow
 
 
 def test_a_site_failure_is_one_line_without_paths():
-    from federated.flare.site_failure import failure_line
+    from federated.flare.site.failure import failure_line
     from preprocessing.errors import DataError
 
     err = DataError("site 'vienna': /data/hospital/shards/vienna/train/manifest.parquet is missing "
@@ -108,7 +108,7 @@ def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, m
     server (here: its log and the submitter's error) never sees the path the site's error named."""
     import shutil
 
-    from federated.flare.job import FlareJobFailed, train_flare
+    from federated.flare.centre.job import FlareJobFailed, train_flare
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 
@@ -131,7 +131,7 @@ def test_a_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, m
 
 @pytest.mark.slow
 def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, melanoma_shards, monkeypatch):
-    from federated.flare.job import FlareJobFailed, train_flare
+    from federated.flare.centre.job import FlareJobFailed, train_flare
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 
@@ -140,7 +140,7 @@ def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, mela
                     local_steps=1, batch_size=8, progress=False, loader_workers=0, timeout_s=60, device="cpu")
     cfg = federation_config(load_federation(federation), root / "shards", settings)
     # The centre (this process) runs another fedauc than the site processes, which compute their own.
-    monkeypatch.setattr("federated.flare.job.code_version", lambda: FOREIGN)
+    monkeypatch.setattr("federated.flare.centre.job.code_version", lambda: FOREIGN)
     with pytest.raises(FlareJobFailed) as failed:
         train_flare(cfg, load_federation(federation), root / "shards", "sim", tmp_path / "sim", name="test-version")
     first = str(failed.value).splitlines()[0]
@@ -151,11 +151,11 @@ def test_a_simulated_site_refuses_a_job_from_another_code_version(tmp_path, mela
 @pytest.mark.slow
 def test_an_evaluation_site_failure_reaches_the_centre_as_one_line_without_paths(tmp_path, melanoma_shards):
     """The evaluation job's site half fails like training's: one redacted line, never NVFlare's traceback with
-    the site's paths (fails where ``site.evaluate`` raises)."""
+    the site's paths (fails where ``site.job.evaluate`` raises)."""
     import shutil
 
-    from federated.flare.evaluate_centre import evaluate_flare
-    from federated.flare.job import FlareJobFailed
+    from federated.flare.centre.evaluate import evaluate_flare
+    from federated.flare.centre.job import FlareJobFailed
     from federated.network import build_named
     from federated.scoring import ModelToScore
     from preprocessing.federation import load_federation

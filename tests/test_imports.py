@@ -1,4 +1,6 @@
-"""No import circles among fedauc's product modules (preprocessing, models, federated, pipelines).
+"""No import circles among fedauc's product modules (preprocessing, models, federated, pipelines), and
+the roles of federated/flare/ kept apart: a site's, the server's or the centre's module imports only the shared
+ones.
 
 The graph is read from the source with ``ast``, not by importing: every ``import`` and ``from ... import``
 anywhere in a module (at its top, in a function, under ``if TYPE_CHECKING``), relative imports resolved
@@ -119,7 +121,7 @@ def describe(found: list[list[str]]) -> str:
 
 def test_no_import_circle_among_product_modules():
     graph = import_graph()
-    assert len(graph) > 100 and "federated.engine" in graph["federated.flare.site"]
+    assert len(graph) > 100 and "federated.engine" in graph["federated.flare.site.job"]
     found = cycles(graph)
     assert not found, "import circles among product modules:\n" + describe(found)
 
@@ -154,3 +156,55 @@ def test_the_flare_modules_import_at_a_hospital_without_mlflow_or_prefect():
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(names) > 20
+
+
+# --- federated/flare/ by role ---------------------------------------------------------------------------------
+
+FLARE = "federated.flare"
+# Each role's modules in its own folder: a hospital's (site), the coordinating centre's NVFlare server (server),
+# the submitter and operator (centre).
+FLARE_ROLES = ("site", "server", "centre")
+# At federated/flare/ itself: what the roles agree on and what more than one of them runs; any role imports them.
+FLARE_SHARED = frozenset({FLARE, *(f"{FLARE}.{name}" for name in ("protocol", "spec", "installed", "lockdown",
+                                                                   "processes"))})
+# The one module that runs all three roles: a whole consortium on one machine (``--flare-env poc``), its server
+# and every site started as their operators start them.
+FLARE_CROSSINGS = {(f"{FLARE}.centre.poc", f"{FLARE}.server.start"), (f"{FLARE}.centre.poc", f"{FLARE}.site.start")}
+
+
+def flare_role(name: str) -> str | None:
+    """The role folder of a module of federated/flare/ (None: one of its own modules)."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in FLARE_ROLES) else None
+
+
+def role_crossings(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of federated/flare/ that leaves its role: a role's module importing another role's, or a
+    shared module importing any role's."""
+    return {(name, target) for name, targets in graph.items() if name.startswith(FLARE)
+            for target in targets if target.startswith(FLARE) and target not in FLARE_SHARED
+            and flare_role(target) != flare_role(name)}
+
+
+def test_every_flare_module_is_shared_or_in_its_roles_folder():
+    names = [name for name in import_graph() if name == FLARE or name.startswith(FLARE + ".")]
+    misplaced = [name for name in names if name not in FLARE_SHARED and flare_role(name) not in FLARE_ROLES]
+    assert not misplaced, f"federated/flare/ modules outside site/, server/, centre/ and not shared: {misplaced}"
+    assert {flare_role(name) for name in names} == {None, *FLARE_ROLES}
+
+
+def test_a_flare_role_imports_only_the_shared_modules():
+    """A newcomer names a module's role from its path, and changes one role's code without reading another's:
+    the wire names are in protocol.py, not in the module of one role that another imports."""
+    crossings = role_crossings(import_graph())
+    assert crossings - FLARE_CROSSINGS == set(), "imports across roles:\n" + "\n".join(
+        f"{name} -> {target}" for name, target in sorted(crossings - FLARE_CROSSINGS))
+    assert crossings == FLARE_CROSSINGS, f"no longer needed, drop from FLARE_CROSSINGS: {FLARE_CROSSINGS - crossings}"
+
+
+def test_the_role_check_names_a_crossing_and_a_shared_module_importing_a_role():
+    graph = {f"{FLARE}.site.job": {f"{FLARE}.server.live", f"{FLARE}.protocol", f"{FLARE}.site.keys",
+                                   "federated.engine"},
+             f"{FLARE}.protocol": {f"{FLARE}.centre.feed"}, f"{FLARE}.server.live": {f"{FLARE}.spec"}}
+    assert role_crossings(graph) == {(f"{FLARE}.site.job", f"{FLARE}.server.live"),
+                                     (f"{FLARE}.protocol", f"{FLARE}.centre.feed")}

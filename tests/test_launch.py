@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from federated.flare.environments import FLARE_ENVS
+from federated.flare.centre.environments import FLARE_ENVS
 from federated.launch import LAUNCHERS, Flare, InProcess, Torchrun, launcher
 from preprocessing.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """A hospital's job process loads what a site needs and nothing of the centre's: no MLflow, Prefect or plotting,
 no scipy or scikit-learn (the site's metrics are numpy), no fedauc ``pipelines``. Checked in a fresh process that
-loads what NVIDIA FLARE loads for a site (``federated.flare.site``) and then does a site's work: an engine
+loads what NVIDIA FLARE loads for a site (``federated.flare.site.job``) and then does a site's work: an engine
 training with its evaluation on real shards, and the site's report on its data."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ CENTRE_ONLY = ("mlflow", "prefect", "matplotlib", "scipy", "sklearn", "pipelines
 SITE_WORK = """
 import json, resource, sys
 from pathlib import Path
-import federated.flare.site  # what a hospital's job process loads
+import federated.flare.site.job  # what a hospital's job process loads
 imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 from federated import ShardSite, TrainConfig, train
 from federated.sites import site_report
@@ -41,6 +41,6 @@ def test_a_site_process_loads_nothing_of_the_centres(melanoma_shards):
     loaded = sorted({m.split(".")[0] for m in out["modules"]} & set(CENTRE_ONLY))
     assert loaded == [], f"a site process loaded {loaded}"
     # The check can fail: the centre's MLflow module is one import away from the same process.
-    probe = subprocess.run([sys.executable, "-c", "import sys, federated.flare.site, pipelines.runs; "
+    probe = subprocess.run([sys.executable, "-c", "import sys, federated.flare.site.job, pipelines.runs; "
                             "print('mlflow' in sys.modules)"], capture_output=True, text=True, timeout=300)
     assert probe.stdout.strip() == "True"

@@ -129,7 +129,7 @@ def test_a_budget_is_lowered_by_an_edit_and_raised_only_by_the_hospitals_flag(si
 def test_the_last_budget_change_reaches_mlflow_and_consortium_status(site_yaml, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from federated.flare.operate import SiteStatus
+    from federated.flare.centre.operate import SiteStatus
     from pipelines.runs import log_privacy
 
     shard_dir, line = _preprocess(site_yaml, tmp_path / "shards")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import federated
-from federated.flare.job import train_flare
+from federated.flare.centre.job import train_flare
 from federated.privacy.ledger import Ledger
 from federated.privacy.site import NOISE_SEED_ENV
 from federated.sites import federation_config

@@ -9,8 +9,8 @@ import json
 import math
 import random
 
-from federated.flare.live import LiveRecords
 from federated.flare.protocol import SITES_FILE
+from federated.flare.server.live import LiveRecords
 from federated.health import relative_to_others
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import federated
 from federated.data import load_shard
-from federated.flare.job import FlareJobFailed, train_flare
+from federated.flare.centre.job import FlareJobFailed, train_flare
 from federated.sites import federation_config
 from preprocessing.errors import DataError
 from preprocessing.federation import load_federation

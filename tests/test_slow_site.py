@@ -20,9 +20,9 @@ from mlflow import MlflowClient
 
 import federated
 from federated import SyntheticSite, TrainConfig
-from federated.flare.feed import local_reader
-from federated.flare.job import train_flare
-from federated.flare.operate import ConsortiumStatus, job_status
+from federated.flare.centre.feed import local_reader
+from federated.flare.centre.job import train_flare
+from federated.flare.centre.operate import ConsortiumStatus, job_status
 from federated.sites import federation_config
 from pipelines import tracking
 from pipelines.runs import RoundLogger, training_runs

@@ -19,8 +19,8 @@ from nvflare.collab.api.module_wrapper import ModuleWrapper
 from federated.flare.lockdown import write_owner_only
 
 # The modules a fedauc job may name: its halves at the server and at the sites.
-SERVER_MODULE = "federated.flare.server"
-SITE_MODULE = "federated.flare.site"
+SERVER_MODULE = "federated.flare.server.job"
+SITE_MODULE = "federated.flare.site.job"
 JOB_MODULES = (SERVER_MODULE, SITE_MODULE)
 
 

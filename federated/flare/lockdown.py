@@ -31,9 +31,9 @@ from preprocessing.errors import ConfigError
 ADMIN_RIGHTS = ("submit_job", "list_jobs", "get_job_meta", "abort_job", "abort", "download_job", "check_status",
                 "disable_client")
 # What the project admin may do at the server alone: read fedauc's files in the server's own workspace (a
-# running job's round records and the sites' heartbeats, federated/flare/live.py; its log: when each site
+# running job's round records and the sites' heartbeats, federated/flare/server/live.py; its log: when each site
 # joined), drop a hospital that stopped heartbeating from its list and stop the server
-# (federated/flare/operate.py). Every hospital refuses them all.
+# (federated/flare/centre/operate.py). Every hospital refuses them all.
 SERVER_RIGHTS = ("cat", "grep", "remove_client", "shutdown")
 # What a hospital refuses whatever the server's policy says.
 SITE_REFUSES = ("shell_commands", "byoc")

@@ -27,7 +27,7 @@ def local_site(site_config_dir: Path | None) -> dict:
 
 
 class EvaluationRequest(BaseModel):
-    """What an evaluation job asks every site to score (federated/flare/evaluate_site.py): the models'
+    """What an evaluation job asks every site to score (federated/flare/site/evaluate.py): the models'
     networks, inputs and classes; their weights travel beside the job (``protocol.WEIGHTS_FILE``), not in it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -41,7 +41,7 @@ class EvaluationRequest(BaseModel):
 
 class FlareJob(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # The centre's fedauc (federated/flare/version.py): a site runs the job only with this code.
+    # The centre's fedauc (federated/flare/site/version.py): a site runs the job only with this code.
     code_version: str = Field(default_factory=code_version)
     # "train": every site runs the engine (site.train); "evaluate": every site scores the models of
     # ``evaluation`` on its own valid and test splits (site.evaluate).
@@ -63,7 +63,7 @@ class FlareJob(BaseModel):
     # a real consortium leaves each hospital its own (None).
     threads: int | None = Field(default=None, gt=0)
     # SimEnv and POC (every site on the submitting machine): each site checkpoints into
-    # settings.checkpoint_dir/<site>. A consortium: each under its own kit (federated/flare/resume.py).
+    # settings.checkpoint_dir/<site>. A consortium: each under its own kit (federated/flare/site/resume.py).
     checkpoints_here: bool = False
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ def consortium_provision(
     what to send to whom."""
     from pathlib import Path
 
-    from federated.flare.provision import project, provision
+    from federated.flare.centre.provision import project, provision
     from preprocessing.errors import FedaucError
     from preprocessing.federation import load_federation
 
@@ -39,8 +39,8 @@ def consortium_start_server(
 ) -> None:
     """Check the server's kit (its private key its owner's alone), keep its job store in its own workspace,
     then run the consortium's NVFlare server in the foreground until it stops."""
-    from federated.flare.centre import prepare_server, run_server
     from federated.flare.lockdown import STORES
+    from federated.flare.server.start import prepare_server, run_server
     from preprocessing.errors import FedaucError
 
     try:
@@ -59,7 +59,7 @@ def consortium_start_site(
 ) -> None:
     """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
     in the foreground until it stops. The client and its jobs end with this command, however it ends."""
-    from federated.flare.consortium import check_certificate, prepare_site, run_site
+    from federated.flare.site.start import check_certificate, prepare_site, run_site
     from pipelines.lifeline import guard_children
     from preprocessing.errors import FedaucError
 
@@ -80,7 +80,7 @@ def consortium_status(
 ) -> None:
     """The connected sites (since when, their last heartbeat, the fedauc version each runs) and the running
     jobs with their round, from the consortium's server."""
-    from federated.flare.operate import consortium_status as status
+    from federated.flare.centre.operate import consortium_status as status
 
     typer.echo(status(kit).markdown())
 
@@ -93,7 +93,7 @@ def consortium_stop_server(
     """Stop the consortium's server (no question asked) and wait until it no longer answers. Refused while a
     hospital's client still heartbeats (the command names them); one silent for 25 s (stopped without
     logging out) is dropped from the server's list first."""
-    from federated.flare.operate import SILENT_S, stop_server
+    from federated.flare.centre.operate import SILENT_S, stop_server
     from preprocessing.errors import FedaucError
 
     try:

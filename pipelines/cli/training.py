@@ -8,13 +8,13 @@ from enum import Enum
 import typer
 
 from federated.aggregation import RULES
-from federated.flare.environments import FLARE_ENVS
+from federated.flare.centre.environments import FLARE_ENVS
 from federated.launch import LAUNCHERS, Launcher
 from pipelines.cli.application import flows
 from preprocessing.errors import ConfigError
 
 # The command line's choices, derived from the one definition of each (federated/launch.py LAUNCHERS,
-# federated/aggregation.py RULES, federated/flare/environments.py FLARE_ENVS).
+# federated/aggregation.py RULES, federated/flare/centre/environments.py FLARE_ENVS).
 TrainBackend = Enum("TrainBackend", {kind: kind for kind in LAUNCHERS}, type=str)
 Aggregation = Enum("Aggregation", {rule: rule for rule in RULES}, type=str)
 FlareEnv = Enum("FlareEnv", {env: env for env in FLARE_ENVS}, type=str)

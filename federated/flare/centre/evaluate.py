@@ -3,8 +3,8 @@ read back what the sites returned.
 
 The job names each model's network, input and classes (``FlareJob.evaluation``: ``federated.scoring.
 ModelToScore``); their weights go as a file of tensors in the job's ``config/`` folder
-(``protocol.WEIGHTS_FILE``; never code). The server hands both to every site (evaluate_server.py), each
-site scores every model on its own valid and test splits (evaluate_site.py) and returns its fixed-size
+(``protocol.WEIGHTS_FILE``; never code). The server hands both to every site (federated/flare/server/evaluate.py), each
+site scores every model on its own valid and test splits (federated/flare/site/evaluate.py) and returns its fixed-size
 reports, score histograms and shard hash; the server writes them to the job's result, which is read here
 and pooled by the caller (``evaluation.combine_sites``).
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from federated.flare.environments import check_flare_env
-from federated.flare.job import result_folder, submit_in_env
+from federated.flare.centre.environments import check_flare_env
+from federated.flare.centre.job import result_folder, submit_in_env
 from federated.flare.protocol import RESULT_FILE, WEIGHTS_FILE
 from federated.flare.spec import EvaluationRequest, FlareJob
 from federated.scoring import ModelToScore, Scores

@@ -1,9 +1,9 @@
 """The server hears a hospital leave: :class:`RecordDepartures`, a component of the server's process (written
-by ``federated.flare.centre.prepare_server``), notes each logout where a running job's liveness watch reads it
-(``federated.flare.protocol.LEFT_FILE``, by ``federated.flare.live.record_departure``): only the server's
+by ``federated.flare.server.start.prepare_server``), notes each logout where a running job's liveness watch reads it
+(``federated.flare.protocol.LEFT_FILE``, by ``federated.flare.server.live.record_departure``): only the server's
 process hears it, and the job then names the site that left at once, instead of 30 s later as one gone silent
 or, sooner, one of the sites whose collective failed as the leaving site's job process ended. The site's half,
-the logout itself: ``federated.flare.leave``.
+the logout itself: ``federated.flare.site.leave``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_component import FLComponent
 from nvflare.apis.fl_context import FLContext
 
-from federated.flare.live import record_departure
+from federated.flare.server.live import record_departure
 
 
 class RecordDepartures(FLComponent):

@@ -2,7 +2,7 @@
 barrier, ring sum or key exchange, carrying exactly the tensors the engine hands over (flattened per dtype
 group, as every transport does) and returning the combined result. One serialisation each way per collective.
 With secure aggregation the server receives only masked ring elements (``ring_sum``) and signed public keys
-(``exchange_public_keys``, federated/flare/keys.py)."""
+(``exchange_public_keys``, federated/flare/site/keys.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from federated.backends import SiteFailure, dtype_groups, flatten, unflatten_into
-from federated.flare.keys import SiteKeys
 from federated.flare.protocol import Collective
+from federated.flare.site.keys import SiteKeys
 
 # (seq, what, site, payload) -> combined result; in a job: the server proxy's ``collective``.
 CollectiveCall = Callable[[int, str, int, object], object]
@@ -66,7 +66,7 @@ class FlareTransport:
 
     def exchange_public_keys(self, own: dict[int, bytes]) -> list[bytes]:
         if self.keys is None:  # never fall back to unchecked keys at a site that may be in a consortium
-            raise RuntimeError("secure aggregation over FLARE needs the site's SiteKeys (federated/flare/site.py)")
+            raise RuntimeError("secure aggregation over FLARE needs the site's SiteKeys (federated/flare/site/job.py)")
         return self.keys.verified(self._collective(Collective.KEYS, self.keys.signed(self.site, own[self.site])))
 
     def barrier(self) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from federated.checkpoint import LATEST, committed_rounds, point_latest
-from federated.flare.backend import CollectiveCall
 from federated.flare.protocol import RESUME_SEQ, Collective
+from federated.flare.site.backend import CollectiveCall
 from federated.flare.spec import FlareJob
 from preprocessing.errors import DataError
 

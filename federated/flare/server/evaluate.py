@@ -1,8 +1,8 @@
-"""An evaluation job at the server (``server.run`` calls it for a job of kind ``"evaluate"``): hand the job
+"""An evaluation job at the server (``server.job.run`` calls it for a job of kind ``"evaluate"``): hand the job
 and the models' weights to every site, wait for all of them, and say what goes into the job's result.
 
 The weights come as a file of tensors in the job's ``config/`` folder (``protocol.WEIGHTS_FILE``; never
-code) and go to the sites in the call (``site.evaluate``): a site never reads a model from its disk. No
+code) and go to the sites in the call (``site.job.evaluate``): a site never reads a model from its disk. No
 collective: a site does not wait for the others.
 """
 
@@ -20,7 +20,7 @@ from federated.flare.spec import FlareJob
 
 def serve_evaluation(spec: FlareJob) -> dict:
     """Every site's shard hash, privacy spend and summaries (plain JSON), once all of them answered; a site that failed
-    fails the job naming it (its one line, paths already replaced at the site: site_failure.py)."""
+    fails the job naming it (its one line, paths already replaced at the site: federated/flare/site/failure.py)."""
     config_dir = Path(collab.workspace.get_app_config_dir(collab.fl_ctx.get_job_id()))
     weights = torch.load(config_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     results = collab.clients(timeout=spec.job_timeout_s, blocking=False).evaluate(spec.model_dump(), weights)

@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 
 from federated.flare.installed import allow_components
-from federated.flare.leave import COMPONENT as LEAVE_ON_STOP
 from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
 from federated.flare.processes import start_command, start_env
+from federated.flare.site.leave import COMPONENT as LEAVE_ON_STOP
+from federated.flare.site.supervise import claim, claimed_by, run_until_stopped
 from federated.flare.spec import SITE_FILE
-from federated.flare.supervise import claim, claimed_by, run_until_stopped
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
 from preprocessing.shard_format import read_shard_info
@@ -144,9 +144,9 @@ def client_command(kit: ClientKit) -> list[str]:
 
 def run_site(kit: ClientKit) -> int:
     """Run the site's client until it stops (its exit status) or this process gets SIGTERM / SIGINT, which
-    stops the client and its job processes with it (``federated.flare.supervise``: then 0); this process
+    stops the client and its job processes with it (``federated.flare.site.supervise``: then 0); this process
     named in the kit's pid file meanwhile. The client leaves the consortium as it stops
-    (``federated.flare.leave``), and stops when this process dies in any way."""
+    (``federated.flare.site.leave``), and stops when this process dies in any way."""
     pid_file = kit.root / "local" / PID_FILE
     claim(pid_file)
     try:

@@ -1,10 +1,10 @@
 """A provisioned consortium on this machine, run as hospitals run theirs (``fedauc train --flare-env poc``).
 
 Not NVFlare's own ``PocEnv`` (which provisions its own project with generated site names): the kits come
-from :func:`federated.flare.provision.provision` for the federation, exactly as ``fedauc consortium
+from :func:`federated.flare.centre.provision.provision` for the federation, exactly as ``fedauc consortium
 provision`` writes them, the server starts as ``fedauc consortium start-server`` starts it
-(:func:`federated.flare.centre.prepare_server`), every hospital's client
-starts through :func:`federated.flare.consortium.prepare_site` (certificate, shards and server checks, its
+(:func:`federated.flare.server.start.prepare_server`), every hospital's client
+starts through :func:`federated.flare.site.start.prepare_site` (certificate, shards and server checks, its
 shard folder written into its own kit) and the training is submitted with the admin's kit through
 ``ProdEnv``, mutual TLS on one port chosen free at start. So a POC run exercises the production path
 end to end; only the machines are one.
@@ -18,10 +18,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from federated.flare.centre import prepare_server
-from federated.flare.consortium import check_server_reachable, client_command, prepare_site
+from federated.flare.centre.provision import Kits, project, provision
 from federated.flare.processes import family, signal_family, start_command, start_env
-from federated.flare.provision import Kits, project, provision
+from federated.flare.server.start import prepare_server
+from federated.flare.site.start import check_server_reachable, client_command, prepare_site
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 

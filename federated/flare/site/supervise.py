@@ -3,7 +3,7 @@
 NVFlare's client (``client_train``) starts one process per job in a session of its own and does not stop
 them when it is itself signalled: SIGTERM to a plain ``subprocess.call`` left the job process running and
 connected to the server. Here the client runs in a session of its own, SIGTERM and SIGINT to this process
-are caught, and then the client gets SIGTERM (it logs out: ``federated.flare.leave``), and once it has
+are caught, and then the client gets SIGTERM (it logs out: ``federated.flare.site.leave``), and once it has
 ended every process it started that is left (found before any is signalled, since a job process whose
 parent died is no longer in the tree), and SIGKILL ``grace_s`` seconds later.
 
@@ -34,7 +34,7 @@ def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
     running; SIGKILL what is left after ``grace_s`` more; the survivors (none, unless a process ignores
     SIGKILL)."""
     members = family(pid)
-    # The root first: a hospital's client logs out before its job processes end (federated.flare.leave), so
+    # The root first: a hospital's client logs out before its job processes end (federated.flare.site.leave), so
     # the server hears that the hospital left before the other sites fail for want of it.
     signal_family(members[-1:], signal.SIGTERM)
     psutil.wait_procs(members[-1:], timeout=grace_s)

@@ -2,22 +2,22 @@
 ends the job (its reason and the site it names), and the sites' heartbeats, which name a site that died.
 
 Where it goes: ``LIVE_FILE`` (one JSON object a line) in the server's run folder of the job, which the
-submitter reads while the job runs (``federated.flare.feed``: the file itself under the simulator, NVFlare's
+submitter reads while the job runs (``federated.flare.centre.feed``: the file itself under the simulator, NVFlare's
 admin ``cat`` against a consortium) and ``fedauc consortium status`` reads for a running job's round;
 ``SITES_FILE`` in the server's workspace root: every site's last heartbeat and the fedauc version it runs,
 and, once it admitted a DP job, the epsilon its ledger has spent and has left, across jobs; ``LEFT_FILE``
 beside it: when each site last left the consortium (its client logged out), written by the server's own
-process (``federated.flare.departures.RecordDepartures``), which alone hears the logout. They hold what the
+process (``federated.flare.server.departures.RecordDepartures``), which alone hears the logout. They hold what the
 sites already send the centre (a round's aggregate record: bytes, mean loss, metrics with small counts
 suppressed), nothing per image.
 
-A site heartbeats every ``HEARTBEAT_S`` seconds from a thread of its own (``federated.flare.heartbeat``),
+A site heartbeats every ``HEARTBEAT_S`` seconds from a thread of its own (``federated.flare.site.heartbeat``),
 whatever its training is doing; a site silent for ``dead_after_s`` (its process or machine died, its
 network dropped) is named at once, instead of when the others time out at a collective (``--site-timeout``,
 which still bounds a site that is alive but slow). NVIDIA FLARE's own dead-client detection is no help
 here: the server drops a client after its ``heart_beat_timeout`` (600 s in a provisioned kit) and reports
 a dead job only when the client's parent process survives to say so. A site stopped cleanly (``systemctl
-stop``: its client logs out before its job process ends, ``federated.flare.leave``) is named within a
+stop``: its client logs out before its job process ends, ``federated.flare.site.leave``) is named within a
 second as having left: the job's watch reads ``LEFT_FILE``, and a job failing meanwhile (the others'
 collectives fail as the site's job process ends) names the departure (``departed``), not those failures.
 NVIDIA FLARE's own report of the logout to the job puts the client on a watch list for 60 s and names no one.

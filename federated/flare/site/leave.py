@@ -2,7 +2,7 @@
 
 NVFlare's client dies on SIGTERM without a word to the server, which then lists it until its heartbeat
 timeout (600 s in a provisioned kit) and refuses to stop meanwhile. :class:`LeaveOnStop`, a component of the
-client process (``local/resources.json``, written by ``federated.flare.consortium.prepare_site``), turns
+client process (``local/resources.json``, written by ``federated.flare.site.start.prepare_site``), turns
 SIGTERM into a logout (the server drops the client at once) and then NVIDIA FLARE's own client shutdown
 (``ClientEngine.shutdown``), and ends the process ``grace_s`` seconds later if that shutdown has not. The job
 processes the client started end with it (NVIDIA FLARE's worker stops when its parent is gone). The logout
@@ -10,8 +10,8 @@ comes first because the shutdown ends the jobs before it logs out: a job process
 sites' collectives, and the server, not yet told the site left, would name one of them.
 
 SIGTERM reaches the client from ``fedauc consortium start-site``'s orderly stop, and from the kernel when
-``start-site`` dies however it died (its parent-death signal, ``federated.flare.supervise``). The server
-notes the logout for a running job (``federated.flare.departures``).
+``start-site`` dies however it died (its parent-death signal, ``federated.flare.site.supervise``). The server
+notes the logout for a running job (``federated.flare.server.departures``).
 """
 
 from __future__ import annotations

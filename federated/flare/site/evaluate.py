@@ -1,4 +1,4 @@
-"""An evaluation job at the hospital (``site.evaluate`` calls it): score the models the job names, with the
+"""An evaluation job at the hospital (``site.job.evaluate`` calls it): score the models the job names, with the
 weights the server sent in the call, on this site's own valid and test splits.
 
 The site-local evaluation training uses (``federated.scoring.score_site``), so what leaves is exactly what

@@ -1,5 +1,5 @@
 """The hospital's half of the NVFlare job: ``train`` runs the fedauc engine for this site; ``evaluate`` scores
-the models an evaluation job sends (federated/flare/evaluate_site.py). Both start with ``prelude``.
+the models an evaluation job sends (federated/flare/site/evaluate.py). Both start with ``prelude``.
 
 The engine is the one every transport runs (federated/engine.py); its collectives go to the server through
 :class:`FlareTransport`. Everything the site holds (its data, its LOCAL tensors, its loader and RNG state)
@@ -18,15 +18,15 @@ import torch
 from nvflare.collab import collab
 
 from federated.engine import Engine
-from federated.flare.backend import FlareTransport
-from federated.flare.evaluate_site import score_here
-from federated.flare.heartbeat import Heartbeat
-from federated.flare.keys import SiteKeys, load_identity
 from federated.flare.protocol import HEARTBEAT_S, INPUTS_SEQ, Collective
-from federated.flare.resume import agree_on_round, site_checkpoint_dir
-from federated.flare.site_failure import report_failure
+from federated.flare.site.backend import FlareTransport
+from federated.flare.site.evaluate import score_here
+from federated.flare.site.failure import report_failure
+from federated.flare.site.heartbeat import Heartbeat
+from federated.flare.site.keys import SiteKeys, load_identity
+from federated.flare.site.resume import agree_on_round, site_checkpoint_dir
+from federated.flare.site.version import check_code_version
 from federated.flare.spec import FlareJob, local_site
-from federated.flare.version import check_code_version
 from federated.network import training_device
 from federated.sites import check_model_inputs, site_report
 from preprocessing.sites import SharingPolicy
@@ -88,7 +88,7 @@ def _train(job: dict) -> dict:
         # now, naming itself, not after the training (the centre checks the reports again).
         inputs = {"site": name, "input_shape": list(engine.input_shape), "num_classes": engine.fed.num_classes}
         check_model_inputs([server.collective(INPUTS_SEQ, Collective.INPUTS, site, inputs)[0], inputs])
-        # Site 0's round records, as each round ends, to the centre (federated/flare/live.py).
+        # Site 0's round records, as each round ends, to the centre (federated/flare/server/live.py).
         result = engine.run(callbacks=[collab.server(timeout=_CALL_MARGIN_S, optional=True).record])
         report = site_report(name, shard_dir, sharing, engine.input_shape, engine.fed.num_classes,
                              private=config.dp is not None)
@@ -109,7 +109,7 @@ def _train(job: dict) -> dict:
 @collab.publish
 def evaluate(job: dict, weights: list) -> dict:
     """Score the models of the job (their weights: ``weights``, sent in this call) on this site's own valid and
-    test splits, as its privacy budget allows (federated/flare/evaluate_site.py)."""
+    test splits, as its privacy budget allows (federated/flare/site/evaluate.py)."""
     try:
         run = prelude(job)
         return score_here(run.spec, run.name, run.shard_dir, weights)

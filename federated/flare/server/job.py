@@ -6,7 +6,7 @@ holds no model of its own and sees what the sites' engines declared for communic
 model, history and summed test histograms, and every site's report on its data (hash, QC summary, model
 input) are written to the job's run folder (``RESULT_DIR``), which comes back with the job result; a
 failed site fails the job with a message naming it. A job of kind ``"evaluate"`` runs
-``federated.flare.evaluate_server.serve_evaluation`` instead (every site's ``evaluate``, no collective)
+``federated.flare.server.evaluate.serve_evaluation`` instead (every site's ``evaluate``, no collective)
 and writes what it returns.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from nvflare.collab import collab
 
-from federated.flare.evaluate_server import serve_evaluation
-from federated.flare.live import LiveRecords, left_reason
 from federated.flare.protocol import FAILED, FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
-from federated.flare.rendezvous import COMBINE, Rendezvous
+from federated.flare.server.evaluate import serve_evaluation
+from federated.flare.server.live import LiveRecords, left_reason
+from federated.flare.server.rendezvous import COMBINE, Rendezvous
 from federated.flare.spec import FlareJob
 
 _rendezvous: Rendezvous | None = None
@@ -98,7 +98,7 @@ def run() -> str:
     while not finished.wait(0.5) and _rendezvous.failure is None:
         pass
     _live.stop()
-    # A site that left mid-job (its client logged out first: federated.flare.leave) fails the others' collectives
+    # A site that left mid-job (its client logged out first: federated.flare.site.leave) fails the others' collectives
     # as its job process ends; its departure, not their failures, is why the job stops.
     left = _live.departed([site for site in spec.sites if site not in returned or FAILED in returned[site]])
     if left is not None:
@@ -110,7 +110,7 @@ def run() -> str:
         raise _failed("; ".join(f"site {site!r}: {getattr(err, 'cause', err)}" for site, err in
                                 sorted(results.failures.items())), next(iter(results.failures)) if
                       len(results.failures) == 1 else None)
-    # A failed site returns its one line (site_failure.py); its site_failed call normally came first.
+    # A failed site returns its one line (federated/flare/site/failure.py); its site_failed call normally came first.
     failed = {site: result[FAILED] for site, result in returned.items() if FAILED in result}
     if failed:
         raise _failed("; ".join(f"site {site!r} failed: {line}" for site, line in sorted(failed.items())),

@@ -1,4 +1,4 @@
-"""The submitter's side of a job's live account (``federated.flare.live``): while the job runs, read the
+"""The submitter's side of a job's live account (``federated.flare.server.live``): while the job runs, read the
 server's ``LIVE_FILE`` every ``interval_s`` seconds and hand each new round record to the training's callbacks
 (MLflow, the console), in order, once; remember the failure it reports and call ``on_failure`` at once.
 

@@ -107,7 +107,7 @@ def _mean(payloads: list[dict]) -> list[torch.Tensor]:
 # site's model input (shape, classes) once before training, at INPUTS_SEQ (FlareTransport numbers from 1).
 # Secure aggregation: KEYS hands every site's signed public key to every site (each checks them all),
 # RING_SUM adds the masked int64 vectors modulo 2^64, the one sum the server can decode.
-# RESUME: every site's committed checkpoint rounds, before the model inputs (federated/flare/resume.py).
+# RESUME: every site's committed checkpoint rounds, before the model inputs (federated/flare/site/resume.py).
 COMBINE: dict[str, Callable[[list[Any]], Any]] = {
     Collective.MEAN: _mean,
     Collective.ROBUST_MEAN: combine_payloads,  # --aggregation median | trimmed-mean (federated/aggregation.py)

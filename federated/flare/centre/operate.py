@@ -4,7 +4,7 @@ and privacy budget (``consortium_status``); and a non-interactive stop of the se
 
 Everything is read from the server: NVIDIA FLARE's own client list (each client's last heartbeat, every
 30 s), its log's record of when each client joined, and the files fedauc's job writes in the server's
-workspace (``federated.flare.live``: the sites' last fedauc heartbeat and version, each job's rounds).
+workspace (``federated.flare.server.live``: the sites' last fedauc heartbeat and version, each job's rounds).
 Nothing is asked of a hospital's machine.
 """
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from federated.flare.feed import parse
+from federated.flare.centre.feed import parse
 from federated.flare.protocol import LIVE_FILE, SITES_FILE
 from federated.timing import describe_slowest
 from preprocessing.errors import ConfigError
@@ -76,7 +76,7 @@ class JobStatus:
 
 
 def job_status(job_id: str, name: str, live_text: str) -> JobStatus:
-    """A running job's status from its live file (``federated.flare.live``)."""
+    """A running job's status from its live file (``federated.flare.server.live``)."""
     entries = parse(live_text)
     start = next((e for e in entries if "job" in e), {})
     records = [e["record"] for e in entries if "record" in e]
@@ -119,7 +119,7 @@ def _joined_times(log_text: str) -> dict[str, float]:
 
 
 def site_status(name: str, joined: float | None, last_heartbeat: float, known: dict) -> SiteStatus:
-    """A connected site's status; ``known``: its entry of the server's ``SITES_FILE`` (federated/flare/live.py)."""
+    """A connected site's status; ``known``: its entry of the server's ``SITES_FILE`` (federated/flare/server/live.py)."""
     return SiteStatus(name, joined, last_heartbeat, known.get("fedauc"), known.get("last_heartbeat"),
                       known.get("epsilon_spent"), known.get("epsilon_remaining"), known.get("budget_change"))
 

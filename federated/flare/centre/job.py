@@ -2,15 +2,15 @@
 workspace, kit) -> FlareResult``, the one entry point (``federated.launch.Flare``, which ``fedauc train``
 and the Prefect flows pass down; the tests and benchmarks/flare.py).
 
-It checks the environment and the algorithm first (federated/flare/environments.py), builds
+It checks the environment and the algorithm first (federated/flare/centre/environments.py), builds
 the job (``flare_job``: configuration only, ``federated/flare/installed.py``), submits it in ``env``
 (``submit_in_env``) and checks every site's report on its data against the federation afterwards
 (``federated.sites.check_site_reports``). The environments: ``sim`` runs the server and one process per
 site on this machine under NVFlare's simulator (``SimEnv``; the demo, CI); ``poc`` starts a provisioned
-consortium on this machine for the job (``federated.flare.poc.LocalConsortium``: our kits, root CA,
+consortium on this machine for the job (``federated.flare.centre.poc.LocalConsortium``: our kits, root CA,
 mutual TLS, real server and client processes) and submits to it as ``prod`` does; ``prod`` submits to a
 running consortium with an admin's startup kit (NVFlare's ``ProdEnv``). Evaluation jobs go through the
-same submission (federated/flare/evaluate_centre.py).
+same submission (federated/flare/centre/evaluate.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
-from federated.flare.environments import check_flare_algorithm, check_flare_env
-from federated.flare.feed import LiveFeed, admin_reader, local_reader, progress_printer
+from federated.flare.centre.environments import check_flare_algorithm, check_flare_env
+from federated.flare.centre.feed import LiveFeed, admin_reader, local_reader, progress_printer
 from federated.flare.installed import SERVER_MODULE, SITE_MODULE, InstalledRecipe, allow_components
 from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.spec import FlareJob
@@ -61,7 +61,7 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
     the policy's defaults) says (SimEnv); otherwise each hospital's kit says both. ``threads``: torch's
     thread count at every site (None: each site's own). ``checkpoints_here`` (default: ``share_paths``):
     every site checkpoints under the config's checkpoint_dir on this machine (SimEnv, POC), else each
-    under its own kit (federated/flare/resume.py)."""
+    under its own kit (federated/flare/site/resume.py)."""
     checkpoints_here = share_paths if checkpoints_here is None else checkpoints_here
     names = site_names(config)
     # The site processes run in NVFlare's workspace, not here: a relative path would name another folder.
@@ -141,7 +141,7 @@ def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
 def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = (),
                      feed: LiveFeed | None = None) -> Path:
     """Run ``job`` under NVFlare's simulator (every site a process here); what the job returned (a folder).
-    ``feed`` reads the server's live account while the job runs (``federated.flare.feed``)."""
+    ``feed`` reads the server's live account while the job runs (``federated.flare.centre.feed``)."""
     from nvflare.recipe import SimEnv
 
     r = recipe(job, name, server_files)
@@ -231,7 +231,7 @@ def submit_in_env(env: str, federation: Federation, shards_root: Path | None, wo
         job = make_job(True, torch.get_num_threads(), {site.name: site.sharing.model_dump() for site in federation.sites})
         return read(submit_simulated(job, workspace, name, server_files, feed))
     if env == "poc":
-        from federated.flare.poc import LocalConsortium
+        from federated.flare.centre.poc import LocalConsortium
 
         with LocalConsortium(federation, shards_root, workspace / "poc") as consortium:
             return read(submit_to_consortium(make_job(False, torch.get_num_threads(), {}), consortium.exec_env(),

@@ -11,10 +11,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from federated.flare.departures import COMPONENT as RECORD_DEPARTURES
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import check_private_key, server_stores
 from federated.flare.processes import start_command, start_env
+from federated.flare.server.departures import COMPONENT as RECORD_DEPARTURES
 from preprocessing.errors import ConfigError
 
 
