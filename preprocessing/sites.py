@@ -96,7 +96,10 @@ class PacsSettings(BaseModel):
     url: str  # the DICOMweb root, e.g. http://pacs.local:8042/dicom-web
     username: str | None = None
     password_env: str = "FEDAUC_PACS_PASSWORD"
-    lookback_days: int = Field(1, ge=0)  # studies dated this many days before the last run are looked at again
+    # Studies dated this many days before the last run (before today on the first run) are looked at.
+    lookback_days: int = Field(1, ge=0)
+    # A study is scored once what it holds has not changed for this long (modalities send a study in parts).
+    stable_minutes: float = Field(5.0, ge=0)
     timeout_s: float = Field(60.0, gt=0)
 
 

@@ -4,6 +4,7 @@ pipelines/hospital/."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import typer
@@ -92,12 +93,17 @@ def pacs_command(
     shards: str = typer.Option(None, "--shards", help="Where the site's shards are (its validation split is the "
                                "drift reference; the job's state and the hospital's operating points live there)."),
     operating_point: str = typer.Option("youden", "--operating-point", help="sens90, sens95 or youden."),
+    since: datetime = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="Look at studies dated from this "
+                                   "day (YYYY-MM-DD) on, this run (default: pacs.lookback_days before the last run, "
+                                   "before today on the first)."),
 ) -> None:
     """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; the run's aggregate
-    counts and histograms go to the centre's MLflow (what the scheduled deployment runs)."""
+    counts and histograms go to the centre's MLflow (what the scheduled deployment runs). Exits 1 when a
+    study could not be retrieved whole (named here, retried on later runs), after scoring the rest."""
     from pipelines import tracking
     from pipelines.hospital import job
     from pipelines.onboarding import shards_root
 
     tracking.configure()
-    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo)
+    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo,
+            local=lambda line: typer.echo(line, err=True), since=since.date() if since else None)

@@ -2,13 +2,20 @@
 
 At the hospital: the registered model (default the task's champion), the hospital's own operating points
 when it has them, the PACS from the site YAML or the environment, ``pacs.score_pacs``; the job's state
-(which day it last ran, per model version) lives beside the site's shards. To the centre: only
+(``pacs_state``, per model version) lives beside the site's shards. To the centre: only
 ``drift.aggregates`` of the run under the site's ``sharing:`` policy, recorded against the model version
 with the drift figure (``drift.record``); the reference is the site's validation split, scored here.
+
+Studies that could not be retrieved whole are named on ``local`` (this machine's console or log, never
+the centre's) and end the run with ``StudiesNotRetrieved`` after the rest was scored and the aggregates
+recorded: the command exits 1, the Prefect flow run fails, with counts and reasons only.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +29,19 @@ from preprocessing.errors import FedaucError
 from preprocessing.sites import load_site
 
 
+class StudiesNotRetrieved(FedaucError):
+    """Some studies could not be retrieved whole this run; the others were scored."""
+
+
 def state_file(shards_root: Path, site: str) -> Path:
     return Path(shards_root) / "pacs-state" / f"{site}.json"
 
 
 def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None, point: str = "youden",
-        report_to_centre: bool = True, echo=print) -> dict:
-    """Score the PACS's new studies; returns what left for the centre (the aggregates) and the warnings."""
+        report_to_centre: bool = True, echo=print, local=logging.getLogger("fedauc.pacs").warning,
+        since: dt.date | None = None) -> dict:
+    """Score the PACS's new studies; returns what left for the centre (the aggregates) and the warnings.
+    ``echo`` says what may leave the site (counts); ``local`` what stays (the failed studies' UIDs)."""
     site = load_site(site_yaml)
     settings, auth = pacs.settings_from(site.pacs)
     shards_root = Path(shards_root)
@@ -36,16 +49,27 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
         scorer = batch.load_registered(model, site.task, Path(folder))
         chosen = batch.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
         echo(f"model {scorer.name} v{scorer.version}; operating point {point}: {chosen.source}")
-        web = pacs.DicomWeb(settings.url, auth, settings.timeout_s)
-        summary = pacs.score_pacs(web, scorer, point, chosen.thresholds, chosen.source,
-                                  state_file(shards_root, site.name), settings.lookback_days)
+        summary = pacs.score_pacs(pacs.connect(settings, auth), scorer, point, chosen.thresholds, chosen.source,
+                                  state_file(shards_root, site.name), settings.lookback_days,
+                                  settings.stable_minutes, since)
         reference = _validation_scores(scorer, shards_root / site.name)
-    echo(f"{summary.studies_found} studies found, {summary.studies_skipped} already scored, "
-         f"{summary.studies_reported} reported, {summary.studies_without_image} without an image the model takes")
+    echo(f"{summary.studies_found} studies found, {summary.studies_waiting} waiting to be stable, "
+         f"{summary.studies_skipped} already scored, {summary.studies_reported} reported, "
+         f"{summary.studies_superseded} reported again with new images, {summary.studies_without_image} without "
+         f"an image the model takes, {len(summary.failed)} not retrieved")
     aggregates = drift.aggregates(summary.rows, reference, scorer.contract.diseases, site.sharing)
     warnings = drift.record(site.task, site.name, scorer.name, scorer.version, aggregates) if report_to_centre else []
     for warning in warnings:
         echo(warning)
+    if summary.failed:
+        for study, reason in sorted(summary.failed.items()):
+            local(f"study {study} not retrieved whole: {reason}")
+        reasons = Counter(summary.failed.values())
+        raise StudiesNotRetrieved(
+            f"{len(summary.failed)} stud{'y' if len(summary.failed) == 1 else 'ies'} not retrieved whole ("
+            + "; ".join(f"{n}: {reason}" for reason, n in sorted(reasons.items()))
+            + "); nothing of them was stored, they are tried again with backoff, the other studies were scored",
+            fix="this machine's log names them; see the PACS's log for why it could not send them")
     return {"aggregates": aggregates, "warnings": warnings, "studies_reported": summary.studies_reported}
 
 

@@ -109,10 +109,10 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
         if not outcome["ok"]:
             row.update(status=REFUSED, reason=outcome["reason"], detail=outcome["detail"])
         elif outcome["format"] == "dicom":
-            view = _dicom_header(path, row)
-            if contract.views and view is not None and view not in contract.views:
+            position = _dicom_header(path, row)
+            if contract.views and position and view_name(position) not in contract.views:
                 row.update(status=REFUSED, reason=Reason.EXCLUDED_VIEW.value,
-                           detail=f"{path}: ViewPosition {view}; the model was trained on {', '.join(contract.views)}")
+                           detail=f"{path}: ViewPosition {position}; the model was trained on {', '.join(contract.views)}")
         if row["status"] == SCORED:
             keep.append(offset)
         rows.append(row)
@@ -124,15 +124,19 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
     return rows
 
 
-def _dicom_header(path: str, row: dict) -> str | None:
-    """Fill the row's UIDs from a DICOM the decoder accepted; return its view (None when it names none)."""
+def view_name(position: str) -> str:
+    """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
+    return _VIEW_NAMES.get(position.strip().upper(), "unknown")
+
+
+def _dicom_header(path: str, row: dict) -> str:
+    """Fill the row's UIDs from a DICOM the decoder accepted; return its ViewPosition as written ("" for none)."""
     header = pydicom.dcmread(path, stop_before_pixels=True,
                              specific_tags=["StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "ViewPosition"])
     row["study_uid"] = str(header.get("StudyInstanceUID", ""))
     row["series_uid"] = str(header.get("SeriesInstanceUID", ""))
     row["sop_uid"] = str(header.get("SOPInstanceUID", ""))
-    position = str(header.get("ViewPosition", "") or "").strip().upper()
-    return _VIEW_NAMES.get(position, "unknown") if position else None
+    return str(header.get("ViewPosition", "") or "").strip()
 
 
 def folder_items(folder: Path) -> Iterator[Item]:

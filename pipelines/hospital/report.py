@@ -44,9 +44,12 @@ def series_description(model: str, version: str) -> str:
 
 
 def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list[str], model: str, version: str,
-                 point: str, point_source: str) -> hd.sr.ComprehensiveSR:
+                 point: str, point_source: str, sop_instance_uid: str | None = None,
+                 series_instance_uid: str | None = None, previous: list[pydicom.Dataset] = ()) -> hd.sr.ComprehensiveSR:
     """The SR of one study: ``images`` the scored instances (headers suffice), ``rows`` their predict rows
-    (``p_<disease>`` and the ``<disease>`` decision, True / False / None)."""
+    (``p_<disease>`` and the ``<disease>`` decision, True / False / None). ``previous``: the SRs this one
+    supersedes (their Study, Series, SOP Instance and SOP Class UIDs), named in its Predecessor Documents
+    Sequence; its instance number counts the versions."""
     items = [TextContentItem(_ALGORITHM_NAME, model, CONTAINS), TextContentItem(_ALGORITHM_VERSION, version, CONTAINS),
              TextContentItem(_OPERATING_POINT, f"{point}: {point_source}"[:1024], CONTAINS),
              TextContentItem(_COMMENT, NOT_A_DIAGNOSIS, CONTAINS)]
@@ -66,8 +69,9 @@ def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list
     root.ContentSequence = items
     first = images[0]
     return hd.sr.ComprehensiveSR(
-        evidence=images, content=root, series_instance_uid=hd.UID(), series_number=9901,
-        sop_instance_uid=hd.UID(), instance_number=1, manufacturer="fedauc", is_complete=True,
+        evidence=images, content=root, series_instance_uid=series_instance_uid or hd.UID(), series_number=9901,
+        sop_instance_uid=sop_instance_uid or hd.UID(), instance_number=len(previous) + 1, manufacturer="fedauc",
+        is_complete=True, previous_versions=list(previous) or None,
         series_description=series_description(model, version),
         institution_name=str(first.get("InstitutionName", "")) or None,
     )
