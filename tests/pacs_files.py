@@ -40,13 +40,13 @@ def chest_in_every_syntax(folder: Path, study: str, patient: str = "P9") -> list
 
 
 def restudy(source: Path, target: Path, study: str, patient: str, number: int, view: str | None = None,
-            date: str | None = None) -> Path:
-    """``source`` as a new instance of a new series in ``study`` (pixel data untouched)."""
+            date: str | None = None, series: str | None = None) -> Path:
+    """``source`` as a new instance of ``series`` (default a new one) in ``study`` (pixel data untouched)."""
     ds = pydicom.dcmread(source)
     ds.update(study_tags(study, patient))
     if date is not None:
         ds.StudyDate = date
-    ds.SeriesInstanceUID, ds.SOPInstanceUID = generate_uid(), generate_uid()
+    ds.SeriesInstanceUID, ds.SOPInstanceUID = series or generate_uid(), generate_uid()
     ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
     ds.SeriesNumber = ds.InstanceNumber = number
     if view is not None:
@@ -58,11 +58,11 @@ def restudy(source: Path, target: Path, study: str, patient: str, number: int, v
 class Adversary:
     """A real HTTP server between the job and Orthanc: it forwards every request and logs its path; a
     request whose path holds a UID in ``cut`` gets Orthanc's 200 headers and half its body, then the
-    connection closes (as a PACS that fails mid-stream ends its answer); one holding a UID in ``fail``
-    gets a 500."""
+    connection closes (as a PACS that fails mid-stream ends its answer); one holding a UID in ``short``, a
+    well-formed multipart body without its last part; one holding a UID in ``fail``, a 500."""
 
     def __init__(self, upstream: str):
-        self.upstream, self.log, self.cut, self.fail = upstream, [], set(), set()
+        self.upstream, self.log, self.cut, self.short, self.fail = upstream, [], set(), set(), set()
         adversary = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,6 +80,10 @@ class Adversary:
                 content = answer.content
                 if any(uid in self.path for uid in adversary.cut):
                     content = content[: len(content) // 2]
+                if any(uid in self.path for uid in adversary.short):
+                    boundary = answer.headers["Content-Type"].split("boundary=")[1].split(";")[0].strip('"').encode()
+                    parts = content.split(b"--" + boundary)  # preamble, the parts, the closing "--"
+                    content = (b"--" + boundary).join(parts[:-2] + parts[-1:])
                 self.send_response(answer.status_code)
                 for name in ("Content-Type", "WWW-Authenticate"):
                     if name in answer.headers:
