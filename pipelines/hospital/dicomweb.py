@@ -19,6 +19,7 @@ exponential wait) before that.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
@@ -219,5 +220,6 @@ def _root_cause(err: BaseException) -> str:
         if not isinstance(inner, BaseException) or inner is err:
             break
         err = inner
-    text = str(err).split(": ", 1)[-1] if isinstance(err, OSError) and ": " in str(err) else str(err)
-    return (text or type(err).__name__).splitlines()[0][:160]
+    text = str(err) or type(err).__name__
+    errno = re.search(r"\[Errno -?\d+\] ([^)\]]+)", text)  # "Connection refused", not urllib3's object dump
+    return errno.group(1) if errno else text.splitlines()[0][:160]
