@@ -1,5 +1,7 @@
 """The hospital's scheduled PACS scoring as a Prefect flow (infra/prefect.yaml: ``pacs-scoring-<site>`` on
-the hospital's own work pool). Thin: pipelines/hospital/job.py does the work."""
+the hospital's own work pool). Thin: pipelines/hospital/job.py does the work. The run logger (which Prefect
+sends to its server) gets counts only; studies that could not be retrieved are named on the worker's own log
+(``fedauc.pacs``), and the flow run fails with their count and reasons."""
 
 from __future__ import annotations
 

@@ -112,6 +112,9 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
             assert scores[disease] == pytest.approx(expected[uid][f"p_{disease}"], abs=1e-6)
             assert scores[f"{disease} decision"] in ("positive", "negative")
     assert dciodvfy_errors(report_read, tmp_path / "sr.dcm") == []
+    # Given to predict, the SR is no image (docs/deploy.md), not a wrong modality.
+    (sr_row,) = score_items(scorer, [Item(str(tmp_path / "sr.dcm"), str(tmp_path))], workers=0)
+    assert sr_row["reason"] == "not_an_image"
 
     # The scheduled job (`fedauc pacs`): PACS and user from the site YAML, the password from the environment;
     # its state is elsewhere, yet it finds the studies' SRs and scores none of them again; only aggregates go to

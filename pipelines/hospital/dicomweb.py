@@ -59,6 +59,7 @@ class _CloseDelimiter:
         self.closed = True
 
     def __call__(self, response: requests.Response, *args, **kwargs) -> requests.Response:
+        self.closed = True  # until a multipart body starts
         media_type, *parameters = [p.strip() for p in response.headers.get("Content-Type", "").split(";")]
         boundary = next((p.split("=", 1)[1].strip('"') for p in parameters if p.lower().startswith("boundary=")),
                         None)

@@ -99,7 +99,7 @@ def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, flo
                state_path: Path, lookback_days: int = 1, stable_minutes: float = 5, since: dt.date | None = None,
                now: dt.datetime | None = None, sinks: Sequence[ResultSink] = ()) -> RunSummary:
     """One run of the job (module docstring). ``sinks`` receive each result before the SR is stored."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now().astimezone()  # the hospital's own day: StudyDate is local
     key = f"{scorer.name}/{scorer.version}"
     state = pacs_state.read(state_path)
     mine = state.setdefault(key, {})
@@ -113,7 +113,7 @@ def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, flo
         for found in pacs.studies(start, scorer.contract.allowed_modalities):
             summary.studies_found += 1
             study = found["study"]
-            entry = studies.setdefault(study, {"date": found["date"]})
+            entry = studies.setdefault(study, {"date": found["date"] or f"{now:%Y%m%d}"})
             try:
                 _one_study(pacs, scorer, study, entry, now, stable_minutes, summary, outputs, sr,
                            dict(point=point, thresholds=thresholds, point_source=point_source))
@@ -153,8 +153,10 @@ def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.date
     summary.rows.extend(rows)
     scored = sorted(image.SOPInstanceUID for image in images)
     if not images or scored == entry.get("images"):  # nothing new the model takes: no new SR
-        summary.studies_without_image += not images and not entry.get("reports")
-        summary.studies_skipped += bool(entry.get("reports"))
+        if entry.get("reports"):
+            summary.studies_skipped += 1
+        else:
+            summary.studies_without_image += 1
         pacs_state.done(entry)
         return
     previous = entry.get("reports", [])
