@@ -36,16 +36,30 @@ def job(chest_model, tmp_path, monkeypatch):
     chosen = choose_points(scorer, "youden", None)
     with orthanc_server(tmp_path / "orthanc") as base:
         adversary = Adversary(base)
-        web = pacs.Pacs(f"{adversary.url}/dicom-web", (USER, PASSWORD))
+        web = WatchedFolders(f"{adversary.url}/dicom-web", (USER, PASSWORD))
 
-        def run(minutes: float) -> pacs.RunSummary:
+        def run(minutes: float, since: dt.date = dt.date.today()) -> pacs.RunSummary:
             # Studies are dated today; the job's clock is moved within today's window.
-            return pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source, tmp_path / "state.json",
-                                   stable_minutes=5, now=T0 + dt.timedelta(minutes=minutes),
-                                   since=dt.date.today())
+            summary = pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source,
+                                      tmp_path / "state.json", stable_minutes=5,
+                                      now=T0 + dt.timedelta(minutes=minutes), since=since)
+            assert set(web.modes) <= {0o700} and (tmp_path / "state.json").stat().st_mode & 0o777 == 0o600
+            return summary
 
         yield run, base, adversary, pacs.Pacs(f"{base}/dicom-web", (USER, PASSWORD))
         adversary.close()
+
+
+class WatchedFolders(pacs.Pacs):
+    """The PACS client, noting the mode of each folder it retrieves a series into."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.modes: list[int] = []
+
+    def retrieve_series(self, study, series, folder):
+        self.modes.append(folder.stat().st_mode & 0o777)
+        return super().retrieve_series(study, series, folder)
 
 
 def test_a_study_sent_in_parts_is_scored_once_stable_and_again_when_it_gains_an_image(job, tmp_path):
@@ -67,12 +81,14 @@ def test_a_study_sent_in_parts_is_scored_once_stable_and_again_when_it_gains_an_
     assert run(14).studies_waiting == 1
     late = run(20)
     assert (late.studies_skipped, late.studies_reported, late.studies_superseded) == (1, 0, 0)
+    assert [row["reason"] for row in late.rows] == ["excluded_view"]  # drift counts the new image only
     assert len(reports_in(direct, study, tmp_path / "still-one")) == 1
 
     # An AP after the SR: a new SR covering both, naming the first in its Predecessor Documents Sequence.
     upload(base, restudy(RG1, tmp_path / "ap.dcm", study, "P1", 4, view="AP"))
     assert run(21).studies_waiting == 1
-    assert run(27).studies_superseded == 1
+    again = run(27)
+    assert again.studies_superseded == 1 and [row["status"] for row in again.rows] == ["scored"]
     reports = {ds.SOPInstanceUID: ds for ds in reports_in(direct, study, tmp_path / "second")}
     assert len(reports) == 2
     (newer,) = [ds for ds in reports.values() if "PredecessorDocumentsSequence" in ds]
@@ -83,6 +99,9 @@ def test_a_study_sent_in_parts_is_scored_once_stable_and_again_when_it_gains_an_
     assert set(report.read_report(newer)["images"]) == {pa, ap}
     assert dciodvfy_errors(newer, tmp_path / "newer.dcm") == []
     assert run(40).studies_skipped == 1 and len(reports_in(direct, study, tmp_path / "third")) == 2
+    # A study dated before the window leaves the state: it holds the window's studies, not the PACS's history.
+    run(41, since=dt.date.today() + dt.timedelta(days=1))
+    assert pacs_state.read(tmp_path / "state.json")["fedauc-chest-xray/1"]["studies"] == {}
 
 
 def test_a_study_the_pacs_cannot_send_whole_fails_alone_and_is_retried_with_backoff(job, tmp_path):

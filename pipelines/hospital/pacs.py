@@ -150,13 +150,13 @@ def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.date
         summary.studies_without_image += 1
         return
     rows, images = _retrieve_and_score(pacs, scorer, study, series, scoring["thresholds"])
-    summary.rows.extend(rows)
     scored = sorted(image.SOPInstanceUID for image in images)
     if not images or scored == entry.get("images"):  # nothing new the model takes: no new SR
         if entry.get("reports"):
             summary.studies_skipped += 1
         else:
             summary.studies_without_image += 1
+        _count(entry, rows, summary)
         pacs_state.done(entry)
         return
     previous = entry.get("reports", [])
@@ -167,11 +167,19 @@ def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.date
         output.write(result)
     entry.update(reports=[*previous, {"study": study, "series": result.report_series, "sop": result.report_uid,
                                       "sop_class": ComprehensiveSRStorage}], images=scored)
+    _count(entry, rows, summary)
     pacs_state.done(entry)
     if previous:
         summary.studies_superseded += 1
     else:
         summary.studies_reported += 1
+
+
+def _count(entry: dict, rows: list[dict], summary: RunSummary) -> None:
+    """The rows of a study done, for the run's drift counts: a study scored again adds its new images only."""
+    counted = set(entry.get("counted", []))
+    summary.rows.extend(row for row in rows if not row["sop_uid"] or row["sop_uid"] not in counted)
+    entry["counted"] = sorted(counted | {row["sop_uid"] for row in rows if row["sop_uid"]})
 
 
 def _retrieve_and_score(pacs: Pacs, scorer: Scorer, study: str, series: list[dict],

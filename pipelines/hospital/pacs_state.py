@@ -4,6 +4,7 @@ Per study in the lookback window: ``held``, what the study holds that the model 
 series and the PACS's instance count of each), and ``since``, when the job first saw it hold that; ``done``,
 the ``held`` that was last scored (or found without an image the model takes); ``report``, the SR that
 scoring wrote (its UIDs, for the next SR's Predecessor Documents Sequence) and the images it covers;
+``counted``, the instances whose rows went into a run's drift counts (a study scored again adds its new ones);
 ``failures``, ``retry_after`` and ``reason`` while the study cannot be retrieved. A study whose date leaves
 the window leaves the state: its size is bounded by the studies of ``lookback_days`` (plus the days since
 the last run), not by the PACS's history. The file (``<shards>/pacs-state/<site>.json``) is written
