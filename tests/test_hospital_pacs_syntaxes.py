@@ -11,6 +11,7 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+import yaml
 from pacs_files import Adversary, chest_in_every_syntax, dciodvfy_errors, reports_in, restudy
 from pacs_helpers import PASSWORD, USER, orthanc_server, register_chest_model, upload
 from pydicom.data import get_testdata_file
@@ -71,6 +72,19 @@ def test_every_transfer_syntax_is_scored_as_predict_scores_the_file(chest_model,
             assert (second.studies_found, second.studies_skipped, second.studies_reported) == (1, 1, 0)
             assert sum(line.startswith("POST") for line in adversary.log) == stores == 1
             assert len(reports_in(direct, study, tmp_path / "again")) == 1
+
+            # Asked to, `fedauc pacs --since` reaches back to the archive (its own state: the 2004 study is new).
+            site = tmp_path / "hospital.yaml"
+            site.write_text(yaml.safe_dump({
+                "name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray", "image_size": 32,
+                "min_image_size": 16, "pacs": {"url": f"{base}/dicom-web", "username": USER, "stable_minutes": 0,
+                                               "password_env": "TEST_PACS_PASSWORD"}}))
+            monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
+            back = CliRunner().invoke(app, ["pacs", str(site), "--model", MODEL, "--since", "2004-08-01",
+                                            "--shards", str(tmp_path / "shards")])
+            assert back.exit_code == 0 and "2 studies found, 0 waiting to be stable, 1 already scored, 1 reported," \
+                in back.output, back.output
+            assert len(reports_in(direct, archive, tmp_path / "archive")) == 1
         finally:
             adversary.close()
 

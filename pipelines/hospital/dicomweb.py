@@ -138,7 +138,7 @@ class Pacs:
             for dataset in self.client.iter_series(study, series["series"], media_types=_AS_STORED):
                 paths.append(folder / f"{series['series']}-{len(paths)}.dcm")
                 dataset.save_as(paths[-1], enforce_file_format=True)
-                del dataset
+                del dataset  # before the next part is read: one instance in memory, not two
         except requests.HTTPError as err:
             self._unless_refused(err)
             raise StudyNotRetrieved(f"a series retrieval answered HTTP {err.response.status_code}") from None
