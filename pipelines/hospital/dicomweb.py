@@ -28,6 +28,7 @@ import pydicom
 import requests
 from dicomweb_client import DICOMwebClient
 from pydicom.errors import InvalidDicomError
+from urllib3.exceptions import NameResolutionError
 
 from preprocessing.errors import FedaucError
 
@@ -186,7 +187,7 @@ class Pacs:
                                    "check the PACS, or raise pacs.timeout_s")
         if isinstance(err, requests.ConnectionError):
             cause = _root_cause(err)
-            if "resolution" in cause.lower() or "name or service" in cause.lower():
+            if any(isinstance(inner, NameResolutionError) for inner in _causes(err)):
                 return PacsUnavailable(f"the PACS host of {self.url} does not resolve: check pacs.url")
             return PacsUnavailable(f"{where} cannot be reached ({cause}): is it running, and are pacs.url's host "
                                    "and port right?")
@@ -213,14 +214,19 @@ def _value(entry: dict, tag: str) -> str:
     return str(values[0])
 
 
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and the errors inside it (requests wraps urllib3's, which wraps the socket's)."""
+    while isinstance(err, BaseException):
+        yield err
+        inner = getattr(err, "reason", None) or (err.args[0] if err.args else None)
+        if inner is err:
+            return
+        err = inner
+
+
 def _root_cause(err: BaseException) -> str:
     """The innermost reason of a requests/urllib3 error, in one short line."""
-    while True:
-        inner = getattr(err, "reason", None) or (err.args[0] if err.args and isinstance(err.args[0], BaseException)
-                                                 else None)
-        if not isinstance(inner, BaseException) or inner is err:
-            break
-        err = inner
-    text = str(err) or type(err).__name__
+    *_, innermost = _causes(err)
+    text = str(innermost) or type(innermost).__name__
     errno = re.search(r"\[Errno -?\d+\] ([^)\]]+)", text)  # "Connection refused", not urllib3's object dump
     return errno.group(1) if errno else text.splitlines()[0][:160]

@@ -63,6 +63,11 @@ def probability_column(disease: str) -> str:
     return f"p_{disease}"
 
 
+def view_name(position: str) -> str:
+    """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
+    return _VIEW_NAMES.get(position.strip().upper(), "unknown")
+
+
 def score_items(scorer: Scorer, items: Iterable[Item], batch_size: int = 64, workers: int = 1,
                 on_done=None) -> Iterator[dict]:
     """One row per item, in order: ``source``, ``status`` (scored | refused), ``reason``, ``detail``, the DICOM
@@ -109,10 +114,10 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
         if not outcome["ok"]:
             row.update(status=REFUSED, reason=outcome["reason"], detail=outcome["detail"])
         elif outcome["format"] == "dicom":
-            position = _dicom_header(path, row)
-            if contract.views and position and view_name(position) not in contract.views:
+            view = _dicom_header(path, row)
+            if contract.views and view is not None and view not in contract.views:
                 row.update(status=REFUSED, reason=Reason.EXCLUDED_VIEW.value,
-                           detail=f"{path}: ViewPosition {position}; the model was trained on {', '.join(contract.views)}")
+                           detail=f"{path}: ViewPosition {view}; the model was trained on {', '.join(contract.views)}")
         if row["status"] == SCORED:
             keep.append(offset)
         rows.append(row)
@@ -124,19 +129,15 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
     return rows
 
 
-def view_name(position: str) -> str:
-    """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
-    return _VIEW_NAMES.get(position.strip().upper(), "unknown")
-
-
-def _dicom_header(path: str, row: dict) -> str:
-    """Fill the row's UIDs from a DICOM the decoder accepted; return its ViewPosition as written ("" for none)."""
+def _dicom_header(path: str, row: dict) -> str | None:
+    """Fill the row's UIDs from a DICOM the decoder accepted; return its view (None when it names none)."""
     header = pydicom.dcmread(path, stop_before_pixels=True,
                              specific_tags=["StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "ViewPosition"])
     row["study_uid"] = str(header.get("StudyInstanceUID", ""))
     row["series_uid"] = str(header.get("SeriesInstanceUID", ""))
     row["sop_uid"] = str(header.get("SOPInstanceUID", ""))
-    return str(header.get("ViewPosition", "") or "").strip()
+    position = str(header.get("ViewPosition", "") or "").strip().upper()
+    return _VIEW_NAMES.get(position, "unknown") if position else None
 
 
 def folder_items(folder: Path) -> Iterator[Item]:
