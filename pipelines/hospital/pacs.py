@@ -106,37 +106,49 @@ def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, flo
     start = pacs_state.window_start(mine, now.date(), lookback_days, since)
     studies = pacs_state.prune(mine.get("studies", {}), start)
     mine["studies"] = studies
-    sr = DicomSrSink(pacs)
-    outputs = [*sinks, sr]
-    summary = RunSummary()
+    job = _Run(pacs, scorer, point, thresholds, point_source, stable_minutes, now, [*sinks, DicomSrSink(pacs)])
     try:
         for found in pacs.studies(start, scorer.contract.allowed_modalities):
-            summary.studies_found += 1
+            job.summary.studies_found += 1
             study = found["study"]
             entry = studies.setdefault(study, {"date": found["date"] or f"{now:%Y%m%d}"})
             try:
-                _one_study(pacs, scorer, study, entry, now, stable_minutes, summary, outputs, sr,
-                           dict(point=point, thresholds=thresholds, point_source=point_source))
+                _one_study(job, study, entry)
             except StudyNotRetrieved as err:
                 pacs_state.failed(entry, err.reason, now)
-                summary.failed[study] = err.reason
+                job.summary.failed[study] = err.reason
         mine["last_run"] = now.date().isoformat()
     finally:
         pacs_state.write(state_path, state)
-    return summary
+    return job.summary
 
 
-def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.datetime, stable_minutes: float,
-               summary: RunSummary, outputs: list[ResultSink], sr: DicomSrSink, scoring: dict) -> None:
-    series = accepted_series(scorer, pacs.series(study))
-    pacs_state.observe(entry, {s["series"]: s["instances"] for s in series}, now)
+@dataclass
+class _Run:
+    """What one run scores with, where results go (the SR last), and its summary so far."""
+
+    pacs: Pacs
+    scorer: Scorer
+    point: str
+    thresholds: dict[str, float | None]
+    point_source: str
+    stable_minutes: float
+    now: dt.datetime
+    outputs: list[ResultSink]
+    summary: RunSummary = field(default_factory=RunSummary)
+
+
+def _one_study(job: _Run, study: str, entry: dict) -> None:
+    scorer, summary, sr = job.scorer, job.summary, job.outputs[-1]
+    series = accepted_series(scorer, job.pacs.series(study))
+    pacs_state.observe(entry, {s["series"]: s["instances"] for s in series}, job.now)
     if entry.get("done") == entry["held"]:
         summary.studies_skipped += 1
         return
-    if not pacs_state.stable(entry, now, stable_minutes):
+    if not pacs_state.stable(entry, job.now, job.stable_minutes):
         summary.studies_waiting += 1
         return
-    if pacs_state.waiting_to_retry(entry, now):
+    if pacs_state.waiting_to_retry(entry, job.now):
         summary.failed[study] = entry["reason"]
         return
     if "reports" not in entry and (earlier := sr.written(study, scorer.name, scorer.version)) is not None:
@@ -149,7 +161,7 @@ def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.date
         pacs_state.done(entry)
         summary.studies_without_image += 1
         return
-    rows, images = _retrieve_and_score(pacs, scorer, study, series, scoring["thresholds"])
+    rows, images = _retrieve_and_score(job.pacs, scorer, study, series, job.thresholds)
     scored = sorted(image.SOPInstanceUID for image in images)
     if not images or scored == entry.get("images"):  # nothing new the model takes: no new SR
         if entry.get("reports"):
@@ -161,9 +173,9 @@ def _one_study(pacs: Pacs, scorer: Scorer, study: str, entry: dict, now: dt.date
         return
     previous = entry.get("reports", [])
     result = StudyResult(study, images, [r for r in rows if r["status"] == SCORED], scorer.contract.diseases,
-                         scorer.name, scorer.version, scoring["point"], scoring["point_source"],
+                         scorer.name, scorer.version, job.point, job.point_source,
                          report_uid=hd.UID(), report_series=hd.UID(), supersedes=previous)
-    for output in outputs:
+    for output in job.outputs:
         output.write(result)
     entry.update(reports=[*previous, {"study": study, "series": result.report_series, "sop": result.report_uid,
                                       "sop_class": ComprehensiveSRStorage}], images=scored)
