@@ -92,12 +92,16 @@ def pacs_command(
     shards: str = typer.Option(None, "--shards", help="Where the site's shards are (its validation split is the "
                                "drift reference; the job's state and the hospital's operating points live there)."),
     operating_point: str = typer.Option("youden", "--operating-point", help="sens90, sens95 or youden."),
+    allow_synthetic_model: bool = typer.Option(False, "--allow-synthetic-model", help="Write the decisions of a "
+                                               "model trained on synthetic images (or one that does not say) into "
+                                               "the PACS: a demo's or a test's PACS only."),
 ) -> None:
-    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; the run's aggregate
-    counts and histograms go to the centre's MLflow (what the scheduled deployment runs)."""
+    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; once a day, the day's
+    aggregate counts and histograms go to the centre's MLflow (what the scheduled deployment runs)."""
     from pipelines import tracking
     from pipelines.hospital import job
     from pipelines.onboarding import shards_root
 
     tracking.configure()
-    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo)
+    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo,
+            allow_synthetic_model=allow_synthetic_model)

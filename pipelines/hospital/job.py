@@ -2,13 +2,17 @@
 
 At the hospital: the registered model (default the task's champion), the hospital's own operating points
 when it has them, the PACS from the site YAML or the environment, ``pacs.score_pacs``; the job's state
-(which day it last ran, per model version) lives beside the site's shards. To the centre: only
-``drift.aggregates`` of the run under the site's ``sharing:`` policy, recorded against the model version
-with the drift figure (``drift.record``); the reference is the site's validation split, scored here.
+(which day it last ran, per model version) and the day's drift counts live beside the site's shards. A model
+trained on synthetic images, or one that does not say what it was trained on, writes nothing into a PACS
+unless the run is told ``allow_synthetic_model`` (a demo's or a test's PACS). To the centre: once per day
+that scored or refused something, the day's ``drift.release`` under the site's ``sharing:`` and ``privacy:``
+settings, recorded against the model version with the drift figure (``drift.record``); the reference is the
+site's validation split, scored here.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,7 @@ from federated.data import load_shard
 from federated.predict import predict_scores
 from pipelines.hospital import batch, drift, pacs
 from pipelines.hospital.thresholds import hospital_file
-from preprocessing.errors import FedaucError
+from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.sites import load_site
 
 
@@ -26,27 +30,54 @@ def state_file(shards_root: Path, site: str) -> Path:
     return Path(shards_root) / "pacs-state" / f"{site}.json"
 
 
+def drift_file(shards_root: Path, site: str) -> Path:
+    return Path(shards_root) / "pacs-state" / f"{site}.drift.json"
+
+
 def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None, point: str = "youden",
-        report_to_centre: bool = True, echo=print) -> dict:
-    """Score the PACS's new studies; returns what left for the centre (the aggregates) and the warnings."""
+        report_to_centre: bool = True, echo=print, allow_synthetic_model: bool = False,
+        today: dt.date | None = None) -> dict:
+    """Score the PACS's new studies; returns the days' aggregates that left for the centre and the warnings."""
     site = load_site(site_yaml)
     settings, auth = pacs.settings_from(site.pacs)
-    shards_root = Path(shards_root)
+    shards_root, today = Path(shards_root), today or dt.date.today()
     with batch.scratch_folder() as folder:
         scorer = batch.load_registered(model, site.task, Path(folder))
+        check_provenance(scorer, allow_synthetic_model)
         chosen = batch.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
         echo(f"model {scorer.name} v{scorer.version}; operating point {point}: {chosen.source}")
         web = pacs.DicomWeb(settings.url, auth, settings.timeout_s)
         summary = pacs.score_pacs(web, scorer, point, chosen.thresholds, chosen.source,
-                                  state_file(shards_root, site.name), settings.lookback_days)
+                                  state_file(shards_root, site.name), settings.lookback_days, today=today)
         reference = _validation_scores(scorer, shards_root / site.name)
     echo(f"{summary.studies_found} studies found, {summary.studies_skipped} already scored, "
          f"{summary.studies_reported} reported, {summary.studies_without_image} without an image the model takes")
-    aggregates = drift.aggregates(summary.rows, reference, scorer.contract.diseases, site.sharing)
-    warnings = drift.record(site.task, site.name, scorer.name, scorer.version, aggregates) if report_to_centre else []
+    counted = drift.tally(summary.rows, reference, scorer.contract.diseases)
+    closed = drift.DayTallies(drift_file(shards_root, site.name)).add(f"{scorer.name}/{scorer.version}", today,
+                                                                       counted)
+    sent, warnings = [], []
+    for key, day, day_tally in closed:
+        name, version = key.rsplit("/", 1)
+        aggregates = drift.release(day_tally, site.sharing, withhold_histograms=site.privacy is not None)
+        sent.append({"day": day, "model": name, "model_version": version, "aggregates": aggregates})
+        if report_to_centre:
+            warnings += drift.record(site.task, site.name, name, version, aggregates, day)
     for warning in warnings:
         echo(warning)
-    return {"aggregates": aggregates, "warnings": warnings, "studies_reported": summary.studies_reported}
+    return {"sent": sent, "warnings": warnings, "studies_reported": summary.studies_reported}
+
+
+def check_provenance(scorer: batch.Scorer, allow_synthetic_model: bool) -> None:
+    """A ``ConfigError`` for a model whose decisions must not go into a hospital's PACS: one trained on
+    synthetic images, or one that does not say what it was trained on, unless allowed."""
+    provenance = scorer.contract.provenance
+    if allow_synthetic_model or (provenance is not None and not provenance.synthetic):
+        return
+    what = ("does not say what it was trained on (registered before fedauc recorded it)" if provenance is None
+            else f"was trained on synthetic images ({provenance.describe()})")
+    raise ConfigError(f"model {scorer.name} v{scorer.version} {what}: its decisions are not written into a PACS",
+                      fix="score with a model trained on patients' images, or pass --allow-synthetic-model "
+                          "(a demo's or a test's PACS)")
 
 
 def _validation_scores(scorer: batch.Scorer, site_shards: Path) -> np.ndarray:

@@ -161,7 +161,7 @@ def score_pacs(pacs: DicomWeb, scorer: Scorer, point: str, thresholds: dict[str,
             continue
         scored = [row for row in rows if row["status"] == SCORED]
         sr = report.study_report(images, scored, scorer.contract.diseases, scorer.name, scorer.version, point,
-                                 point_source)
+                                 point_source, provenance=scorer.contract.provenance)
         if before_store is not None:
             before_store(study)
         pacs.store(sr)
