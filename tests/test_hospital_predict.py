@@ -78,6 +78,13 @@ def test_the_registered_model_describes_itself(store):
     points = contract.operating_points
     assert points.source == "pooled validation of federation tiny-melanoma"
     assert set(points.points["Melanoma"]) == {"sens90", "sens95", "youden"}
+    assert contract.body_parts == [] and contract.anatomic_regions == []  # a lesion may be anywhere on the skin
+    # Its provenance: the federation, its sites (each declares its images synthetic), the training's run.
+    (training,) = mlflow.search_runs(experiment_names=["melanoma"], output_format="list",
+                                     filter_string="attributes.run_name = 'hospital'")
+    assert contract.provenance.model_dump() == {"federation": "tiny-melanoma", "sites": 3,
+                                                "training_run": training.info.run_id,
+                                                "synthetic_sites": ["vienna", "barcelona", "new-york"]}
     # The network still loads as MLflow's pytorch flavour (evaluations and the champion check use it).
     assert mlflow.pytorch.load_model(f"models:/{MODEL}/1", map_location="cpu") is not None
 
