@@ -5,7 +5,7 @@ tile settings it was trained with, the network, the code version, the operating 
 registration stores it in MLflow (a torch.export program that is also a pyfunc model taking image files).
 ``predict``: files, folders or a site's dataset scored through preprocessing's own decoding and
 ``federated.predict.predict_scores``. ``thresholds``: operating points from score histograms. ``pacs``,
-``report``: the DICOMweb scoring job and its DICOM Structured Report. ``drift``: what a scoring run may tell
+``report``: the DICOMweb scoring job and its DICOM Structured Report. ``drift``: what a day of scoring may tell
 the centre, and the drift figure the centre computes from it.
 
 Importable and testable without a Prefect or MLflow server.
