@@ -171,10 +171,12 @@ def psi(current, reference) -> float:
     return float(np.sum((a - e) * np.log(a / e)))
 
 
-def record(task: str, site: str, model: str, version: str, summary: dict, day: str) -> list[str]:
-    """A day's aggregates of the site in the centre's MLflow against the model version; returns the warnings."""
+def record(task: str, site: str, model: str, version: str, summary: dict, day: str | None = None) -> list[str]:
+    """A day's aggregates of the site (default today's) in the centre's MLflow against the model version;
+    returns the warnings."""
     from pipelines import tracking
 
+    day = day or dt.date.today().isoformat()
     experiment = tracking.experiment_id(task)
     warnings = []
     metrics = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
