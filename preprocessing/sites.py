@@ -192,9 +192,9 @@ class SiteConfig(BaseModel):
         """A ``ConfigError`` naming the site and its YAML when it declares no dataset to ``purpose``."""
         if not self.has_dataset:
             where = f"{self._path}: " if self._path else ""
-            raise ConfigError(f"{where}site {self.name!r} declares no dataset (no format, no root): it only scores, "
-                              f"there is nothing to {purpose}",
-                              fix=f"give the site YAML format: and root: (its data) to {purpose} it")
+            raise ConfigError(f"{where}site {self.name!r} declares no dataset (no format, no root: a site that "
+                              f"only scores its PACS); to {purpose} needs one",
+                              fix="give the site YAML format: and root: (its data)")
 
     @property
     def adapter_options(self) -> AdapterOptions:

@@ -33,6 +33,7 @@ from pipelines.hospital.contract import METADATA_KEY, ModelContract, contract_fo
 from pipelines.hospital.predict import Item, score_items
 from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
+from preprocessing.scan import scan_site
 from preprocessing.sites import SharingPolicy, SiteConfigError, load_site, validate_site
 
 runner = CliRunner()
@@ -146,13 +147,15 @@ def test_a_hospital_that_only_scores_declares_no_dataset(tmp_path):
     assert runner.invoke(app, ["sites", "validate", str(site)]).exit_code == 0
     result = runner.invoke(app, ["preprocess", str(site), "--out", str(tmp_path / "shards")])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"{site}: site 'hue' declares no dataset" in result.output and "format: and root:" in result.output
+    assert f"{site}: site 'hue' declares no dataset" in result.output and "to preprocess needs one" in result.output
     (tmp_path / "fed.yaml").write_text(yaml.safe_dump({"name": "f", "task": "chest-xray",
                                                        "sites": [{"config": "hue.yaml"}]}))
     with pytest.raises(SiteConfigError, match=r"hue\.yaml declares no dataset"):
         load_federation(tmp_path / "fed.yaml")
-    with pytest.raises(ConfigError, match="nothing to preprocess"):
-        config.require_dataset("preprocess")
+    result = runner.invoke(app, ["predict", str(site), "--out", str(tmp_path / "p.csv")])
+    assert result.exit_code == 1 and "to predict on its dataset needs one" in result.output
+    with pytest.raises(ConfigError, match="to scan its records needs one"):
+        scan_site(config)
     # Half a dataset is a mistake, named: a format without its root.
     site.write_text(yaml.safe_dump({"name": "hue", "task": "chest-xray", "format": "vindr-cxr"}))
     with pytest.raises(SiteConfigError) as err:

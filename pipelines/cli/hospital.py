@@ -40,6 +40,8 @@ def predict_command(
 
     tracking.configure()
     sites = [load_site(p) for p in inputs if p.endswith((".yaml", ".yml")) and Path(p).is_file()]
+    for site in sites:  # before the model is fetched: a site that only scores its PACS has no dataset to score
+        site.require_dataset("predict on its dataset")
     task = task or (sites[0].task if sites else None)
     with batch.scratch_folder() as folder:
         scorer = batch.load_registered(model, task, Path(folder))
