@@ -171,9 +171,9 @@ def _rows(scores: list[float], refused: int = 0) -> list[dict]:
 def test_drift_leaves_once_per_site_and_day(tmp_path):
     reference = np.linspace(0, 1, 60)[:, None]  # quintile edges 0.2, 0.4, 0.6, 0.8
     days = drift.DayTallies(tmp_path / "hue.drift.json")
-    monday, tuesday = dt.date(2026, 3, 2), dt.date(2026, 3, 3)
+    monday, tuesday, wednesday = dt.date(2026, 3, 2), dt.date(2026, 3, 3), dt.date(2026, 3, 4)
     assert days.add("m/1", monday, drift.tally([], reference, ["A"])) == []  # a run that scored nothing
-    assert json.loads(days.path.read_text()) == {}
+    assert not days.path.exists()
     assert days.add("m/1", monday, drift.tally(_rows([0.1] * 6, refused=2), reference, ["A"])) == []
     assert days.add("m/1", monday, drift.tally(_rows([0.9] * 7), reference, ["A"])) == []
     assert stat.S_IMODE(days.path.stat().st_mode) == 0o600  # exact counts: the hospital's only
@@ -182,16 +182,20 @@ def test_drift_leaves_once_per_site_and_day(tmp_path):
     sent = drift.release(closed[2], SharingPolicy(min_count=5))
     assert sent["scored"] == 13 and sent["refused"] == {"wrong_body_part": 0}
     assert sent["histograms"]["A"] == [6, 0, 0, 0, 7] and sent["suppressed"] == ["refused/wrong_body_part"]
-    assert days.add("m/1", tuesday, drift.tally([], reference, ["A"])) == []  # sent once
+    # Until the centre has it, the day stays (a centre out of reach loses no day); then it goes.
+    assert [c[:2] for c in days.add("m/1", tuesday, drift.tally([], reference, ["A"]))] == [("m/1", "2026-03-02")]
+    days.sent("m/1", "2026-03-02")
+    assert days.add("m/1", tuesday, drift.tally([], reference, ["A"])) == []
     # The day's total decides what is suppressed: 3 + 3 scored leave as 6, where each run alone is below 5.
     days.add("m/1", tuesday, drift.tally(_rows([0.5] * 3), reference, ["A"]))
     days.add("m/1", tuesday, drift.tally(_rows([0.5] * 3), reference, ["A"]))
-    (closed,) = days.add("m/1", dt.date(2026, 3, 4), drift.tally([], reference, ["A"]))
-    assert drift.release(closed[2], SharingPolicy(min_count=5))["scored"] == 6
-    # A new reference (the site's shards written again) cannot share the day's bins: the day so far leaves.
-    days.add("m/1", tuesday + dt.timedelta(days=2), drift.tally(_rows([0.5] * 3), reference, ["A"]))
-    (early,) = days.add("m/1", tuesday + dt.timedelta(days=2), drift.tally(_rows([0.5]), reference[:50], ["A"]))
-    assert early[2]["scored"] == 3
+    # A new reference (the site's shards written again) mid-day: its bins, the day's counts.
+    (closed,) = days.add("m/1", wednesday, drift.tally([], reference, ["A"]))
+    day = drift.release(closed[2], SharingPolicy(min_count=5))
+    assert day["scored"] == 6 and day["histograms"]["A"] == [0, 0, 6, 0, 0]
+    rebinned = drift.merge(closed[2], drift.tally(_rows([0.5]), reference[:50], ["A"]))
+    assert rebinned["scored"] == 7 and sum(rebinned["histograms"]["A"]) == 1
+    assert rebinned["edges"] == drift.tally(_rows([0.5]), reference[:50], ["A"])["edges"]
     # A site with a privacy budget: counts leave, edges and histograms of its validation scores do not.
     private = drift.release(closed[2], SharingPolicy(min_count=1), withhold_histograms=True)
     assert private["scored"] == 6 and private["edges"] == private["histograms"] == private["reference"] == {}
@@ -243,4 +247,8 @@ def test_fedauc_pacs_refuses_a_synthetic_model_unless_told_and_reports_once_a_da
         assert first not in sent and second not in sent and str(tmp_path) not in sent and USER not in sent
         job.run(site, tmp_path / "shards", MODEL, allow_synthetic_model=True, echo=lambda _: None,
                 today=today + dt.timedelta(days=1))
+        assert len(scoring_runs()) == 1 and json.loads(job.drift_file(tmp_path / "shards", "hue").read_text()) == {}
+        # A run that stopped after the centre recorded the day and before it forgot it sends it once all the same.
+        aggregates = json.loads(sent)
+        assert drift.record("chest-xray", "hue", "fedauc-chest-xray", "1", aggregates, today.isoformat()) == []
         assert len(scoring_runs()) == 1

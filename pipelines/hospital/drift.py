@@ -5,9 +5,11 @@ disease, a histogram of the probabilities beside the same histogram of the site'
 reference, over ``BINS`` bins cut at the reference's quantiles, as PSI is usually computed: a model whose
 scores crowd into a narrow range still spreads over the bins) are added to the day's tally, kept beside the
 site's shards (``DayTallies``, mode 0600). A day's tally leaves once, when a run of a later day closes it
-(``release``): one record per site and day, none for a day that scored and refused nothing, however often the
-job runs (every 15 minutes: a record per run would be 35,000 runs per site-year, and the differences of a
-day's running totals would give away each run's small counts). What leaves is under the site's ``sharing:``
+(``release``): one record per site, model version and day, none for a day that scored and refused nothing,
+however often the job runs (every 15 minutes: a record per run would be 35,000 runs per site-year, and the
+differences of a day's running totals would give away each run's small counts). A closed day stays in the
+file until the centre has its record (``DayTallies.sent``), and ``record`` skips a day the centre already
+has: a centre that cannot be reached loses no day, and a run that stops between the two sends none twice. What leaves is under the site's ``sharing:``
 policy: a count below ``min_count`` leaves as 0 and is named in ``suppressed`` (the centre sees that a bin was
 small, never how small); with fewer than ``min_count`` images scored, or a reference of fewer than ``BINS`` x
 ``min_count`` images, no histogram leaves at all. At a site with a ``privacy:`` budget no edge or histogram
@@ -81,19 +83,18 @@ def tally(rows: list[dict], reference: np.ndarray, diseases: list[str]) -> dict:
     return out
 
 
-def mergeable(a: dict, b: dict) -> bool:
-    """Two tallies add up when their histograms share their bins (one without histograms adds to any)."""
-    return not a["edges"] or not b["edges"] or (a["edges"] == b["edges"] and a["reference"] == b["reference"])
-
-
-def merge(a: dict, b: dict) -> dict:
-    refused = {reason: a["refused"].get(reason, 0) + b["refused"].get(reason, 0)
-               for reason in sorted({*a["refused"], *b["refused"]})}
-    binned = a if a["edges"] else b
-    histograms = {disease: [x + y for x, y in zip(a["histograms"].get(disease, [0] * len(h)),
-                                                   b["histograms"].get(disease, [0] * len(h)))]
-                  for disease, h in binned["histograms"].items()}
-    return {"scored": a["scored"] + b["scored"], "refused": refused, "edges": binned["edges"],
+def merge(earlier: dict, later: dict) -> dict:
+    """Two tallies of one day added up. Their histograms add where they share their bins (a tally without
+    histograms adds to any); where the reference changed (the site's shards written again) the later bins
+    are kept and the earlier histograms dropped: a day's drift is read against one reference."""
+    refused = {reason: earlier["refused"].get(reason, 0) + later["refused"].get(reason, 0)
+               for reason in sorted({*earlier["refused"], *later["refused"]})}
+    binned = later if later["edges"] else earlier
+    kept = [t for t in (earlier, later)
+            if t["edges"] and (t["edges"], t["reference"]) == (binned["edges"], binned["reference"])]
+    histograms = {disease: [sum(bins) for bins in zip(*(t["histograms"][disease] for t in kept))]
+                  for disease in binned["histograms"]}
+    return {"scored": earlier["scored"] + later["scored"], "refused": refused, "edges": binned["edges"],
             "histograms": histograms, "reference": binned["reference"]}
 
 
@@ -137,29 +138,32 @@ class DayTallies:
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
-    def add(self, key: str, today: dt.date, run: dict) -> list[tuple[str, str, dict]]:
-        """Add a run's tally (of model version ``key``) to ``today``'s; returns the tallies closed by it as
-        ``(key, day, tally)``: every earlier day's, and today's pending one where the run's reference changed
-        its bins. A run that scored and refused nothing adds nothing."""
-        pending = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        closed = [(k, entry["day"], entry["tally"]) for k, entry in sorted(pending.items())
-                  if entry["day"] < today.isoformat()]
-        pending = {k: entry for k, entry in pending.items() if entry["day"] >= today.isoformat()}
-        if run["scored"] or run["refused"]:
-            entry = pending.get(key)
-            if entry is None:
-                pending[key] = {"day": today.isoformat(), "tally": run}
-            elif mergeable(entry["tally"], run):
-                entry["tally"] = merge(entry["tally"], run)
-            else:
-                closed.append((key, entry["day"], entry["tally"]))
-                pending[key] = {"day": today.isoformat(), "tally": run}
+    def _read(self) -> dict[str, dict[str, dict]]:  # model version -> day -> tally
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _write(self, days: dict[str, dict[str, dict]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
         partial.unlink(missing_ok=True)
-        write_owner_only(partial, json.dumps(pending))
+        write_owner_only(partial, json.dumps(days))
         os.replace(partial, self.path)
-        return closed
+
+    def add(self, key: str, today: dt.date, run: dict) -> list[tuple[str, str, dict]]:
+        """Add a run's tally (of model version ``key``) to ``today``'s; returns every earlier day's as
+        ``(key, day, tally)``, closed, to send. A run that scored and refused nothing adds nothing."""
+        days, day = self._read(), today.isoformat()
+        if run["scored"] or run["refused"]:
+            mine = days.setdefault(key, {})
+            mine[day] = merge(mine[day], run) if day in mine else run
+            self._write(days)
+        return [(k, d, counted) for k, by_day in sorted(days.items()) for d, counted in sorted(by_day.items())
+                if d < day]
+
+    def sent(self, key: str, day: str) -> None:
+        """The centre has the day's record: its tally goes."""
+        days = self._read()
+        days.get(key, {}).pop(day, None)
+        self._write({k: by_day for k, by_day in days.items() if by_day})
 
 
 def psi(current, reference) -> float:
@@ -172,12 +176,16 @@ def psi(current, reference) -> float:
 
 
 def record(task: str, site: str, model: str, version: str, summary: dict, day: str | None = None) -> list[str]:
-    """A day's aggregates of the site (default today's) in the centre's MLflow against the model version;
-    returns the warnings."""
+    """A day's aggregates of the site (default today's) in the centre's MLflow against the model version, unless
+    the centre has that day's record already; returns the warnings."""
     from pipelines import tracking
 
     day = day or dt.date.today().isoformat()
     experiment = tracking.experiment_id(task)
+    tags = {"fedauc_role": ROLE, "site": site, "day": day, "model": model, "model_version": version}
+    if MlflowClient().search_runs([experiment], " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items()),
+                                  max_results=1):
+        return []
     warnings = []
     metrics = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
     for disease, binned in summary["histograms"].items():
@@ -186,8 +194,7 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
         if value > PSI_WARNING:
             warnings.append(f"drift: site {site}, {disease}: PSI {value:.2f} > {PSI_WARNING} between model {model} "
                             f"v{version}'s scores of {day} and the site's validation scores")
-    with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site} {day}", tags={
-            "fedauc_role": ROLE, "site": site, "day": day, "model": model, "model_version": version}):
+    with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site} {day}", tags=tags):
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
         mlflow.log_dict(summary, "scoring_aggregates.json")
         if warnings:

@@ -52,16 +52,16 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
         reference = _validation_scores(scorer, shards_root / site.name)
     echo(f"{summary.studies_found} studies found, {summary.studies_skipped} already scored, "
          f"{summary.studies_reported} reported, {summary.studies_without_image} without an image the model takes")
-    counted = drift.tally(summary.rows, reference, scorer.contract.diseases)
-    closed = drift.DayTallies(drift_file(shards_root, site.name)).add(f"{scorer.name}/{scorer.version}", today,
-                                                                       counted)
+    days = drift.DayTallies(drift_file(shards_root, site.name))
+    closed = days.add(f"{scorer.name}/{scorer.version}", today,
+                      drift.tally(summary.rows, reference, scorer.contract.diseases))
     sent, warnings = [], []
-    for key, day, day_tally in closed:
+    for key, day, day_tally in closed if report_to_centre else []:
         name, version = key.rsplit("/", 1)
         aggregates = drift.release(day_tally, site.sharing, withhold_histograms=site.privacy is not None)
+        warnings += drift.record(site.task, site.name, name, version, aggregates, day)
+        days.sent(key, day)
         sent.append({"day": day, "model": name, "model_version": version, "aggregates": aggregates})
-        if report_to_centre:
-            warnings += drift.record(site.task, site.name, name, version, aggregates, day)
     for warning in warnings:
         echo(warning)
     return {"sent": sent, "warnings": warnings, "studies_reported": summary.studies_reported}
