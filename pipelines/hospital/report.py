@@ -5,8 +5,9 @@ Version), the operating point and where its thresholds come from, a statement th
 diagnosis (DCM 121106 Comment), then per scored image a container that references it by SOP Class and
 Instance UID (IMAGE) and holds per disease its probability (NUM, UCUM "1") and its decision at the operating
 point (TEXT); the model's provenance (``contract.Provenance``: its federation, number of sites, training
-run, and whether any site's images were synthetic) as TEXT items beside its name. The SR goes into the study in a series of its own, described ``SERIES_DESCRIPTION`` +
-model + version: what the scoring job looks for to know that a study was scored by a model version.
+run, and whether any site's images were synthetic) as TEXT items beside its name. The SR goes into the study
+in a series of its own, described ``SERIES_DESCRIPTION`` + model + version: what the scoring job looks for to
+know that a study was scored by a model version.
 """
 
 from __future__ import annotations
