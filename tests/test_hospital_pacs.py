@@ -89,6 +89,8 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     expected = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(incoming)) for p in files], workers=0)
                 if r["status"] == "scored"}
     lateral = pydicom.dcmread(files[1], stop_before_pixels=True).SOPInstanceUID
+    (refused,) = [row for row in first.rows if row["sop_uid"] == lateral]
+    assert refused["reason"] == "excluded_view" and "ViewPosition LL (view LATERAL)" in refused["detail"]
     assert set(content["images"]) == set(expected) and lateral not in content["images"]
     for uid, scores in content["images"].items():
         for disease in scorer.contract.diseases:

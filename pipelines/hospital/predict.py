@@ -136,7 +136,8 @@ def _out_of_contract(contract: ModelContract, path: str, row: dict) -> tuple[Rea
     position = str(header.get("ViewPosition", "") or "").strip().upper()
     view = _VIEW_NAMES.get(position, "unknown") if position else None
     if contract.views and view is not None and view not in contract.views:
-        return Reason.EXCLUDED_VIEW, f"{path}: ViewPosition {view}; the model was trained on {', '.join(contract.views)}"
+        return Reason.EXCLUDED_VIEW, (f"{path}: ViewPosition {position} (view {view}); the model was trained on "
+                                      f"{', '.join(contract.views)}")
     parts, regions = body_parts_named(header)
     outside = ([f"BodyPartExamined {part}" for part in parts if contract.body_parts and part not in contract.body_parts]
                + [f"Anatomic Region {code}" for code in regions
