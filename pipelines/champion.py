@@ -80,7 +80,8 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
             mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
-    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
+    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
+                            mlflow.active_run().info.run_id)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:

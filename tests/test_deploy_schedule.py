@@ -247,7 +247,7 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
                       "model": "models:/fedauc-chest-xray/1"}
         with get_client(sync_client=True) as client:
             if not client.read_deployments():
-                assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+                assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "demo").returncode == 0
             deployment = client.read_deployment_by_name("score_pacs/pacs-scoring-hanoi")
             assert deployment.global_concurrency_limit.limit == 1  # one run at a time
             assert "PASSWORD" not in str(deployment.parameters).upper()

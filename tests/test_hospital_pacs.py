@@ -6,7 +6,6 @@ that errs or says no: tests/test_hospital_pacs_*.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlflow
@@ -48,9 +47,7 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     files = [radiograph(incoming / "pa.dcm", generated, "P1", "PA", 1),
              radiograph(incoming / "lat.dcm", generated, "P1", "LL", 2),  # a view the model was not trained on
              radiograph(incoming / "ap.dcm", generated, "P1", "AP", 3)]
-    # A real CR chest PA (pydicom-data's RG1, MONOCHROME1, 1955 x 1841), dated today. The lower leg (RG3_UNCR:
-    # BodyPartExamined EXTREMITY, ViewPosition AP) belongs here too, refused wrong_body_part, once the model
-    # contract knows body parts (issue 41, item 3).
+    # A real CR chest PA (pydicom-data's RG1, MONOCHROME1, 1955 x 1841), dated today.
     real_study = generate_uid()
     real_cr = restudy(Path(get_testdata_file("RG1_UNCR.dcm")), tmp_path / "rg1.dcm", real_study, "P2", 1)
     ct = restudy(Path(get_testdata_file("CT_small.dcm")), tmp_path / "ct.dcm", generate_uid(), "P3", 1)
@@ -88,15 +85,21 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
         run(sinks=[StopBefore(generated)])
     assert sr.written(generated, scorer.name, scorer.version) is None
 
+    # A real CR of a lower leg (pydicom-data's RG3: BodyPartExamined EXTREMITY, ViewPosition AP) arrives: a
+    # body part the chest model does not read, refused wrong_body_part, no SR in its study.
+    leg_study = generate_uid()
+    upload(orthanc, restudy(Path(get_testdata_file("RG3_UNCR.dcm")), tmp_path / "rg3.dcm", leg_study, "P4", 1))
+
     # Whichever study came before the stop was stored whole; this run does the rest. The CT-only study is
     # not a study the model could take: the search leaves it out.
     done_before = int(sr.written(real_study, scorer.name, scorer.version) is not None)
     first = run()
-    assert (first.studies_found, first.studies_without_image, first.failed) == (2, 0, {})
+    assert (first.studies_found, first.studies_without_image, first.failed) == (3, 1, {})
     assert (first.studies_reported, first.studies_skipped) == (2 - done_before, done_before)
     assert sr.written(generated, scorer.name, scorer.version) and sr.written(real_study, scorer.name, scorer.version)
-    (refusal,) = [row for row in first.rows if row["status"] == "refused"]  # the DX lateral, retrieved, refused
-    assert refusal["reason"] == "excluded_view"
+    assert sr.written(leg_study, scorer.name, scorer.version) is None
+    refusals = {row["study_uid"]: row["reason"] for row in first.rows if row["status"] == "refused"}
+    assert refusals == {generated: "excluded_view", leg_study: "wrong_body_part"}  # the DX lateral; the leg
 
     # Read back: the SR of the generated study references the two accepted radiographs, not the lateral.
     (report_read,) = reports_in(web, generated, tmp_path / "read-back")
@@ -106,6 +109,8 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     expected = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(incoming)) for p in files], workers=0)
                 if r["status"] == "scored"}
     lateral = pydicom.dcmread(files[1], stop_before_pixels=True).SOPInstanceUID
+    (refused,) = [row for row in first.rows if row["sop_uid"] == lateral]
+    assert refused["reason"] == "excluded_view" and "ViewPosition LL (view LATERAL)" in refused["detail"]
     assert set(content["images"]) == set(expected) and lateral not in content["images"]
     for uid, scores in content["images"].items():
         for disease in scorer.contract.diseases:
@@ -117,8 +122,9 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     assert sr_row["reason"] == "not_an_image"
 
     # The scheduled job (`fedauc pacs`): PACS and user from the site YAML, the password from the environment;
-    # its state is elsewhere, yet it finds the studies' SRs and scores none of them again; only aggregates go to
-    # the centre.
+    # its state is elsewhere, yet it finds the studies' SRs and scores none of them again; a run that scores
+    # nothing sends nothing to the centre (a day's aggregates leave once, the next day:
+    # tests/test_hospital_contract.py).
     site = tmp_path / "hospital.yaml"
     site.write_text(yaml.safe_dump({"name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray",
                                     "image_size": 32, "min_image_size": 16, "sharing": {"min_count": 1},
@@ -128,8 +134,6 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
                                  "--shards", str(tmp_path / "shards")])
     assert result.exit_code == 0, result.output
     assert "2 already scored, 0 reported," in result.output and PASSWORD not in result.output
-    (run,) = mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
-                                filter_string="tags.fedauc_role = 'hospital-scoring'")
-    sent = json.dumps(mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/scoring_aggregates.json"))
-    assert generated not in sent and "incoming" not in sent and PASSWORD not in sent and USER not in sent
+    assert mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
+                              filter_string="tags.fedauc_role = 'hospital-scoring'") == []
     assert len(reports_in(web, generated, tmp_path / "again")) == 1

@@ -41,6 +41,8 @@ def predict_command(
 
     tracking.configure()
     sites = [load_site(p) for p in inputs if p.endswith((".yaml", ".yml")) and Path(p).is_file()]
+    for site in sites:  # before the model is fetched: a site that only scores its PACS has no dataset to score
+        site.require_dataset("predict on its dataset")
     task = task or (sites[0].task if sites else None)
     with batch.scratch_folder() as folder:
         scorer = batch.load_registered(model, task, Path(folder))
@@ -96,14 +98,18 @@ def pacs_command(
     since: datetime = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="Look at studies dated from this "
                                    "day (YYYY-MM-DD) on, this run (default: pacs.lookback_days before the last run, "
                                    "before today on the first)."),
+    allow_synthetic_model: bool = typer.Option(False, "--allow-synthetic-model", help="Write the decisions of a "
+                                               "model trained on synthetic images (or one that does not say) into "
+                                               "the PACS: a demo's or a test's PACS only."),
 ) -> None:
-    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; the run's aggregate
-    counts and histograms go to the centre's MLflow (what the scheduled deployment runs). Exits 1 when a
-    study could not be retrieved whole (named here, retried on later runs), after scoring the rest."""
+    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; once a day, the day's
+    aggregate counts and histograms go to the centre's MLflow (what the scheduled deployment runs). Exits 1
+    when a study could not be retrieved whole (named here, retried on later runs), after scoring the rest."""
     from pipelines import tracking
     from pipelines.hospital import job
     from pipelines.onboarding import shards_root
 
     tracking.configure()
     job.run(site, shards_root(shards), model, operating_point, echo=typer.echo,
-            local=lambda line: typer.echo(line, err=True), since=since.date() if since else None)
+            local=lambda line: typer.echo(line, err=True), since=since.date() if since else None,
+            allow_synthetic_model=allow_synthetic_model)

@@ -7,7 +7,7 @@ registration stores it in MLflow (a torch.export program that is also a pyfunc m
 ``federated.predict.predict_scores``. ``thresholds``: operating points from score histograms. ``pacs``:
 the DICOMweb scoring job, over ``dicomweb`` (the PACS through dicomweb-client), with ``pacs_state`` (what it
 remembers of each study between runs) and ``sinks`` (where results go, the SR of ``report`` last). ``drift``:
-what a scoring run may tell the centre, and the drift figure the centre computes from it.
+what a day of scoring may tell the centre, and the drift figure the centre computes from it.
 
 Importable and testable without a Prefect or MLflow server.
 """

@@ -4,15 +4,17 @@ A hospital that loads ``models:/fedauc-<task>@champion`` finds in it (``fedauc_c
 folder and the same JSON under ``fedauc`` in the MLmodel's metadata) the task, the disease of each output in
 order, how a file becomes the network's input (preprocessing's decoder version and limits, tile size,
 channels, the modalities and views the task accepts: the settings the shards it was trained on were made
-with), the network and its input shape, the fedauc code version that trained it and the operating points
-read from the pooled validation histograms. docs/deploy.md section 1 describes each field.
+with), the body parts the task is read on, the network and its input shape, the fedauc code version that
+trained it, the operating points read from the pooled validation histograms and the model's provenance (its
+federation, the number of sites, the training run, whether any site's images were synthetic). docs/deploy.md
+section 1 describes each field.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.scoring import ModelToScore
 from pipelines.hospital.thresholds import OperatingPoints
@@ -25,6 +27,34 @@ from preprocessing.tiles import TransformSettings
 CONTRACT_FILE = "fedauc_contract.json"
 METADATA_KEY = "fedauc"
 CONTRACT_FORMAT = 1
+# The body parts a task's images show, as DICOM names them: BodyPartExamined (0018,0015) defined terms and
+# Anatomic Region Sequence (0008,2218) codes ("<scheme>:<code>"). Chest X-ray: CHEST and THORAX; SNOMED CT
+# 816094009 (Chest, Thorax: DICOM's current code), 51185008 (Thoracic structure, its earlier one) and SNOMED-RT
+# T-D3000 (Chest, as older files carry it). Dermoscopy has no gate: a lesion may be anywhere on the skin, and
+# XC/OT/GM dermoscopy files rarely carry either attribute.
+BODY_PARTS: dict[str, tuple[str, ...]] = {"chest-xray": ("CHEST", "THORAX"), "melanoma": ()}
+ANATOMIC_REGIONS: dict[str, tuple[str, ...]] = {
+    "chest-xray": ("SCT:816094009", "SCT:51185008", "SRT:T-D3000"), "melanoma": ()}
+
+
+class Provenance(BaseModel):
+    """What the model was trained on, as the centre knew it when it registered the model."""
+
+    model_config = ConfigDict(extra="forbid")
+    federation: str
+    sites: int  # how many hospitals trained it
+    training_run: str  # the training's MLflow run id
+    synthetic_sites: list[str] = Field(default_factory=list)  # the sites whose images were synthetic
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.synthetic_sites)
+
+    def describe(self) -> str:
+        data = (f"synthetic images at {len(self.synthetic_sites)} of them ({', '.join(self.synthetic_sites)})"
+                if self.synthetic else "no synthetic images")
+        return (f"trained by federation {self.federation} of {self.sites} site{'s' * (self.sites != 1)}, "
+                f"{data}; MLflow training run {self.training_run}")
 
 
 class ModelContract(BaseModel):
@@ -48,8 +78,22 @@ class ModelContract(BaseModel):
     normalisation: str = "uint8 tile / 255, channels first"
     allowed_modalities: list[str]  # DICOM Modality values accepted; a file without the tag is accepted
     views: list[str]  # DICOM ViewPosition values accepted (chest X-ray); empty: any
+    # BodyPartExamined values and Anatomic Region codes accepted; empty: any. A file that names no body part is
+    # accepted, as one without a Modality or ViewPosition is. None (a contract written before the gate): the
+    # task's gate.
+    body_parts: list[str] | None = None
+    anatomic_regions: list[str] | None = None
     code_version: str
     operating_points: OperatingPoints | None = None
+    provenance: Provenance | None = None  # None: registered before models said what they were trained on
+
+    @model_validator(mode="after")
+    def _task_gate_by_default(self) -> ModelContract:
+        if self.body_parts is None:
+            self.body_parts = list(BODY_PARTS[self.task])
+        if self.anatomic_regions is None:
+            self.anatomic_regions = list(ANATOMIC_REGIONS[self.task])
+        return self
 
     def transform(self) -> TransformSettings:
         return TransformSettings(task=self.task, image_size=self.image_size, min_image_size=self.min_image_size,
@@ -62,10 +106,10 @@ class ModelContract(BaseModel):
 
 
 def contract_for(federation: Federation, network: str, network_kwargs: dict, input_shape: tuple[int, ...],
-                 code_version: str, operating_points: OperatingPoints | None) -> ModelContract:
-    """The contract of a model trained on ``federation``'s shards. The sites' YAMLs say how their shards were
-    made; the first site's decoding settings are the contract's (every site of a federation tiles to the same
-    input shape), the views are those any site trained on."""
+                 code_version: str, operating_points: OperatingPoints | None, training_run: str) -> ModelContract:
+    """The contract of a model trained on ``federation``'s shards in the MLflow run ``training_run``. The sites'
+    YAMLs say how their shards were made; the first site's decoding settings are the contract's (every site of a
+    federation tiles to the same input shape), the views are those any site trained on."""
     first = federation.sites[0]
     views = sorted({view for site in federation.sites for view in site.views}) if first.task in VIEW_TASKS else []
     return ModelContract(task=federation.task, diseases=list(first.diseases), network=network,
@@ -73,4 +117,9 @@ def contract_for(federation: Federation, network: str, network_kwargs: dict, inp
                          image_size=int(input_shape[-1]), min_image_size=first.min_image_size,
                          decode_limits=first.decode_limits, channels=int(input_shape[0]),
                          allowed_modalities=sorted(ALLOWED_MODALITIES[federation.task]), views=views,
-                         code_version=code_version, operating_points=operating_points)
+                         body_parts=list(BODY_PARTS[federation.task]),
+                         anatomic_regions=list(ANATOMIC_REGIONS[federation.task]),
+                         code_version=code_version, operating_points=operating_points,
+                         provenance=Provenance(federation=federation.name, sites=len(federation.sites),
+                                               training_run=training_run,
+                                               synthetic_sites=federation.synthetic_sites()))

@@ -20,7 +20,8 @@ Each run (docs/deploy.md section 3 has the states a study goes through):
 
 The PACS address and credentials come from the site YAML's ``pacs:`` block or the environment
 (``FEDAUC_PACS_URL``, ``FEDAUC_PACS_USERNAME``, ``FEDAUC_PACS_PASSWORD``); they stay at the hospital, as do
-study UIDs: the summary's ``failed`` is for the local log, what leaves is drift.aggregates of ``rows``.
+study UIDs: the summary's ``failed`` is for the local log; ``rows`` become the day's drift tally
+(``drift.tally``), of which only ``drift.release`` leaves.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ def _one_study(job: _Run, study: str, entry: dict) -> None:
     previous = entry.get("reports", [])
     result = StudyResult(study, images, [r for r in rows if r["status"] == SCORED], scorer.contract.diseases,
                          scorer.name, scorer.version, job.point, job.point_source,
-                         report_uid=hd.UID(), report_series=hd.UID(), supersedes=previous)
+                         report_uid=hd.UID(), report_series=hd.UID(), supersedes=previous,
+                         provenance=scorer.contract.provenance)
     for output in job.outputs:
         output.write(result)
     entry.update(reports=[*previous, {"study": study, "series": result.report_series, "sop": result.report_uid,

@@ -14,6 +14,7 @@ from typing import Protocol
 import pydicom
 
 from pipelines.hospital import report
+from pipelines.hospital.contract import Provenance
 from pipelines.hospital.dicomweb import Pacs
 
 
@@ -34,6 +35,7 @@ class StudyResult:
     report_uid: str
     report_series: str
     supersedes: list[dict] = field(default_factory=list)
+    provenance: Provenance | None = None  # what the model was trained on, as its contract says
 
 
 class ResultSink(Protocol):
@@ -65,7 +67,7 @@ class DicomSrSink:
         self.pacs.store(report.study_report(
             result.images, result.rows, result.diseases, result.model, result.version, result.point,
             result.point_source, sop_instance_uid=result.report_uid, series_instance_uid=result.report_series,
-            previous=[_reference(p) for p in result.supersedes]))
+            previous=[_reference(p) for p in result.supersedes], provenance=result.provenance))
 
 
 def _reference(previous: dict) -> pydicom.Dataset:
