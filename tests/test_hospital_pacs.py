@@ -12,7 +12,7 @@ import mlflow
 import pydicom
 import pytest
 import yaml
-from pacs_files import dciodvfy_errors, reports_in, restudy
+from pacs_files import Adversary, dciodvfy_errors, reports_in, restudy
 from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
@@ -34,12 +34,20 @@ def orthanc(tmp_path_factory):
         yield base
 
 
+@pytest.fixture
+def proxy(orthanc):
+    """The job's way to Orthanc, logging each request's path (what it retrieved)."""
+    adversary = Adversary(orthanc)
+    yield adversary
+    adversary.close()
+
+
 @pytest.fixture(scope="module")
 def chest_model(tmp_path_factory):
     return register_chest_model(tmp_path_factory.mktemp("store"))
 
 
-def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
+def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", chest_model)
     incoming = tmp_path / "incoming"
     incoming.mkdir()
@@ -57,7 +65,7 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     scorer = load_registered("models:/fedauc-chest-xray/1", None, tmp_path / "model")
     chosen = choose_points(scorer, "youden", None)
     monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
-    settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{orthanc}/dicom-web", username=USER,
+    settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{proxy.url}/dicom-web", username=USER,
                                                           password_env="TEST_PACS_PASSWORD"))
     web = pacs.connect(settings, auth)
     state = tmp_path / "state.json"
@@ -86,9 +94,11 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     assert sr.written(generated, scorer.name, scorer.version) is None
 
     # A real CR of a lower leg (pydicom-data's RG3: BodyPartExamined EXTREMITY, ViewPosition AP) arrives: a
-    # body part the chest model does not read, refused wrong_body_part, no SR in its study.
-    leg_study = generate_uid()
-    upload(orthanc, restudy(Path(get_testdata_file("RG3_UNCR.dcm")), tmp_path / "rg3.dcm", leg_study, "P4", 1))
+    # body part the chest model does not read. Its series says so: never retrieved, no SR in its study
+    # (predict's own wrong_body_part refusal of the file: tests/test_hospital_contract.py).
+    leg_study, leg_series, leg_file = generate_uid(), generate_uid(), tmp_path / "rg3.dcm"
+    upload(orthanc, restudy(Path(get_testdata_file("RG3_UNCR.dcm")), leg_file, leg_study, "P4", 1, series=leg_series))
+    assert pydicom.dcmread(leg_file, stop_before_pixels=True).BodyPartExamined == "EXTREMITY"
 
     # Whichever study came before the stop was stored whole; this run does the rest. The CT-only study is
     # not a study the model could take: the search leaves it out.
@@ -98,8 +108,9 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     assert (first.studies_reported, first.studies_skipped) == (2 - done_before, done_before)
     assert sr.written(generated, scorer.name, scorer.version) and sr.written(real_study, scorer.name, scorer.version)
     assert sr.written(leg_study, scorer.name, scorer.version) is None
-    refusals = {row["study_uid"]: row["reason"] for row in first.rows if row["status"] == "refused"}
-    assert refusals == {generated: "excluded_view", leg_study: "wrong_body_part"}  # the DX lateral; the leg
+    assert any(leg_study in line for line in proxy.log) and proxy.requested(leg_series) == []
+    (refusal,) = [row for row in first.rows if row["status"] == "refused"]  # the DX lateral, retrieved, refused
+    assert refusal["reason"] == "excluded_view"
 
     # Read back: the SR of the generated study references the two accepted radiographs, not the lateral.
     (report_read,) = reports_in(web, generated, tmp_path / "read-back")

@@ -82,12 +82,16 @@ class RunSummary:
 
 
 def accepted_series(scorer: Scorer, series: list[dict]) -> list[dict]:
-    """The series the model could take: a modality the contract accepts and, for CR (whose ViewPosition the
-    standard puts in the series), a view it accepts. DX/DR name views per image: predict checks those."""
+    """The series the model could take: a modality the contract accepts, a BodyPartExamined it reads (a
+    series that names none is taken: predict still checks each image's tag and Anatomic Region Sequence)
+    and, for CR (whose ViewPosition the standard puts in the series), a view it accepts. DX/DR name views
+    per image: predict checks those. A series left out is never retrieved."""
     contract = scorer.contract
     accepted = []
     for entry in series:
         if entry["modality"] not in contract.allowed_modalities or entry["instances"] == 0:
+            continue
+        if contract.body_parts and entry["body_part"] and entry["body_part"] not in contract.body_parts:
             continue
         if entry["modality"] == "CR" and contract.views and entry["view"] and \
                 view_name(entry["view"]) not in contract.views:
