@@ -5,6 +5,7 @@ a server error each give one line from the DICOMweb client too."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import socket
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.hospital import dicomweb, pacs
+from pipelines.hospital import dicomweb, job, pacs
 
 pytestmark = pytest.mark.slow
 RG1 = Path(get_testdata_file("RG1_UNCR.dcm"))
@@ -97,13 +98,23 @@ def test_a_study_the_pacs_fails_to_send_is_named_here_only_and_the_command_exits
     adversary.fail.add(f"/studies/{broken}/series/")  # its series search answers, its retrieval does not
     try:
         result = _fedauc_pacs(tmp_path, f"{adversary.url}/dicom-web", monkeypatch)
+        line = _one_error_line(result)
+        assert "1 study not retrieved whole (1: a series retrieval answered HTTP 500)" in line and broken not in line
+        assert f"study {broken} not retrieved whole: a series retrieval answered HTTP 500" in result.output
+        assert "1 reported," in result.output  # the other study was scored in the same run
+        assert scoring_runs() == []  # the day's counts stay here until a run of a later day
+        # The next day the study still fails; that run fails too, yet the closed day leaves, once.
+        with pytest.raises(job.StudiesNotRetrieved):
+            job.run(tmp_path / "hospital.yaml", tmp_path / "shards", "models:/fedauc-chest-xray/1", echo=lambda _: None,
+                    local=lambda _: None, now=dt.datetime.now().astimezone() + dt.timedelta(days=1))
     finally:
         adversary.close()
-    line = _one_error_line(result)
-    assert "1 study not retrieved whole (1: a series retrieval answered HTTP 500)" in line and broken not in line
-    assert f"study {broken} not retrieved whole: a series retrieval answered HTTP 500" in result.output
-    assert "1 reported," in result.output  # the other study was scored in the same run
-    (run,) = mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
-                                filter_string="tags.fedauc_role = 'hospital-scoring'")
+    (run,) = scoring_runs()
+    assert run.data.metrics["scored"] == 1
     sent = json.dumps(mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/scoring_aggregates.json"))
     assert broken not in sent and good not in sent and str(tmp_path) not in sent
+
+
+def scoring_runs() -> list:
+    return mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
+                              filter_string="tags.fedauc_role = 'hospital-scoring'")
