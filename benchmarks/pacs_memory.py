@@ -61,8 +61,8 @@ def child(url: str, user: str, password: str, state: str) -> None:
 
     from federated.network import build_named
     from pipelines.hospital import pacs
-    from pipelines.hospital.contract import ModelContract
-    from pipelines.hospital.predict import Scorer
+    from pipelines.model_package.contract import ModelContract
+    from pipelines.model_package.predict import Scorer
     from preprocessing.records import TASK_DISEASES
 
     torch.set_num_threads(1)

@@ -23,8 +23,8 @@ from pydicom.uid import generate_uid
 from federated.network import build_named
 from pipelines import registry
 from pipelines.champion import synthetic_input_example
-from pipelines.hospital import thresholds
-from pipelines.hospital.contract import ModelContract, Provenance
+from pipelines.model_package import thresholds
+from pipelines.model_package.contract import ModelContract, Provenance
 
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 USER, PASSWORD = "hospital", "s3cret-pacs"

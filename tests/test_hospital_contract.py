@@ -28,11 +28,11 @@ from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.hospital import drift, job, pacs, report
-from pipelines.hospital.batch import load_registered
-from pipelines.hospital.contract import METADATA_KEY, ModelContract, contract_for
-from pipelines.hospital.predict import Item, score_items
+from pipelines.hospital import dicom_sr, drift, job, pacs
 from pipelines.hospital.sinks import DicomSrSink
+from pipelines.model_package.contract import METADATA_KEY, ModelContract, contract_for
+from pipelines.model_package.loading import load_registered
+from pipelines.model_package.predict import Item, score_items
 from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
@@ -126,9 +126,9 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
     assert registered.provenance.federation == "pacs-test" and not registered.provenance.synthetic
     image = pydicom.dcmread(radiograph(tmp_path / "pa.dcm", generate_uid(), "P1", "PA", 1), stop_before_pixels=True)
     row = {"p_A": 0.25, "A": False}
-    sr = report.study_report([image], [row], ["A"], "fedauc-chest-xray", "3", "youden", "test",
+    sr = dicom_sr.study_report([image], [row], ["A"], "fedauc-chest-xray", "3", "youden", "test",
                              provenance=provenance)
-    content = report.read_report(sr)
+    content = dicom_sr.read_report(sr)
     assert content["Training federation"] == "demo-chest" and content["Training sites"] == "4"
     assert content["Training run"] == "0123abcd"
     assert content["Synthetic training data"] == "yes: stanford, nih, san-juan, hanoi"
@@ -136,7 +136,7 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
         sr.save_as(tmp_path / "sr.dcm", enforce_file_format=True)
         checked = subprocess.run(["dciodvfy", str(tmp_path / "sr.dcm")], capture_output=True, text=True)
         assert [line for line in (checked.stdout + checked.stderr).splitlines() if line.startswith("Error")] == []
-    unknown = report.read_report(report.study_report([image], [row], ["A"], "m", "1", "youden", "test"))
+    unknown = dicom_sr.read_report(dicom_sr.study_report([image], [row], ["A"], "m", "1", "youden", "test"))
     assert unknown["Synthetic training data"].startswith("unknown")
 
 
@@ -230,7 +230,7 @@ def test_fedauc_pacs_refuses_a_synthetic_model_unless_told_and_reports_once_a_da
         allowed = runner.invoke(app, [*command, "--allow-synthetic-model"])
         assert allowed.exit_code == 0, allowed.output
         (sr,) = reports_in(web, first, tmp_path / "read-back")
-        assert report.read_report(sr)["Synthetic training data"] == "yes: stanford, hanoi"
+        assert dicom_sr.read_report(sr)["Synthetic training data"] == "yes: stanford, hanoi"
 
         def scoring_runs() -> list:
             return mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",

@@ -19,10 +19,10 @@ from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.hospital import pacs, report
-from pipelines.hospital.batch import choose_points, load_registered
-from pipelines.hospital.predict import Item, score_items
+from pipelines.hospital import dicom_sr, pacs
 from pipelines.hospital.sinks import DicomSrSink
+from pipelines.model_package.loading import choose_points, load_registered
+from pipelines.model_package.predict import Item, score_items
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -114,7 +114,7 @@ def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
 
     # Read back: the SR of the generated study references the two accepted radiographs, not the lateral.
     (report_read,) = reports_in(web, generated, tmp_path / "read-back")
-    content = report.read_report(report_read)
+    content = dicom_sr.read_report(report_read)
     assert content["Algorithm Name"] == "fedauc-chest-xray" and content["Algorithm Version"] == "1"
     assert "Not a diagnosis" in content["Comment"]
     expected = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(incoming)) for p in files], workers=0)

@@ -19,8 +19,8 @@ from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.hospital import pacs, report
-from pipelines.hospital.batch import choose_points, load_registered
+from pipelines.hospital import dicom_sr, pacs
+from pipelines.model_package.loading import choose_points, load_registered
 
 pytestmark = pytest.mark.slow
 MODEL = "models:/fedauc-chest-xray/1"
@@ -58,7 +58,7 @@ def test_every_transfer_syntax_is_scored_as_predict_scores_the_file(chest_model,
             direct = pacs.Pacs(f"{base}/dicom-web", (USER, PASSWORD))
             (sr,) = reports_in(direct, study, tmp_path / "read-back")
             assert dciodvfy_errors(sr, tmp_path / "sr.dcm") == []
-            content = report.read_report(sr)
+            content = dicom_sr.read_report(sr)
             expected = _predict(tmp_path / "incoming", tmp_path / "predict.csv")
             scored = {uid: row for uid, row in expected.items() if row["status"] == "scored"}
             assert len(scored) == len(files) and set(content["images"]) == set(scored)

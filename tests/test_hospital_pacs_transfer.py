@@ -15,8 +15,8 @@ from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_ch
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
-from pipelines.hospital import pacs, pacs_state, report
-from pipelines.hospital.batch import choose_points, load_registered
+from pipelines.hospital import dicom_sr, pacs, pacs_state
+from pipelines.model_package.loading import choose_points, load_registered
 
 pytestmark = pytest.mark.slow
 RG1 = Path(get_testdata_file("RG1_UNCR.dcm"))  # a real chest PA (CR)
@@ -74,7 +74,7 @@ def test_a_study_sent_in_parts_is_scored_once_stable_and_again_when_it_gains_an_
     assert first.studies_reported == 1 and first.failed == {}
     (sr,) = reports_in(direct, study, tmp_path / "first")
     pa = pydicom.dcmread(tmp_path / "pa.dcm", stop_before_pixels=True).SOPInstanceUID
-    assert set(report.read_report(sr)["images"]) == {pa}
+    assert set(dicom_sr.read_report(sr)["images"]) == {pa}
 
     # A DX lateral after the SR: retrieved (DX names views per image), refused, so no new SR.
     upload(base, radiograph(tmp_path / "lateral-dx.dcm", study, "P1", "LL", 3))
@@ -96,7 +96,7 @@ def test_a_study_sent_in_parts_is_scored_once_stable_and_again_when_it_gains_an_
     predecessor = newer.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0].ReferencedSOPSequence[0]
     assert predecessor.ReferencedSOPInstanceUID == older and newer.InstanceNumber == 2
     ap = pydicom.dcmread(tmp_path / "ap.dcm", stop_before_pixels=True).SOPInstanceUID
-    assert set(report.read_report(newer)["images"]) == {pa, ap}
+    assert set(dicom_sr.read_report(newer)["images"]) == {pa, ap}
     assert dciodvfy_errors(newer, tmp_path / "newer.dcm") == []
     assert run(40).studies_skipped == 1 and len(reports_in(direct, study, tmp_path / "third")) == 2
     # A study dated before the window leaves the state: it holds the window's studies, not the PACS's history.
@@ -146,4 +146,4 @@ def test_a_study_the_pacs_cannot_send_whole_fails_alone_and_is_retried_with_back
     healed = run(52 + 61)
     assert healed.failed == {} and healed.studies_reported == 1 and healed.studies_skipped == 1
     (sr,) = reports_in(direct, broken, tmp_path / "healed")
-    assert len(report.read_report(sr)["images"]) == 3
+    assert len(dicom_sr.read_report(sr)["images"]) == 3

@@ -20,8 +20,8 @@ from federated.predict import predict_scores
 from models.metrics.histograms import score_histograms
 from pipelines import evaluations
 from pipelines.cli import app
-from pipelines.hospital import thresholds as op
-from pipelines.hospital.contract import METADATA_KEY, ModelContract
+from pipelines.model_package import thresholds as op
+from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.shard_format import manifest_path
 
 pytestmark = pytest.mark.slow
@@ -289,7 +289,7 @@ def test_a_site_scored_whole_gives_a_row_to_every_record_its_scan_set_aside(tmp_
     is an item, refused when it is read (test_hostile_and_out_of_contract_files_get_a_row_with_their_reason)."""
     from conftest import generic_csv_site_yaml, write_generic_csv_site
 
-    from pipelines.hospital.batch import site_items
+    from pipelines.hospital.table import site_items
     from preprocessing.sites import SiteConfig
 
     labels = write_generic_csv_site(tmp_path, patients=6)

@@ -26,8 +26,10 @@ import torch
 
 from federated.data import load_shard
 from federated.predict import predict_scores
-from pipelines.hospital import batch, drift, pacs
-from pipelines.hospital.thresholds import hospital_file
+from pipelines.hospital import drift, pacs
+from pipelines.model_package import loading
+from pipelines.model_package.predict import Scorer
+from pipelines.model_package.thresholds import hospital_file
 from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.sites import load_site
 
@@ -52,10 +54,10 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
     site = load_site(site_yaml)
     settings, auth = pacs.settings_from(site.pacs)
     shards_root, now = Path(shards_root), now or dt.datetime.now().astimezone()
-    with batch.scratch_folder() as folder:
-        scorer = batch.load_registered(model, site.task, Path(folder))
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(model, site.task, Path(folder))
         check_provenance(scorer, allow_synthetic_model)
-        chosen = batch.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
+        chosen = loading.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
         echo(f"model {scorer.name} v{scorer.version}; operating point {point}: {chosen.source}")
         summary = pacs.score_pacs(pacs.connect(settings, auth), scorer, point, chosen.thresholds, chosen.source,
                                   state_file(shards_root, site.name), settings.lookback_days,
@@ -89,7 +91,7 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
     return {"sent": sent, "warnings": warnings, "studies_reported": summary.studies_reported}
 
 
-def check_provenance(scorer: batch.Scorer, allow_synthetic_model: bool) -> None:
+def check_provenance(scorer: Scorer, allow_synthetic_model: bool) -> None:
     """A ``ConfigError`` for a model whose decisions must not go into a hospital's PACS: one trained on
     synthetic images, or one that does not say what it was trained on, unless allowed."""
     provenance = scorer.contract.provenance
@@ -102,7 +104,7 @@ def check_provenance(scorer: batch.Scorer, allow_synthetic_model: bool) -> None:
                           "(a demo's or a test's PACS)")
 
 
-def _validation_scores(scorer: batch.Scorer, site_shards: Path) -> np.ndarray:
+def _validation_scores(scorer: Scorer, site_shards: Path) -> np.ndarray:
     """The site's validation split scored by the model (no reference, hence no histograms, without one)."""
     try:
         valid = load_shard(site_shards).splits.get("valid")

@@ -40,8 +40,8 @@ from pydicom.uid import ComprehensiveSRStorage
 
 from pipelines.hospital import pacs_state
 from pipelines.hospital.dicomweb import Pacs, StudyNotRetrieved
-from pipelines.hospital.predict import SCORED, Item, Scorer, decisions, score_items, view_name
 from pipelines.hospital.sinks import DicomSrSink, ResultSink, StudyResult
+from pipelines.model_package.predict import SCORED, Item, Scorer, decisions, score_items, view_name
 from preprocessing.errors import ConfigError
 from preprocessing.sites import PacsSettings
 

@@ -13,9 +13,9 @@ from typing import Protocol
 
 import pydicom
 
-from pipelines.hospital import report
-from pipelines.hospital.contract import Provenance
+from pipelines.hospital import dicom_sr
 from pipelines.hospital.dicomweb import Pacs
+from pipelines.model_package.contract import Provenance
 
 
 @dataclass
@@ -47,24 +47,24 @@ class ResultSink(Protocol):
 
 
 class DicomSrSink:
-    """The study's Comprehensive SR (report.study_report), stored into the study through STOW-RS."""
+    """The study's Comprehensive SR (dicom_sr.study_report), stored into the study through STOW-RS."""
 
     def __init__(self, pacs: Pacs):
         self.pacs = pacs
 
     def written(self, study: str, model: str, version: str) -> dict | None:
-        description = report.series_description(model, version)
+        description = dicom_sr.series_description(model, version)
         # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.10 matches none).
         ours = [s for s in self.pacs.series(study) if s["modality"] == "SR" and s["description"] == description]
         references = [{"study": study, "series": s["series"], **i} for s in ours
                       for i in self.pacs.instances(study, s["series"])]
         if not references:
             return None
-        latest = max(references, key=lambda r: r["number"])  # each version numbers itself (report.study_report)
+        latest = max(references, key=lambda r: r["number"])  # each version numbers itself (dicom_sr.study_report)
         return {k: latest[k] for k in ("study", "series", "sop", "sop_class")}
 
     def write(self, result: StudyResult) -> None:
-        self.pacs.store(report.study_report(
+        self.pacs.store(dicom_sr.study_report(
             result.images, result.rows, result.diseases, result.model, result.version, result.point,
             result.point_source, sop_instance_uid=result.report_uid, series_instance_uid=result.report_series,
             previous=[_reference(p) for p in result.supersedes], provenance=result.provenance))

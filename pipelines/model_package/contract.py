@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.scoring import ModelToScore
-from pipelines.hospital.thresholds import OperatingPoints
+from pipelines.model_package.thresholds import OperatingPoints
 from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeLimits
 from preprocessing.federation import Federation
 from preprocessing.records import VIEW_TASKS

@@ -24,7 +24,7 @@ from highdicom.sr import (
     TextContentItem,
 )
 
-from pipelines.hospital.contract import Provenance
+from pipelines.model_package.contract import Provenance
 
 SERIES_DESCRIPTION = "fedauc scores"
 NOT_A_DIAGNOSIS = ("Computer-generated scores of a machine-learning model (fedauc), for research and triage "

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from federated.predict import predict_scores
-from pipelines.hospital.contract import ModelContract
+from pipelines.model_package.contract import ModelContract
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk
