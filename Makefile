@@ -11,15 +11,16 @@ export MPLBACKEND := Agg
 
 .PHONY: setup system-packages test demo bench clean
 
-# The PACS tests' real Orthanc (with DICOMweb) and dciodvfy, from Debian, where this runs as root and lacks
-# them; elsewhere those tests skip and say why.
-SYSTEM_PACKAGES := orthanc orthanc-dicomweb dicom3tools
+# The PACS tests' real Orthanc (with DICOMweb), dciodvfy and dcmtk (the radiographs re-encoded in each transfer
+# syntax), from Debian, where this runs as root and lacks them; elsewhere those tests skip and say why.
+SYSTEM_PACKAGES := orthanc orthanc-dicomweb dicom3tools dcmtk
 
 setup: $(VENV)/.installed system-packages
 
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    ! { command -v Orthanc && command -v dciodvfy && test -f /usr/share/orthanc/plugins/libOrthancDicomWeb.so; } >/dev/null; then \
+	    ! { command -v Orthanc && command -v dciodvfy && command -v dcmcjpls && \
+	        test -f /usr/share/orthanc/plugins/libOrthancDicomWeb.so; } >/dev/null; then \
 		(apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES) || \
 		 { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); }) >/dev/null \
 		|| echo "could not install $(SYSTEM_PACKAGES): the PACS tests will skip"; \

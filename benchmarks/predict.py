@@ -6,7 +6,7 @@ N synthetic chest radiographs (VinDr-CXR DICOMs from the synthetic hospitals, 64
 
 * baseline: ``preprocessing.tiles.process_file`` on each file (decode, resize) and ``predict_scores`` on the
   tiles, in a loop: the least any scoring path pays;
-* predict: ``pipelines.hospital.batch.predict_to_table`` (chunks, DICOM header and UIDs, the view check,
+* predict: ``pipelines.hospital.table.predict_to_table`` (chunks, DICOM header and UIDs, the view check,
   decisions, rows, a Parquet table written chunk by chunk).
 
 Target: predict >= 0.8 x the baseline's images per CPU-second. Best of ``--rounds`` interleaved rounds.
@@ -26,9 +26,10 @@ import torch
 
 from federated.network import build_named
 from federated.predict import predict_scores
-from pipelines.hospital.batch import Chosen, predict_to_table
-from pipelines.hospital.contract import ModelContract
-from pipelines.hospital.predict import Item, Scorer
+from pipelines.hospital.table import predict_to_table
+from pipelines.model_package.contract import ModelContract
+from pipelines.model_package.loading import Chosen
+from pipelines.model_package.predict import Item, Scorer
 from preprocessing.records import TASK_DISEASES
 from preprocessing.synth import generate_site
 from preprocessing.tiles import Chunk, process_file

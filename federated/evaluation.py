@@ -241,7 +241,7 @@ class Evaluation:
     # the centre needs no site's data for it. None when no site holds a test split.
     test_histograms: np.ndarray | None = None
     # The valid split's, likewise: the registered model's operating points are read from them
-    # (pipelines/hospital/thresholds.py).
+    # (pipelines/model_package/thresholds.py).
     valid_histograms: np.ndarray | None = None
 
 

@@ -33,8 +33,8 @@ from federated.schema import COLLAPSED_TAG, SELECTION_METRIC
 from federated.scoring import ModelToScore
 from federated.version import code_version
 from pipelines import evaluations, registry
-from pipelines.hospital import thresholds
-from pipelines.hospital.contract import contract_for
+from pipelines.model_package import thresholds
+from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
 
 
@@ -47,7 +47,7 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     statistics the registered model's own evaluation) and the current champion's on these sites (re-evaluated
     here where it has none), so promotion only compares. Returns (version, promoted).
 
-    The model is registered with its contract (``pipelines.hospital.contract``) and its operating points, read
+    The model is registered with its contract (``pipelines.model_package.contract``) and its operating points, read
     from the training's last evaluation's pooled validation histograms or, where that evaluation did not score
     the registered model (BatchNorm statistics kept local: it scored the sites' own models), from an evaluation
     of the registered model itself."""
@@ -80,7 +80,8 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
             mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
-    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points)
+    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
+                            mlflow.active_run().info.run_id)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:

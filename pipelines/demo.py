@@ -145,7 +145,9 @@ def score_new_studies(task_name: str) -> str:
     `fedauc predict` writes, in demo_data/new-studies/), as a Markdown table of probabilities and decisions."""
     import pandas as pd
 
-    from pipelines.hospital import batch
+    from pipelines.hospital import table
+    from pipelines.model_package import loading
+    from pipelines.model_package.predict import Item
 
     folder = DEMO_DATA / "new-studies" / task_name
     fmt, profile = NEW_STUDIES[task_name]
@@ -154,10 +156,10 @@ def score_new_studies(task_name: str) -> str:
                       progress=False)
     images = [path for path in sorted(folder.rglob("*")) if path.suffix in (".dcm", ".dicom")]
     out = DEMO_DATA / "new-studies" / f"{task_name}-scores.csv"
-    with batch.scratch_folder() as scratch:
-        scorer = batch.load_registered(None, task_name, Path(scratch))
-        chosen = batch.choose_points(scorer, "youden", None)
-        batch.predict_to_table(scorer, (batch.Item(str(p), str(folder.resolve())) for p in images), out, chosen,
+    with loading.scratch_folder() as scratch:
+        scorer = loading.load_registered(None, task_name, Path(scratch))
+        chosen = loading.choose_points(scorer, "youden", None)
+        table.predict_to_table(scorer, (Item(str(p), str(folder.resolve())) for p in images), out, chosen,
                                workers=0)
     table = pd.read_csv(out, keep_default_na=False)
     shown = pd.DataFrame({"image": table["source"].map(lambda s: Path(s).name[:12]), "status": table["status"]})

@@ -37,7 +37,7 @@ from federated.launch import InProcess, Launcher
 from federated.schema import MetricKey
 from federated.scoring import ModelToScore
 from pipelines import plots, registry, tracking
-from pipelines.hospital.contract import METADATA_KEY, ModelContract
+from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
@@ -70,7 +70,7 @@ def fingerprint(shard_hashes: dict[str, str]) -> str:
 
 def model_to_score(task: str, version: str) -> tuple[ModelToScore, dict[str, torch.Tensor]]:
     """Registered version ``version`` of ``fedauc-<task>`` as it travels to the sites: the network, its input
-    shape and classes from the model's contract (``pipelines.hospital.contract``), and the registered weights."""
+    shape and classes from the model's contract (``pipelines.model_package.contract``), and the registered weights."""
     name = schema.registered_model_name(task)
     uri = f"models:/{name}/{version}"
     try:

@@ -39,8 +39,8 @@ def register_model(
     (:func:`collapsed_splits`); such a version is tagged with them and never becomes champion. ``evaluation``:
     the fingerprint of the sites and shards ``selection_metric`` was measured on; the current champion's score
     there is recorded before (:func:`record_score`, pipelines/champion.py), so registering only compares.
-    ``contract`` (a ``pipelines.hospital.contract.ModelContract``): what the model says about itself; with it
-    the model is also a pyfunc model that scores image files (``pipelines.hospital.flavor``), without it (the
+    ``contract`` (a ``pipelines.model_package.contract.ModelContract``): what the model says about itself; with it
+    the model is also a pyfunc model that scores image files (``pipelines.model_package.flavor``), without it (the
     registry's own tests) the bare program is logged.
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
@@ -59,7 +59,7 @@ def register_model(
     # MLflow prints "Successfully registered model ... Created version ..." to stderr: fedauc says it itself.
     with contextlib.redirect_stderr(io.StringIO()):
         if contract is not None:
-            from pipelines.hospital.flavor import log_model
+            from pipelines.model_package.flavor import log_model
 
             info = log_model(model, contract, input_example, requirements, name)
         else:

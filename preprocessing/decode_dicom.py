@@ -69,16 +69,17 @@ def decode_dicom(
     if not identified:
         raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: not a DICOM file (no SOP Class UID, no pixel data)")
 
+    # Without pixel data first: a report or a presentation state is no image whatever its Modality (SR, PR).
+    if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+        sop_class = ds.get("SOPClassUID")
+        kind = sop_class.name if sop_class is not None else "unknown SOP class"
+        raise DecodeError(Reason.NOT_AN_IMAGE, f"{path}: DICOM object without pixel data ({kind})")
     modality = str(ds.get("Modality", "") or "").strip().upper() or None
     if allowed_modalities is not None and modality is not None and modality not in allowed_modalities:
         raise DecodeError(
             Reason.WRONG_MODALITY,
             f"{path}: Modality {modality!r}, expected one of {sorted(allowed_modalities)}",
         )
-    if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        sop_class = ds.get("SOPClassUID")
-        kind = sop_class.name if sop_class is not None else "unknown SOP class"
-        raise DecodeError(Reason.NOT_AN_IMAGE, f"{path}: DICOM object without pixel data ({kind})")
 
     transfer_syntax = getattr(ds, "file_meta", pydicom.Dataset()).get("TransferSyntaxUID")
     if transfer_syntax is None:

@@ -13,7 +13,9 @@ Example (``sites/demo/chest.yaml``)::
 ``synth`` is read only by ``preprocessing.synth.generate_federation``: it says which synthetic hospital
 stands in for the site (format, number of images at scale 1, acquisition profile, optionally the image
 size instead of the profile's). Real federations
-leave it out.
+leave it out. A site with ``synth:``, or whose YAML says ``synthetic: true``, trained on synthetic images: the
+models the federation registers say so (``synthetic_sites``). Every site of a federation has a dataset: a site
+YAML that only scores (no format, no root) is refused by name.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ class Federation:
         """The sites that declare a synthetic stand-in, with their spec."""
         return [(site, entry.synth) for site, entry in zip(self.sites, self.spec.sites) if entry.synth is not None]
 
+    def synthetic_sites(self) -> list[str]:
+        """The sites whose images are synthetic: a ``synth:`` entry here, or ``synthetic: true`` in their YAML."""
+        return [site.name for site, entry in zip(self.sites, self.spec.sites)
+                if entry.synth is not None or site.synthetic]
+
     def __repr__(self) -> str:
         return f"Federation({self.name!r}, task={self.task!r}, sites={[s.name for s in self.sites]})"
 
@@ -96,6 +103,10 @@ def load_federation(path: str | Path) -> Federation:
             site = load_site(site_path)
         except SiteConfigError as err:
             problems.extend(err.problems)
+            continue
+        if not site.has_dataset:
+            problems.append(Problem(shown, f"sites.{index}.config", f"{site_path} declares no dataset (no format, "
+                                    "no root): a site that only scores cannot train; give it format: and root:"))
             continue
         if site.task != spec.task:
             problems.append(Problem(shown, f"sites.{index}.config", f"{site_path} is a {site.task} site, the federation is {spec.task}"))

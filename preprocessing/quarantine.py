@@ -37,6 +37,8 @@ class Reason(str, Enum):
     BLANK_AFTER_WINDOW = "blank_after_window"  # stored values vary, the VOI LUT or window maps them to one
     # shard stage: across records
     DUPLICATE_CONTENT = "duplicate_content"  # byte-identical to a kept image of another patient or split
+    # scoring only (pipelines/model_package/predict.py): a DICOM of a body part the registered model does not read
+    WRONG_BODY_PART = "wrong_body_part"
 
 
 STAGES = ("scan", "split", "decode", "dedup")

@@ -41,6 +41,7 @@ def _blank(values: pd.Series) -> np.ndarray:
 
 def scan_site(config) -> ScanResult:
     """Scan ``config`` (a ``preprocessing.sites.SiteConfig``)."""
+    config.require_dataset("scan its records")
     output = ADAPTERS[config.format].read(config)
     records = output.records
     quarantined = [output.quarantine]

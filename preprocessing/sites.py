@@ -13,6 +13,10 @@ Example (abridged from ``sites/stanford-chexpert.yaml``)::
     options: {train_csv: train.csv, valid_csv: valid.csv}   # adapter-specific, real names by default
     decode_limits: {max_pixels: 36000000, timeout_s: 60}    # optional; docs/quarantine.md
 
+A hospital that only scores (its PACS, with the consortium's champion) declares no dataset: ``name``,
+``task``, ``views`` and ``pacs:``, without ``format`` and ``root``. Commands that need the data (preprocess,
+train) refuse such a site by name (``SiteConfig.require_dataset``).
+
 ``load_site`` fails on the first unreadable file and reports every field problem of the YAML at once;
 ``validate_site`` also checks the data: root, metadata files, their columns, image folders.
 """
@@ -99,7 +103,10 @@ class PacsSettings(BaseModel):
     url: str  # the DICOMweb root, e.g. http://pacs.local:8042/dicom-web
     username: str | None = None
     password_env: str = "FEDAUC_PACS_PASSWORD"
-    lookback_days: int = Field(1, ge=0)  # studies dated this many days before the last run are looked at again
+    # Studies dated this many days before the last run (before today on the first run) are looked at.
+    lookback_days: int = Field(1, ge=0)
+    # A study is scored once what it holds has not changed for this long (modalities send a study in parts).
+    stable_minutes: float = Field(5.0, ge=0)
     timeout_s: float = Field(60.0, gt=0)
 
 
@@ -107,8 +114,9 @@ class SiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # becomes a folder name
-    format: str
-    root: Path
+    # The dataset: both, or neither for a hospital that only scores (module docstring).
+    format: str | None = None
+    root: Path | None = None
     task: Literal["chest-xray", "melanoma"]
     uncertain_policy: dict[str, UncertainPolicy] = Field(default_factory=dict)
     views: list[str] = Field(default_factory=lambda: ["PA", "AP"])  # melanoma ignores views
@@ -122,6 +130,9 @@ class SiteConfig(BaseModel):
     # together may spend at most this (epsilon, delta), enforced at the site; none: trainings without DP, as before.
     privacy: PrivacyBudget | None = None
     pacs: PacsSettings | None = None
+    # The site's images are synthetic (`fedauc synth` phantoms), not patients': a model trained with it says so in
+    # its provenance, and `fedauc pacs` refuses to write its decisions into a PACS unless told to.
+    synthetic: bool = False
     # fedauc code versions (federated/flare/site/version.py) besides its own whose FLARE jobs this site runs.
     allowed_code_versions: list[str] = Field(default_factory=list)
 
@@ -130,8 +141,8 @@ class SiteConfig(BaseModel):
 
     @field_validator("format")
     @classmethod
-    def _registered(cls, value: str) -> str:
-        if value not in ADAPTERS:
+    def _registered(cls, value: str | None) -> str | None:
+        if value is not None and value not in ADAPTERS:
             raise ValueError(f"unknown format {value!r}; expected one of {sorted(ADAPTERS)}")
         return value
 
@@ -155,15 +166,22 @@ class SiteConfig(BaseModel):
             problems.append(
                 f"uncertain_policy: unknown disease(s) {unknown} for task {self.task}; expected some of {list(diseases)}"
             )
-        adapter = ADAPTERS[self.format]
-        if self.task not in adapter.tasks:
-            problems.append(f"task: format {self.format!r} serves {list(adapter.tasks)}, not {self.task!r}")
-        try:
-            self._adapter_options = adapter.options.model_validate(self.options)
-        except ValidationError as err:
-            for error in err.errors():
-                where = ".".join(str(part) for part in ("options", *error["loc"]))
-                problems.append(f"{where}: {_message(error)}")
+        if (self.format is None) != (self.root is None):
+            missing = "format" if self.format is None else "root"
+            problems.append(f"{missing}: a site with a dataset declares format and root; one that only scores, "
+                            "neither")
+        elif self.format is None and self.options:
+            problems.append("options: a site without a dataset (no format, no root) has no adapter options")
+        elif self.format is not None:
+            adapter = ADAPTERS[self.format]
+            if self.task not in adapter.tasks:
+                problems.append(f"task: format {self.format!r} serves {list(adapter.tasks)}, not {self.task!r}")
+            try:
+                self._adapter_options = adapter.options.model_validate(self.options)
+            except ValidationError as err:
+                for error in err.errors():
+                    where = ".".join(str(part) for part in ("options", *error["loc"]))
+                    problems.append(f"{where}: {_message(error)}")
         mapped = getattr(getattr(self, "_adapter_options", None), "label_columns", {})
         for disease in sorted(set(mapped) - set(diseases)):
             problems.append(f"options.label_columns.{disease}: unknown disease for task {self.task}; expected some of {list(diseases)}")
@@ -177,6 +195,18 @@ class SiteConfig(BaseModel):
             raise ValueError("\n".join(problems))
         self.uncertain_policy = default_uncertain_policy(self.task) | self.uncertain_policy
         return self
+
+    @property
+    def has_dataset(self) -> bool:
+        return self.format is not None
+
+    def require_dataset(self, purpose: str) -> None:
+        """A ``ConfigError`` naming the site and its YAML when it declares no dataset to ``purpose``."""
+        if not self.has_dataset:
+            where = f"{self._path}: " if self._path else ""
+            raise ConfigError(f"{where}site {self.name!r} declares no dataset (no format, no root: a site that "
+                              f"only scores its PACS); to {purpose} needs one",
+                              fix="give the site YAML format: and root: (its data)")
 
     @property
     def adapter_options(self) -> AdapterOptions:
@@ -273,13 +303,14 @@ def validate_site(config_or_path: SiteConfig | str | Path) -> list[Problem]:
     if isinstance(config_or_path, SiteConfig):
         config = config_or_path
         shown = str(config._path) if config._path else f"site {config.name!r}"
+        if not config.has_dataset:  # a site that only scores has no data to check
+            return []
         return _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options)
-    shown = str(config_or_path)
     try:
         config = load_site(config_or_path)
     except SiteConfigError as err:
         return err.problems + _data_problems_of_invalid_yaml(Path(config_or_path), err.problems)
-    return _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options)
+    return validate_site(config)
 
 
 def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem]) -> list[Problem]:
@@ -287,6 +318,8 @@ def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem]) -> 
     if any(p.field in ("", "root", "format") or p.field.startswith("options") for p in yaml_problems):
         return []
     raw = _read_site_yaml(path)
+    if "format" not in raw:  # a site that only scores: no data to check
+        return []
     adapter = ADAPTERS[raw["format"]]
     return _data_problems(str(path), Path(raw["root"]), adapter, adapter.options.model_validate(raw.get("options", {})))
 

@@ -138,7 +138,7 @@ def melanoma_federation(root, n=120, prevalence=None):
                       image_format=image_format, workers=0, progress=False, prevalence=prevalence)
         site = {"name": name, "format": "siim-isic-2020", "root": f"data/{name}", "task": "melanoma",
                 "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.25},
-                "options": {"image_format": image_format}}
+                "options": {"image_format": image_format}, "synthetic": True}
         (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
         config = load_site(root / f"{name}.yaml")
         shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)

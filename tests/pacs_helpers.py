@@ -23,8 +23,8 @@ from pydicom.uid import generate_uid
 from federated.network import build_named
 from pipelines import registry
 from pipelines.champion import synthetic_input_example
-from pipelines.hospital import thresholds
-from pipelines.hospital.contract import ModelContract
+from pipelines.model_package import thresholds
+from pipelines.model_package.contract import ModelContract, Provenance
 
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 USER, PASSWORD = "hospital", "s3cret-pacs"
@@ -70,22 +70,24 @@ def orthanc_server(here: Path):
         process.wait(timeout=30)
 
 
-def register_chest_model(store: Path) -> str:
+def register_chest_model(store: Path, synthetic_sites: tuple[str, ...] = ()) -> str:
     """A chest X-ray network registered with its contract in a store of its own (untrained: the round trip
-    is under test, not the model's accuracy); the store's URI."""
+    is under test, not the model's accuracy; its provenance names ``synthetic_sites``); the store's URI."""
     uri = f"sqlite:///{store / 'mlruns.db'}"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         mlflow.set_tracking_uri(uri)
         diseases = ["Cardiomegaly", "Edema", "Consolidation", "Atelectasis", "Pleural Effusion"]
         counts = np.random.default_rng(0).integers(0, 20, (len(diseases), 2, 1000)).astype(float)
-        contract = ModelContract(task="chest-xray", diseases=diseases, network="small_resnet", input_shape=(1, 32, 32),
-                                 image_size=32, min_image_size=16, channels=1, allowed_modalities=["CR", "DX", "DR"],
-                                 views=["AP", "PA"], code_version="test",
-                                 operating_points=thresholds.from_histograms(counts, diseases, "made up"))
         model = build_named("small_resnet", {}, (1, 32, 32), len(diseases))
         mlflow.set_experiment("chest-xray")
-        with mlflow.start_run():
+        with mlflow.start_run() as run:
+            contract = ModelContract(
+                task="chest-xray", diseases=diseases, network="small_resnet", input_shape=(1, 32, 32), image_size=32,
+                min_image_size=16, channels=1, allowed_modalities=["CR", "DX", "DR"], views=["AP", "PA"],
+                code_version="test", operating_points=thresholds.from_histograms(counts, diseases, "made up"),
+                provenance=Provenance(federation="pacs-test", sites=2, training_run=run.info.run_id,
+                                      synthetic_sites=list(synthetic_sites)))
             registry.register_model(model, "chest-xray", synthetic_input_example((1, 32, 32)), 0.5, contract=contract)
     return uri
 

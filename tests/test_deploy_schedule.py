@@ -231,7 +231,8 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
     from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
     from pydicom.uid import generate_uid
 
-    from pipelines.hospital import pacs, report
+    from pipelines.hospital import pacs
+    from pipelines.hospital.sinks import DicomSrSink
 
     with orthanc_server(tmp_path / "orthanc") as base:
         store = register_chest_model(tmp_path / "store")
@@ -240,13 +241,13 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
         site_yaml = tmp_path / "hanoi.yaml"
         site_yaml.write_text(yaml.safe_dump({
             "name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray", "image_size": 32,
-            "min_image_size": 16, "pacs": {"url": f"{base}/dicom-web", "username": USER,
+            "min_image_size": 16, "pacs": {"url": f"{base}/dicom-web", "username": USER, "stable_minutes": 0,
                                            "password_env": "HANOI_PACS_PASSWORD"}}))
         parameters = {"site_yaml": str(site_yaml), "shards_root": str(tmp_path / "shards"),
                       "model": "models:/fedauc-chest-xray/1"}
         with get_client(sync_client=True) as client:
             if not client.read_deployments():
-                assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE)).returncode == 0
+                assert _fedauc("deploy", "--prefect-file", str(PREFECT_FILE), "--role", "demo").returncode == 0
             deployment = client.read_deployment_by_name("score_pacs/pacs-scoring-hanoi")
             assert deployment.global_concurrency_limit.limit == 1  # one run at a time
             assert "PASSWORD" not in str(deployment.parameters).upper()
@@ -263,5 +264,4 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
         finally:
             stop_server(worker)
         assert completed is not None and completed.auto_scheduled, (tmp_path / "worker.log").read_text()[-3000:]
-        web = pacs.DicomWeb(f"{base}/dicom-web", (USER, PASSWORD))
-        assert web.has_series(study, report.series_description("fedauc-chest-xray", "1"))
+        assert DicomSrSink(pacs.Pacs(f"{base}/dicom-web", (USER, PASSWORD))).written(study, "fedauc-chest-xray", "1")

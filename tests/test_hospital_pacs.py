@@ -1,27 +1,28 @@
 """The PACS round trip against a real Orthanc with its DICOMweb plugin (Debian's orthanc, orthanc-dicomweb;
 dciodvfy from dicom3tools): studies in, one SR per study back through STOW-RS, read back and validated, a
 second run scores nothing new, a run that stops mid-study leaves nothing half-written. One Orthanc for the
-module, on 127.0.0.1, with its own storage and a password."""
+module, on 127.0.0.1, with its own storage and a password. Every transfer syntax, studies in transfer, a PACS
+that errs or says no: tests/test_hospital_pacs_*.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import mlflow
 import pydicom
 import pytest
 import yaml
+from pacs_files import Adversary, dciodvfy_errors, reports_in, restudy
 from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
-from pipelines.hospital import pacs, report
-from pipelines.hospital.batch import choose_points, load_registered
-from pipelines.hospital.predict import Item, score_items
+from pipelines.hospital import dicom_sr, pacs
+from pipelines.hospital.sinks import DicomSrSink
+from pipelines.model_package.loading import choose_points, load_registered
+from pipelines.model_package.predict import Item, score_items
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -33,12 +34,20 @@ def orthanc(tmp_path_factory):
         yield base
 
 
+@pytest.fixture
+def proxy(orthanc):
+    """The job's way to Orthanc, logging each request's path (what it retrieved)."""
+    adversary = Adversary(orthanc)
+    yield adversary
+    adversary.close()
+
+
 @pytest.fixture(scope="module")
 def chest_model(tmp_path_factory):
     return register_chest_model(tmp_path_factory.mktemp("store"))
 
 
-def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
+def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", chest_model)
     incoming = tmp_path / "incoming"
     incoming.mkdir()
@@ -46,73 +55,96 @@ def test_pacs_round_trip(orthanc, chest_model, tmp_path, monkeypatch):
     files = [radiograph(incoming / "pa.dcm", generated, "P1", "PA", 1),
              radiograph(incoming / "lat.dcm", generated, "P1", "LL", 2),  # a view the model was not trained on
              radiograph(incoming / "ap.dcm", generated, "P1", "AP", 3)]
-    real_cr = Path(get_testdata_file("RG3_UNCR.dcm"))  # a real CR (pydicom-data), MONOCHROME1, 1760 x 1760
-    ct = Path(get_testdata_file("CT_small.dcm"))  # another study: a CT, which the model refuses
+    # A real CR chest PA (pydicom-data's RG1, MONOCHROME1, 1955 x 1841), dated today.
+    real_study = generate_uid()
+    real_cr = restudy(Path(get_testdata_file("RG1_UNCR.dcm")), tmp_path / "rg1.dcm", real_study, "P2", 1)
+    ct = restudy(Path(get_testdata_file("CT_small.dcm")), tmp_path / "ct.dcm", generate_uid(), "P3", 1)
     for path in [*files, real_cr, ct]:
         upload(orthanc, path)
-    real_study = str(pydicom.dcmread(real_cr, stop_before_pixels=True).StudyInstanceUID)
 
     scorer = load_registered("models:/fedauc-chest-xray/1", None, tmp_path / "model")
     chosen = choose_points(scorer, "youden", None)
     monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
-    settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{orthanc}/dicom-web", username=USER,
+    settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{proxy.url}/dicom-web", username=USER,
                                                           password_env="TEST_PACS_PASSWORD"))
-    web = pacs.DicomWeb(settings.url, auth)
+    web = pacs.connect(settings, auth)
     state = tmp_path / "state.json"
+    sr = DicomSrSink(web)
 
-    def stop_in(study: str):
-        def hook(current: str) -> None:
-            if current == study:
+    class StopBefore:
+        """An output before the SR that stops the run at one study (the operator's ^C)."""
+
+        def __init__(self, study: str):
+            self.study = study
+
+        def written(self, study, model, version):
+            return None
+
+        def write(self, result):
+            if result.study == self.study:
                 raise KeyboardInterrupt("stopped mid-study")
-        return hook
+
+    def run(**kwargs):
+        return pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source, state, stable_minutes=0,
+                               **kwargs)
 
     # A run that stops while one study's SR is about to be stored leaves no SR in that study.
     with pytest.raises(KeyboardInterrupt):
-        pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source, state, before_store=stop_in(generated))
-    description = report.series_description(scorer.name, scorer.version)
-    assert not web.has_series(generated, description)
+        run(sinks=[StopBefore(generated)])
+    assert sr.written(generated, scorer.name, scorer.version) is None
 
-    # Whichever study came before the stop was stored whole; this run does the rest.
-    done_before = int(web.has_series(real_study, description))
-    first = pacs.score_pacs(web, scorer, "youden", chosen.thresholds, chosen.source, state)
-    assert (first.studies_found, first.studies_without_image) == (3, 1)
+    # A real CR of a lower leg (pydicom-data's RG3: BodyPartExamined EXTREMITY, ViewPosition AP) arrives: a
+    # body part the chest model does not read. Its series says so: never retrieved, no SR in its study
+    # (predict's own wrong_body_part refusal of the file: tests/test_hospital_contract.py).
+    leg_study, leg_series, leg_file = generate_uid(), generate_uid(), tmp_path / "rg3.dcm"
+    upload(orthanc, restudy(Path(get_testdata_file("RG3_UNCR.dcm")), leg_file, leg_study, "P4", 1, series=leg_series))
+    assert pydicom.dcmread(leg_file, stop_before_pixels=True).BodyPartExamined == "EXTREMITY"
+
+    # Whichever study came before the stop was stored whole; this run does the rest. The CT-only study is
+    # not a study the model could take: the search leaves it out.
+    done_before = int(sr.written(real_study, scorer.name, scorer.version) is not None)
+    first = run()
+    assert (first.studies_found, first.studies_without_image, first.failed) == (3, 1, {})
     assert (first.studies_reported, first.studies_skipped) == (2 - done_before, done_before)
-    assert web.has_series(generated, description) and web.has_series(real_study, description)
+    assert sr.written(generated, scorer.name, scorer.version) and sr.written(real_study, scorer.name, scorer.version)
+    assert sr.written(leg_study, scorer.name, scorer.version) is None
+    assert any(leg_study in line for line in proxy.log) and proxy.requested(leg_series) == []
+    (refusal,) = [row for row in first.rows if row["status"] == "refused"]  # the DX lateral, retrieved, refused
+    assert refusal["reason"] == "excluded_view"
 
     # Read back: the SR of the generated study references the two accepted radiographs, not the lateral.
-    parts = [pydicom.dcmread(pydicom.filebase.DicomBytesIO(p)) for p in web.retrieve_study(generated)]
-    (sr,) = [ds for ds in parts if ds.Modality == "SR"]
-    content = report.read_report(sr)
+    (report_read,) = reports_in(web, generated, tmp_path / "read-back")
+    content = dicom_sr.read_report(report_read)
     assert content["Algorithm Name"] == "fedauc-chest-xray" and content["Algorithm Version"] == "1"
     assert "Not a diagnosis" in content["Comment"]
     expected = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(incoming)) for p in files], workers=0)
                 if r["status"] == "scored"}
     lateral = pydicom.dcmread(files[1], stop_before_pixels=True).SOPInstanceUID
+    (refused,) = [row for row in first.rows if row["sop_uid"] == lateral]
+    assert refused["reason"] == "excluded_view" and "ViewPosition LL (view LATERAL)" in refused["detail"]
     assert set(content["images"]) == set(expected) and lateral not in content["images"]
     for uid, scores in content["images"].items():
         for disease in scorer.contract.diseases:
             assert scores[disease] == pytest.approx(expected[uid][f"p_{disease}"], abs=1e-6)
             assert scores[f"{disease} decision"] in ("positive", "negative")
-    sr_file = tmp_path / "sr.dcm"
-    sr.save_as(sr_file, enforce_file_format=True)
-    checked = subprocess.run(["dciodvfy", str(sr_file)], capture_output=True, text=True)
-    errors = [line for line in (checked.stdout + checked.stderr).splitlines() if line.startswith("Error")]
-    assert errors == [], "\n".join(errors)
+    assert dciodvfy_errors(report_read, tmp_path / "sr.dcm") == []
+    # Given to predict, the SR is no image (docs/deploy.md), not a wrong modality.
+    (sr_row,) = score_items(scorer, [Item(str(tmp_path / "sr.dcm"), str(tmp_path))], workers=0)
+    assert sr_row["reason"] == "not_an_image"
 
     # The scheduled job (`fedauc pacs`): PACS and user from the site YAML, the password from the environment;
-    # it finds the same studies and scores none of them again, and only aggregates go to the centre.
+    # its state is elsewhere, yet it finds the studies' SRs and scores none of them again; a run that scores
+    # nothing sends nothing to the centre (a day's aggregates leave once, the next day:
+    # tests/test_hospital_contract.py).
     site = tmp_path / "hospital.yaml"
     site.write_text(yaml.safe_dump({"name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray",
                                     "image_size": 32, "min_image_size": 16, "sharing": {"min_count": 1},
-                                    "pacs": {"url": f"{orthanc}/dicom-web", "username": USER,
+                                    "pacs": {"url": f"{orthanc}/dicom-web", "username": USER, "stable_minutes": 0,
                                              "password_env": "TEST_PACS_PASSWORD"}}))
     result = runner.invoke(app, ["pacs", str(site), "--model", "models:/fedauc-chest-xray/1",
                                  "--shards", str(tmp_path / "shards")])
     assert result.exit_code == 0, result.output
-    assert "0 reported" in result.output and PASSWORD not in result.output
-    (run,) = mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
-                                filter_string="tags.fedauc_role = 'hospital-scoring'")
-    sent = json.dumps(mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/scoring_aggregates.json"))
-    assert generated not in sent and "incoming" not in sent and PASSWORD not in sent and USER not in sent
-    assert len([ds for ds in (pydicom.dcmread(pydicom.filebase.DicomBytesIO(p)) for p in web.retrieve_study(generated))
-                if ds.Modality == "SR"]) == 1
+    assert "2 already scored, 0 reported," in result.output and PASSWORD not in result.output
+    assert mlflow.search_runs(experiment_names=["chest-xray"], output_format="list",
+                              filter_string="tags.fedauc_role = 'hospital-scoring'") == []
+    assert len(reports_in(web, generated, tmp_path / "again")) == 1

@@ -20,8 +20,8 @@ from federated.predict import predict_scores
 from models.metrics.histograms import score_histograms
 from pipelines import evaluations
 from pipelines.cli import app
-from pipelines.hospital import thresholds as op
-from pipelines.hospital.contract import METADATA_KEY, ModelContract
+from pipelines.model_package import thresholds as op
+from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.shard_format import manifest_path
 
 pytestmark = pytest.mark.slow
@@ -78,6 +78,13 @@ def test_the_registered_model_describes_itself(store):
     points = contract.operating_points
     assert points.source == "pooled validation of federation tiny-melanoma"
     assert set(points.points["Melanoma"]) == {"sens90", "sens95", "youden"}
+    assert contract.body_parts == [] and contract.anatomic_regions == []  # a lesion may be anywhere on the skin
+    # Its provenance: the federation, its sites (each declares its images synthetic), the training's run.
+    (training,) = mlflow.search_runs(experiment_names=["melanoma"], output_format="list",
+                                     filter_string="attributes.run_name = 'hospital'")
+    assert contract.provenance.model_dump() == {"federation": "tiny-melanoma", "sites": 3,
+                                                "training_run": training.info.run_id,
+                                                "synthetic_sites": ["vienna", "barcelona", "new-york"]}
     # The network still loads as MLflow's pytorch flavour (evaluations and the champion check use it).
     assert mlflow.pytorch.load_model(f"models:/{MODEL}/1", map_location="cpu") is not None
 
@@ -194,16 +201,25 @@ def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(
     far = drift.aggregates(shifted.to_dict("records"), reference, ["Melanoma"], sharing)
     assert drift.psi(near["histograms"]["Melanoma"], near["reference"]["Melanoma"]) < 0.01
     assert drift.psi(far["histograms"]["Melanoma"], far["reference"]["Melanoma"]) > drift.PSI_WARNING
-    text = json.dumps(far)
-    assert "vienna" not in text and "/" not in text.replace("refused/", "").replace("histograms/", "").replace("reference/", "")
+    # No path leaves: neither the scored files' folders nor their names appear, whichever bins were suppressed
+    # (their labels, "histograms/Melanoma/1", are not paths). The guard is shown able to fail: a row's source
+    # smuggled into what leaves would be caught.
+    def leaks(released: dict, rows: pd.DataFrame) -> list[str]:
+        text = json.dumps(released)
+        names = {source.rsplit("/", 1)[-1] for source in rows["source"]}
+        return [p for p in {str(tmp_path), str(store), str(shifted_dir), "vienna", *names} if p in text]
+
+    assert leaks(far, shifted) == [] and leaks(near, same) == []
+    assert leaks({**far, "suppressed": [shifted["source"][0]]}, shifted) != []
     assert far["scored"] == len(valid)
 
-    warnings = drift.record("melanoma", "shifted-clinic", MODEL, "1", far)
+    warnings = drift.record("melanoma", "shifted-clinic", MODEL, "1", far, "2026-01-02")
     assert len(warnings) == 1 and warnings[0].startswith("drift: site shifted-clinic, Melanoma: PSI")
-    assert drift.record("melanoma", "vienna", MODEL, "1", near) == []
+    assert drift.record("melanoma", "vienna", MODEL, "1", near, "2026-01-02") == []
     (run,) = mlflow.search_runs(experiment_names=["melanoma"], output_format="list",
                                 filter_string="tags.fedauc_role = 'hospital-scoring' and tags.site = 'shifted-clinic'")
     assert run.data.metrics["psi/Melanoma"] > drift.PSI_WARNING and run.data.tags["model_version"] == "1"
+    assert run.data.tags["day"] == "2026-01-02"
     assert "drift_shifted-clinic.png" in [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)]
 
 
@@ -273,7 +289,7 @@ def test_a_site_scored_whole_gives_a_row_to_every_record_its_scan_set_aside(tmp_
     is an item, refused when it is read (test_hostile_and_out_of_contract_files_get_a_row_with_their_reason)."""
     from conftest import generic_csv_site_yaml, write_generic_csv_site
 
-    from pipelines.hospital.batch import site_items
+    from pipelines.hospital.table import site_items
     from preprocessing.sites import SiteConfig
 
     labels = write_generic_csv_site(tmp_path, patients=6)

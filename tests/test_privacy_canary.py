@@ -160,15 +160,16 @@ def run_hospital(root: Path) -> None:
     from federated.data import load_shard
     from federated.predict import predict_scores
     from pipelines.cli import app
-    from pipelines.hospital import batch, drift
+    from pipelines.hospital import drift
+    from pipelines.model_package import loading
     from preprocessing.sites import SharingPolicy, load_site
 
     for site in SITES:
         out = root / f"scores-{site}.parquet"
         result = CliRunner().invoke(app, ["predict", str(root / HOSPITAL / f"{site}.yaml"), "--out", str(out), "--workers", "0"])
         assert result.exit_code == 0, result.output
-        with batch.scratch_folder() as folder:
-            scorer = batch.load_registered(None, "chest-xray", Path(folder))
+        with loading.scratch_folder() as folder:
+            scorer = loading.load_registered(None, "chest-xray", Path(folder))
             valid = load_shard(root / "shards" / site).splits["valid"]
             reference = predict_scores(scorer.network, valid.images, torch.device("cpu")).astype(np.float64)
         rows = pd.read_parquet(out).to_dict("records")

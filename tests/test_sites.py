@@ -104,7 +104,7 @@ def test_generic_label_mapping_must_name_task_diseases(tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("name: [unclosed\n", "malformed YAML"),
     ("- a list\n", "expected a mapping of fields, got list"),
-    ("name: a\nroot: .\ntask: chest-xray\n", "format: required field is missing"),
+    ("name: a\nroot: .\ntask: chest-xray\n", "format: a site with a dataset declares format and root"),
 ])
 def test_malformed_yaml(tmp_path, text, message):
     site = write(tmp_path / "x.yaml", text)

@@ -81,7 +81,9 @@ def preprocess(
     out = shards_root(out)
     # Problems found before the flow starts are reported as such, not as a failed Prefect task run.
     check_site(site_yaml)
-    check_site_free(out / load_site(site_yaml).name)
+    site = load_site(site_yaml)
+    site.require_dataset("preprocess")
+    check_site_free(out / site.name)
     configure_prefect_env()
     from pipelines.onboarding import SHARDS_ENV
     from pipelines.preprocess_flow import preprocess_site

@@ -4,6 +4,7 @@ pipelines/hospital/."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import typer
@@ -33,25 +34,28 @@ def predict_command(
     from tqdm.auto import tqdm
 
     from pipelines import tracking
-    from pipelines.hospital import batch
-    from pipelines.hospital.thresholds import hospital_file
+    from pipelines.hospital import table
+    from pipelines.model_package import loading
+    from pipelines.model_package.thresholds import hospital_file
     from pipelines.onboarding import shards_root
     from preprocessing.sites import load_site
 
     tracking.configure()
     sites = [load_site(p) for p in inputs if p.endswith((".yaml", ".yml")) and Path(p).is_file()]
+    for site in sites:  # before the model is fetched: a site that only scores its PACS has no dataset to score
+        site.require_dataset("predict on its dataset")
     task = task or (sites[0].task if sites else None)
-    with batch.scratch_folder() as folder:
-        scorer = batch.load_registered(model, task, Path(folder))
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(model, task, Path(folder))
         own = thresholds
         if own is None and sites:
             own = hospital_file(shards_root(shards), sites[0].name, scorer.name, scorer.version)
-        chosen = batch.choose_points(scorer, operating_point, own)
+        chosen = loading.choose_points(scorer, operating_point, own)
         typer.echo(f"model {scorer.name} version {scorer.version}; operating point {operating_point}: {chosen.source}")
-        total = sum(1 for _ in batch.input_items(inputs, split))
+        total = sum(1 for _ in table.input_items(inputs, split))
         set_aside: list[dict] = []
         with tqdm(total=total, desc="predict", unit="image") as bar:
-            counts = batch.predict_to_table(scorer, batch.input_items(inputs, split, set_aside), out, chosen,
+            counts = table.predict_to_table(scorer, table.input_items(inputs, split, set_aside), out, chosen,
                                             batch_size, workers, bar.update, set_aside)
     typer.echo(f"{sum(counts.values())} rows written to {out}: "
                + ", ".join(f"{n} {key}" for key, n in sorted(counts.items())))
@@ -66,17 +70,18 @@ def thresholds_command(
     """Read the operating points again on this hospital's own validation split (its scores stay here); predict
     then uses them for this site."""
     from pipelines import tracking
-    from pipelines.hospital import batch
-    from pipelines.hospital import thresholds as op
+    from pipelines.hospital import table
+    from pipelines.model_package import loading
+    from pipelines.model_package import thresholds as op
     from pipelines.onboarding import shards_root
     from preprocessing.sites import load_site
 
     tracking.configure()
     config = load_site(site)
     root = shards_root(shards)
-    with batch.scratch_folder() as folder:
-        scorer = batch.load_registered(model, config.task, Path(folder))
-        points = batch.recalibrate(scorer, config, root / config.name)
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(model, config.task, Path(folder))
+        points = table.recalibrate(scorer, config, root / config.name)
     path = op.write(points, out or op.hospital_file(root, config.name, scorer.name, scorer.version))
     typer.echo(f"operating points of {scorer.name} v{scorer.version} on {points.source} written to {path}")
     for disease, by_point in points.points.items():
@@ -92,12 +97,21 @@ def pacs_command(
     shards: str = typer.Option(None, "--shards", help="Where the site's shards are (its validation split is the "
                                "drift reference; the job's state and the hospital's operating points live there)."),
     operating_point: str = typer.Option("youden", "--operating-point", help="sens90, sens95 or youden."),
+    since: datetime = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="Look at studies dated from this "
+                                   "day (YYYY-MM-DD) on, this run (default: pacs.lookback_days before the last run, "
+                                   "before today on the first)."),
+    allow_synthetic_model: bool = typer.Option(False, "--allow-synthetic-model", help="Write the decisions of a "
+                                               "model trained on synthetic images (or one that does not say) into "
+                                               "the PACS: a demo's or a test's PACS only."),
 ) -> None:
-    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; the run's aggregate
-    counts and histograms go to the centre's MLflow (what the scheduled deployment runs)."""
+    """Score the PACS's new studies (DICOMweb) and store one DICOM SR per study back; once a day, the day's
+    aggregate counts and histograms go to the centre's MLflow (what the scheduled deployment runs). Exits 1
+    when a study could not be retrieved whole (named here, retried on later runs), after scoring the rest."""
     from pipelines import tracking
     from pipelines.hospital import job
     from pipelines.onboarding import shards_root
 
     tracking.configure()
-    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo)
+    job.run(site, shards_root(shards), model, operating_point, echo=typer.echo,
+            local=lambda line: typer.echo(line, err=True), since=since.date() if since else None,
+            allow_synthetic_model=allow_synthetic_model)

@@ -1,12 +1,12 @@
-"""The champion at work in a hospital: everything that runs at the site with a registered model.
+"""The champion at work in a hospital: only what runs at the site, over the registered model of
+``pipelines.model_package``.
 
-``contract``: what the registered model says about itself (task, diseases in output order, the decoding and
-tile settings it was trained with, the network, the code version, the operating points). ``flavor``: how
-registration stores it in MLflow (a torch.export program that is also a pyfunc model taking image files).
-``predict``: files, folders or a site's dataset scored through preprocessing's own decoding and
-``federated.predict.predict_scores``. ``thresholds``: operating points from score histograms. ``pacs``,
-``report``: the DICOMweb scoring job and its DICOM Structured Report. ``drift``: what a scoring run may tell
-the centre, and the drift figure the centre computes from it.
+``table``: ``fedauc predict`` and ``fedauc thresholds`` (files, folders or a site's dataset scored into a
+CSV or Parquet table; the hospital's own operating points from its validation split). ``job``: one run of
+the scheduled PACS scoring (``fedauc pacs``: the provenance check, the day's drift, studies not retrieved).
+``pacs``: the DICOMweb scoring job, over ``dicomweb`` (the PACS through dicomweb-client), with ``pacs_state``
+(what it remembers of each study between runs) and ``sinks`` (where results go, the SR of ``dicom_sr``
+last). ``drift``: what a day of scoring may tell the centre, and the drift figure the centre computes from it.
 
 Importable and testable without a Prefect or MLflow server.
 """

@@ -1,27 +1,39 @@
-"""Watching the model in use without patient data: what a scoring run tells the centre, and the drift figure.
+"""Watching the model in use without patient data: what a day of scoring tells the centre, and the drift figure.
 
-At the hospital (``aggregates``): how many images were scored and refused (by reason) and, per disease, a
-histogram of the probabilities beside the same histogram of the site's own validation split (the
-reference), over ``BINS`` bins cut at the reference's quantiles (as PSI is usually computed: a model whose
-scores crowd into a narrow range still spreads over the bins; the edges, quantiles of at least ``BINS`` x
-``min_count`` validation images, leave with the counts). Under the site's ``sharing:`` policy: a count below ``min_count`` leaves
-as 0 and is named in ``suppressed`` (the centre sees that a bin was small, never how small), and with fewer
-than ``min_count`` images scored no histogram leaves at all. Nothing per image, no path, no UID.
+At the hospital: each scoring run's exact counts (``tally``: images scored and refused by reason and, per
+disease, a histogram of the probabilities beside the same histogram of the site's own validation split, the
+reference, over ``BINS`` bins cut at the reference's quantiles, as PSI is usually computed: a model whose
+scores crowd into a narrow range still spreads over the bins) are added to the day's tally, kept beside the
+site's shards (``DayTallies``, mode 0600). A day's tally leaves once, when a run of a later day closes it
+(``release``): one record per site, model version and day, none for a day that scored and refused nothing,
+however often the job runs (every 15 minutes: a record per run would be 35,000 runs per site-year, and the
+differences of a day's running totals would give away each run's small counts). A closed day stays in the
+file until the centre has its record (``DayTallies.sent``), and ``record`` skips a day the centre already
+has: a centre that cannot be reached loses no day, and a run that stops between the two sends none twice. What leaves is under the site's ``sharing:``
+policy: a count below ``min_count`` leaves as 0 and is named in ``suppressed`` (the centre sees that a bin was
+small, never how small); with fewer than ``min_count`` images scored, or a reference of fewer than ``BINS`` x
+``min_count`` images, no histogram leaves at all. At a site with a ``privacy:`` budget no edge or histogram
+leaves (``withheld``): the edges are exact quantiles of its validation scores and the reference exact counts
+of its records, which its budget does not pay for; its counts still do. Nothing per image, no path, no UID.
 
-At the centre (``record``): the aggregates as an MLflow run of the task's experiment (tag ``fedauc_role:
-hospital-scoring``, the model version and the site), and per disease the population stability index
+At the centre (``record``): the day's aggregates as an MLflow run of the task's experiment (tag
+``fedauc_role: hospital-scoring``, the site, the day and the model version), and per disease the population
+stability index
 
     PSI = sum_b (a_b - e_b) ln(a_b / e_b)
 
-between the run's proportions ``a`` and the validation split's ``e`` (both floored at ``EPSILON``, so that an
+between the day's proportions ``a`` and the validation split's ``e`` (both floored at ``EPSILON``, so that an
 empty or suppressed bin counts as rare, not impossible). Above ``PSI_WARNING`` (0.25, the usual "major
 shift" line; 0.1 - 0.25 is read as moderate) ``record`` returns a one-line warning. ``drift_figure`` draws
-a site's PSI per disease over its scoring runs.
+a site's PSI per disease over its days.
 """
 
 from __future__ import annotations
 
-import time
+import datetime as dt
+import json
+import os
+from pathlib import Path
 
 import matplotlib
 
@@ -31,6 +43,7 @@ import mlflow
 import numpy as np
 from mlflow import MlflowClient
 
+from federated.flare.lockdown import write_owner_only
 from preprocessing.sites import SharingPolicy
 
 BINS = 5
@@ -50,9 +63,44 @@ def counts(values: np.ndarray, edges: np.ndarray) -> list[int]:
     return np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1).astype(int).tolist()
 
 
-def aggregates(rows: list[dict], reference: np.ndarray, diseases: list[str], sharing: SharingPolicy) -> dict:
-    """What may leave the hospital about a scoring run's ``rows`` (predict rows) and its validation split's
-    probabilities ``reference`` (N, C)."""
+def tally(rows: list[dict], reference: np.ndarray, diseases: list[str]) -> dict:
+    """The exact counts of a scoring run's ``rows`` (predict rows) against its validation split's probabilities
+    ``reference`` (N, C); they stay at the hospital (``release`` says what leaves)."""
+    scored = [row for row in rows if row["status"] == "scored"]
+    refused: dict[str, int] = {}
+    for row in rows:
+        if row["status"] != "scored":
+            refused[row["reason"]] = refused.get(row["reason"], 0) + 1
+    out = {"scored": len(scored), "refused": dict(sorted(refused.items())), "edges": {}, "histograms": {},
+           "reference": {}}
+    if scored and len(reference):
+        current = np.array([[row[f"p_{d}"] for d in diseases] for row in scored], dtype=np.float64)
+        for c, disease in enumerate(diseases):
+            edges = quantile_edges(reference[:, c])
+            out["edges"][disease] = [round(float(e), 6) for e in edges]
+            out["histograms"][disease] = counts(current[:, c], edges)
+            out["reference"][disease] = counts(reference[:, c], edges)
+    return out
+
+
+def merge(earlier: dict, later: dict) -> dict:
+    """Two tallies of one day added up. Their histograms add where they share their bins (a tally without
+    histograms adds to any); where the reference changed (the site's shards written again) the later bins
+    are kept and the earlier histograms dropped: a day's drift is read against one reference."""
+    refused = {reason: earlier["refused"].get(reason, 0) + later["refused"].get(reason, 0)
+               for reason in sorted({*earlier["refused"], *later["refused"]})}
+    binned = later if later["edges"] else earlier
+    kept = [t for t in (earlier, later)
+            if t["edges"] and (t["edges"], t["reference"]) == (binned["edges"], binned["reference"])]
+    histograms = {disease: [sum(bins) for bins in zip(*(t["histograms"][disease] for t in kept))]
+                  for disease in binned["histograms"]}
+    return {"scored": earlier["scored"] + later["scored"], "refused": refused, "edges": binned["edges"],
+            "histograms": histograms, "reference": binned["reference"]}
+
+
+def release(counted: dict, sharing: SharingPolicy, withhold_histograms: bool = False) -> dict:
+    """What may leave the hospital of a tally (module docstring): small counts suppressed; no edge and no
+    histogram with ``withhold_histograms`` (a site with a privacy budget)."""
     minimum, suppressed = sharing.min_count, []
 
     def small(name: str, count: int) -> int:
@@ -61,23 +109,61 @@ def aggregates(rows: list[dict], reference: np.ndarray, diseases: list[str], sha
             return 0
         return count
 
-    scored = [row for row in rows if row["status"] == "scored"]
-    refused: dict[str, int] = {}
-    for row in rows:
-        if row["status"] != "scored":
-            refused[row["reason"]] = refused.get(row["reason"], 0) + 1
-    out = {"min_count": minimum, "scored": small("scored", len(scored)),
-           "refused": {reason: small(f"refused/{reason}", n) for reason, n in sorted(refused.items())},
+    out = {"min_count": minimum, "scored": small("scored", counted["scored"]),
+           "refused": {reason: small(f"refused/{reason}", n) for reason, n in counted["refused"].items()},
            "edges": {}, "histograms": {}, "reference": {}}
-    if len(scored) >= minimum and len(reference) >= BINS * minimum:
-        current = np.array([[row[f"p_{d}"] for d in diseases] for row in scored], dtype=np.float64)
-        for c, disease in enumerate(diseases):
-            edges = quantile_edges(reference[:, c])
-            out["edges"][disease] = [round(float(e), 6) for e in edges]
-            for key, values in (("histograms", current[:, c]), ("reference", reference[:, c])):
-                out[key][disease] = [small(f"{key}/{disease}/{b}", n) for b, n in enumerate(counts(values, edges))]
+    binned = sum(next(iter(counted["histograms"].values()), []))
+    in_reference = sum(next(iter(counted["reference"].values()), []))
+    if withhold_histograms:
+        out["withheld"] = ("edges and histograms: the site has a privacy budget; the edges are exact quantiles of "
+                           "its validation scores")
+    elif binned >= minimum and in_reference >= BINS * minimum:
+        for disease, edges in counted["edges"].items():
+            out["edges"][disease] = edges
+            for key in ("histograms", "reference"):
+                out[key][disease] = [small(f"{key}/{disease}/{b}", n) for b, n in enumerate(counted[key][disease])]
     out["suppressed"] = suppressed
     return out
+
+
+def aggregates(rows: list[dict], reference: np.ndarray, diseases: list[str], sharing: SharingPolicy) -> dict:
+    """What may leave the hospital about ``rows`` scored at once: ``release`` of their ``tally``."""
+    return release(tally(rows, reference, diseases), sharing)
+
+
+class DayTallies:
+    """The days not yet sent, per model version, in one file beside the site's shards (mode 0600): exact
+    counts, so they stay at the hospital."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def _read(self) -> dict[str, dict[str, dict]]:  # model version -> day -> tally
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _write(self, days: dict[str, dict[str, dict]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        write_owner_only(partial, json.dumps(days))
+        os.replace(partial, self.path)
+
+    def add(self, key: str, today: dt.date, run: dict) -> list[tuple[str, str, dict]]:
+        """Add a run's tally (of model version ``key``) to ``today``'s; returns every earlier day's as
+        ``(key, day, tally)``, closed, to send. A run that scored and refused nothing adds nothing."""
+        days, day = self._read(), today.isoformat()
+        if run["scored"] or run["refused"]:
+            mine = days.setdefault(key, {})
+            mine[day] = merge(mine[day], run) if day in mine else run
+            self._write(days)
+        return [(k, d, counted) for k, by_day in sorted(days.items()) for d, counted in sorted(by_day.items())
+                if d < day]
+
+    def sent(self, key: str, day: str) -> None:
+        """The centre has the day's record: its tally goes."""
+        days = self._read()
+        days.get(key, {}).pop(day, None)
+        self._write({k: by_day for k, by_day in days.items() if by_day})
 
 
 def psi(current, reference) -> float:
@@ -89,21 +175,26 @@ def psi(current, reference) -> float:
     return float(np.sum((a - e) * np.log(a / e)))
 
 
-def record(task: str, site: str, model: str, version: str, summary: dict) -> list[str]:
-    """The run's aggregates in the centre's MLflow against the model version; returns the warnings."""
+def record(task: str, site: str, model: str, version: str, summary: dict, day: str | None = None) -> list[str]:
+    """A day's aggregates of the site (default today's) in the centre's MLflow against the model version, unless
+    the centre has that day's record already; returns the warnings."""
     from pipelines import tracking
 
+    day = day or dt.date.today().isoformat()
     experiment = tracking.experiment_id(task)
+    tags = {"fedauc_role": ROLE, "site": site, "day": day, "model": model, "model_version": version}
+    if MlflowClient().search_runs([experiment], " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items()),
+                                  max_results=1):
+        return []
     warnings = []
     metrics = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
-    for disease, counts in summary["histograms"].items():
-        value = psi(counts, summary["reference"][disease])
+    for disease, binned in summary["histograms"].items():
+        value = psi(binned, summary["reference"][disease])
         metrics[f"psi/{disease}"] = value
         if value > PSI_WARNING:
             warnings.append(f"drift: site {site}, {disease}: PSI {value:.2f} > {PSI_WARNING} between model {model} "
-                            f"v{version}'s scores and the site's validation scores")
-    with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site}", tags={
-            "fedauc_role": ROLE, "site": site, "model": model, "model_version": version}):
+                            f"v{version}'s scores of {day} and the site's validation scores")
+    with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site} {day}", tags=tags):
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
         mlflow.log_dict(summary, "scoring_aggregates.json")
         if warnings:
@@ -122,17 +213,17 @@ def drift_figure(task: str, site: str):
     client = MlflowClient()
     runs = client.search_runs([tracking.experiment_id(task)],
                               f"tags.fedauc_role = '{ROLE}' and tags.site = '{site}'", order_by=["attributes.start_time ASC"])
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: dict[str, list[tuple[str, float]]] = {}
     for run in runs:
         for key, value in run.data.metrics.items():
             if key.startswith("psi/"):
-                series.setdefault(key.removeprefix("psi/"), []).append((run.info.start_time / 1000, value))
+                series.setdefault(key.removeprefix("psi/"), []).append((run.data.tags.get("day", "?"), value))
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for disease, points in sorted(series.items()):
-        times, values = zip(*points)
-        ax.plot([time.strftime("%m-%d %H:%M", time.localtime(t)) for t in times], values, marker="o", label=disease)
+        days, values = zip(*points)
+        ax.plot(days, values, marker="o", label=disease)
     ax.axhline(PSI_WARNING, color="tab:red", ls="--", lw=1, label=f"warning ({PSI_WARNING})")
     ax.set(ylabel="PSI vs validation", title=f"{task} at {site}: drift of the scores")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)

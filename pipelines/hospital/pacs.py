@@ -1,43 +1,51 @@
 """The hospital's PACS scoring job over DICOMweb: new studies in, one DICOM SR per study back.
 
-Each run: QIDO-RS finds the studies whose StudyDate is on or after the last run's day (less
-``lookback_days``, for studies that arrive late); a study that already holds this model version's SR series
-(``report.series_description``) is skipped, so a study is scored once per model version however often the
-job runs. WADO-RS fetches the rest one study at a time into a private temporary folder, the radiographs the
-model accepts are scored (``predict.score_items``: preprocessing's decoder and guards, the one prediction
-path), and STOW-RS stores the study's SR: one instance in one request, written last, so a run that stops
-mid-study leaves nothing of that study in the PACS and the next run scores it whole. A study with no image
-the model accepts gets no SR; the job's local state remembers it for this model version.
+Each run (docs/deploy.md section 3 has the states a study goes through):
+
+* QIDO-RS finds the studies dated from the window's start (``pacs_state.window_start``: ``lookback_days``
+  before the last run, before today on the first run, or ``since``) that hold a modality the model's
+  contract accepts, then each one's series; the accepted series (``accepted_series``) and their instance
+  counts are what the study holds.
+* A study is looked at once it has held the same for ``stable_minutes`` (modalities send a study in
+  several associations); a study already done for what it holds is skipped, so a second run stores nothing.
+* Its accepted series are retrieved one at a time, as stored (``dicomweb.Pacs.retrieve_series``), into a
+  private temporary folder (0700), and scored by ``predict.score_items``: preprocessing's decoder and guards,
+  the one prediction path, so the SR's numbers are ``fedauc predict``'s for the same files.
+* Each sink gets the result, the DICOM SR last (``sinks``): one instance in one STOW-RS request, the mark
+  that the study is done. A study that gains an image the model takes after its SR gets a new SR naming the
+  earlier ones in its Predecessor Documents Sequence.
+* A study that cannot be retrieved whole is failed: nothing of it is stored, it is tried again after a
+  backoff, the other studies go on, and the run's summary names it (locally only). A PACS that cannot be
+  used at all ends the run with one line (``dicomweb.PacsUnavailable``); the state is written either way.
 
 The PACS address and credentials come from the site YAML's ``pacs:`` block or the environment
-(``FEDAUC_PACS_URL``, ``FEDAUC_PACS_USERNAME``, ``FEDAUC_PACS_PASSWORD``); they stay at the hospital: they
-are not part of what a site reports, and the summary a run returns holds counts and histograms only
-(pipelines/hospital/drift.py).
+(``FEDAUC_PACS_URL``, ``FEDAUC_PACS_USERNAME``, ``FEDAUC_PACS_PASSWORD``); they stay at the hospital, as do
+study UIDs: the summary's ``failed`` is for the local log; ``rows`` become the day's drift tally
+(``drift.tally``), of which only ``drift.release`` leaves.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import shutil
 import tempfile
-import uuid
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from io import BytesIO
 from pathlib import Path
 
+import highdicom as hd
 import pydicom
-import requests
+from pydicom.uid import ComprehensiveSRStorage
 
-from pipelines.hospital import report
-from pipelines.hospital.predict import SCORED, Item, Scorer, decisions, score_items
+from pipelines.hospital import pacs_state
+from pipelines.hospital.dicomweb import Pacs, StudyNotRetrieved
+from pipelines.hospital.sinks import DicomSrSink, ResultSink, StudyResult
+from pipelines.model_package.predict import SCORED, Item, Scorer, decisions, score_items, view_name
 from preprocessing.errors import ConfigError
 from preprocessing.sites import PacsSettings
 
 URL_ENV, USER_ENV, PASSWORD_ENV = "FEDAUC_PACS_URL", "FEDAUC_PACS_USERNAME", "FEDAUC_PACS_PASSWORD"
-_DICOM = "application/dicom"
 
 
 def settings_from(site_pacs: PacsSettings | None) -> tuple[PacsSettings, tuple[str, str] | None]:
@@ -57,127 +65,146 @@ def settings_from(site_pacs: PacsSettings | None) -> tuple[PacsSettings, tuple[s
     return settings, auth
 
 
-class DicomWeb:
-    """QIDO-RS, WADO-RS and STOW-RS (DICOM PS3.18) against one DICOMweb root."""
-
-    def __init__(self, url: str, auth: tuple[str, str] | None = None, timeout_s: float = 60.0):
-        self.root, self.session, self.timeout = url.rstrip("/"), requests.Session(), timeout_s
-        self.session.auth = auth
-
-    def _get(self, path: str, accept: str, params: dict | None = None) -> requests.Response:
-        response = self.session.get(f"{self.root}{path}", params=params, headers={"Accept": accept},
-                                    timeout=self.timeout)
-        response.raise_for_status()
-        return response
-
-    def studies_since(self, day: dt.date | None) -> list[str]:
-        params = {"includefield": "StudyDate", "limit": 100000}
-        if day is not None:
-            params["StudyDate"] = f"{day:%Y%m%d}-"
-        response = self._get("/studies", "application/dicom+json", params)
-        return [entry["0020000D"]["Value"][0] for entry in (response.json() if response.content else [])]
-
-    def has_series(self, study: str, description: str) -> bool:
-        # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.10 matches none).
-        response = self._get(f"/studies/{study}/series", "application/dicom+json",
-                             {"Modality": "SR", "includefield": "0008103E"})
-        series = response.json() if response.content else []
-        return any(entry.get("0008103E", {}).get("Value", [""])[0] == description for entry in series)
-
-    def retrieve_study(self, study: str) -> list[bytes]:
-        response = self._get(f"/studies/{study}", f'multipart/related; type="{_DICOM}"')
-        return multipart_parts(response.headers["Content-Type"], response.content)
-
-    def store(self, dataset: pydicom.Dataset) -> None:
-        buffer = BytesIO()
-        dataset.save_as(buffer, enforce_file_format=True)
-        boundary = uuid.uuid4().hex
-        body = (f"--{boundary}\r\nContent-Type: {_DICOM}\r\n\r\n".encode() + buffer.getvalue()
-                + f"\r\n--{boundary}--\r\n".encode())
-        response = self.session.post(f"{self.root}/studies", data=body, timeout=self.timeout, headers={
-            "Content-Type": f'multipart/related; type="{_DICOM}"; boundary={boundary}',
-            "Accept": "application/dicom+json"})
-        response.raise_for_status()
-        if response.content and response.json().get("00081198", {}).get("Value"):  # FailedSOPSequence
-            raise RuntimeError(f"the PACS refused the SR of study {dataset.StudyInstanceUID}: {response.text[:500]}")
-
-
-def multipart_parts(content_type: str, body: bytes) -> list[bytes]:
-    """The bodies of a multipart/related response (RFC 2046)."""
-    boundary = next(part.split("=", 1)[1].strip('"') for part in content_type.split(";")
-                    if part.strip().startswith("boundary="))
-    parts = []
-    for chunk in body.split(f"--{boundary}".encode())[1:]:
-        if chunk.startswith(b"--"):
-            break
-        _, _, content = chunk.partition(b"\r\n\r\n")
-        parts.append(content.removesuffix(b"\r\n"))
-    return parts
+def connect(settings: PacsSettings, auth: tuple[str, str] | None) -> Pacs:
+    return Pacs(settings.url, auth, settings.timeout_s, settings.password_env)
 
 
 @dataclass
 class RunSummary:
     studies_found: int = 0
-    studies_skipped: int = 0  # already scored by this model version
-    studies_reported: int = 0
-    studies_without_image: int = 0  # nothing the model accepts: no SR
+    studies_waiting: int = 0  # still changing, or not yet stable for stable_minutes
+    studies_skipped: int = 0  # done for what they hold
+    studies_reported: int = 0  # a first SR
+    studies_superseded: int = 0  # a new SR replacing this model version's earlier one
+    studies_without_image: int = 0  # nothing the model takes: no SR
+    failed: dict[str, str] = field(default_factory=dict)  # study UID: why (failed this run, or awaiting its retry)
     rows: list[dict] = field(default_factory=list)  # per instance, for drift aggregates; stays here
 
 
-def _read_state(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+def accepted_series(scorer: Scorer, series: list[dict]) -> list[dict]:
+    """The series the model could take: a modality the contract accepts, a BodyPartExamined it reads (a
+    series that names none is taken: predict still checks each image's tag and Anatomic Region Sequence)
+    and, for CR (whose ViewPosition the standard puts in the series), a view it accepts. DX/DR name views
+    per image: predict checks those. A series left out is never retrieved."""
+    contract = scorer.contract
+    accepted = []
+    for entry in series:
+        if entry["modality"] not in contract.allowed_modalities or entry["instances"] == 0:
+            continue
+        if contract.body_parts and entry["body_part"] and entry["body_part"] not in contract.body_parts:
+            continue
+        if entry["modality"] == "CR" and contract.views and entry["view"] and \
+                view_name(entry["view"]) not in contract.views:
+            continue
+        accepted.append(entry)
+    return accepted
 
 
-def _write_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def score_pacs(pacs: DicomWeb, scorer: Scorer, point: str, thresholds: dict[str, float | None], point_source: str,
-               state_path: Path, lookback_days: int = 1, before_store: Callable[[str], None] | None = None,
-               today: dt.date | None = None) -> RunSummary:
-    """One run of the job (module docstring). ``before_store(study)`` is called before each SR is stored."""
-    today = today or dt.date.today()
+def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, float | None], point_source: str,
+               state_path: Path, lookback_days: int = 1, stable_minutes: float = 5, since: dt.date | None = None,
+               now: dt.datetime | None = None, sinks: Sequence[ResultSink] = ()) -> RunSummary:
+    """One run of the job (module docstring). ``sinks`` receive each result before the SR is stored."""
+    now = now or dt.datetime.now().astimezone()  # the hospital's own day: StudyDate is local
     key = f"{scorer.name}/{scorer.version}"
-    state = _read_state(state_path)
-    mine = state.get(key, {})
-    since = dt.date.fromisoformat(mine["last_run"]) - dt.timedelta(days=lookback_days) if "last_run" in mine else None
-    without_image = set(mine.get("without_image", []))
-    summary = RunSummary()
-    description = report.series_description(scorer.name, scorer.version)
-    for study in pacs.studies_since(since):
-        summary.studies_found += 1
-        if study in without_image or pacs.has_series(study, description):
+    state = pacs_state.read(state_path)
+    mine = state.setdefault(key, {})
+    start = pacs_state.window_start(mine, now.date(), lookback_days, since)
+    studies = pacs_state.prune(mine.get("studies", {}), start)
+    mine["studies"] = studies
+    job = _Run(pacs, scorer, point, thresholds, point_source, stable_minutes, now, [*sinks, DicomSrSink(pacs)])
+    try:
+        for found in pacs.studies(start, scorer.contract.allowed_modalities):
+            job.summary.studies_found += 1
+            study = found["study"]
+            entry = studies.setdefault(study, {"date": found["date"] or f"{now:%Y%m%d}"})
+            try:
+                _one_study(job, study, entry)
+            except StudyNotRetrieved as err:
+                pacs_state.failed(entry, err.reason, now)
+                job.summary.failed[study] = err.reason
+        mine["last_run"] = now.date().isoformat()
+    finally:
+        pacs_state.write(state_path, state)
+    return job.summary
+
+
+@dataclass
+class _Run:
+    """What one run scores with, where results go (the SR last), and its summary so far."""
+
+    pacs: Pacs
+    scorer: Scorer
+    point: str
+    thresholds: dict[str, float | None]
+    point_source: str
+    stable_minutes: float
+    now: dt.datetime
+    outputs: list[ResultSink]
+    summary: RunSummary = field(default_factory=RunSummary)
+
+
+def _one_study(job: _Run, study: str, entry: dict) -> None:
+    scorer, summary, sr = job.scorer, job.summary, job.outputs[-1]
+    series = accepted_series(scorer, job.pacs.series(study))
+    pacs_state.observe(entry, {s["series"]: s["instances"] for s in series}, job.now)
+    if entry.get("done") == entry["held"]:
+        summary.studies_skipped += 1
+        return
+    if not pacs_state.stable(entry, job.now, job.stable_minutes):
+        summary.studies_waiting += 1
+        return
+    if pacs_state.waiting_to_retry(entry, job.now):
+        summary.failed[study] = entry["reason"]
+        return
+    if "reports" not in entry and (earlier := sr.written(study, scorer.name, scorer.version)) is not None:
+        entry["reports"] = [earlier]  # the state was lost; what the PACS holds says it was scored
+        if "done" not in entry:
+            pacs_state.done(entry)
             summary.studies_skipped += 1
-            continue
-        rows, images = _score_study(pacs, scorer, study, thresholds)
-        summary.rows.extend(rows)
-        if not images:
+            return
+    if not series:
+        pacs_state.done(entry)
+        summary.studies_without_image += 1
+        return
+    rows, images = _retrieve_and_score(job.pacs, scorer, study, series, job.thresholds)
+    scored = sorted(image.SOPInstanceUID for image in images)
+    if not images or scored == entry.get("images"):  # nothing new the model takes: no new SR
+        if entry.get("reports"):
+            summary.studies_skipped += 1
+        else:
             summary.studies_without_image += 1
-            without_image.add(study)
-            continue
-        scored = [row for row in rows if row["status"] == SCORED]
-        sr = report.study_report(images, scored, scorer.contract.diseases, scorer.name, scorer.version, point,
-                                 point_source)
-        if before_store is not None:
-            before_store(study)
-        pacs.store(sr)
+        _count(entry, rows, summary)
+        pacs_state.done(entry)
+        return
+    previous = entry.get("reports", [])
+    result = StudyResult(study, images, [r for r in rows if r["status"] == SCORED], scorer.contract.diseases,
+                         scorer.name, scorer.version, job.point, job.point_source,
+                         report_uid=hd.UID(), report_series=hd.UID(), supersedes=previous,
+                         provenance=scorer.contract.provenance)
+    for output in job.outputs:
+        output.write(result)
+    entry.update(reports=[*previous, {"study": study, "series": result.report_series, "sop": result.report_uid,
+                                      "sop_class": ComprehensiveSRStorage}], images=scored)
+    _count(entry, rows, summary)
+    pacs_state.done(entry)
+    if previous:
+        summary.studies_superseded += 1
+    else:
         summary.studies_reported += 1
-    state[key] = {"last_run": today.isoformat(), "without_image": sorted(without_image)}
-    _write_state(state_path, state)
-    return summary
 
 
-def _score_study(pacs: DicomWeb, scorer: Scorer, study: str, thresholds: dict) -> tuple[list[dict], list]:
+def _count(entry: dict, rows: list[dict], summary: RunSummary) -> None:
+    """The rows of a study done, for the run's drift counts: a study scored again adds its new images only."""
+    counted = set(entry.get("counted", []))
+    summary.rows.extend(row for row in rows if not row["sop_uid"] or row["sop_uid"] not in counted)
+    entry["counted"] = sorted(counted | {row["sop_uid"] for row in rows if row["sop_uid"]})
+
+
+def _retrieve_and_score(pacs: Pacs, scorer: Scorer, study: str, series: list[dict],
+                        thresholds: dict) -> tuple[list[dict], list[pydicom.Dataset]]:
     folder = Path(tempfile.mkdtemp(prefix="fedauc-study-"))  # mode 0700: the study's images, for this run only
     try:
-        paths = []
-        for i, data in enumerate(pacs.retrieve_study(study)):
-            paths.append(folder / f"{i}.dcm")
-            paths[-1].write_bytes(data)
+        paths = [path for entry in series for path in pacs.retrieve_series(study, entry, folder)]
         rows = list(score_items(scorer, [Item(str(p), str(folder)) for p in paths], workers=1))
         images = []
         for row, path in zip(rows, paths):

@@ -1,5 +1,5 @@
 """The registered model in MLflow: a torch.export program (MLflow's ``pytorch`` flavour, pt2) that is also a
-pyfunc model taking image files, with its contract (``pipelines.hospital.contract``) beside it.
+pyfunc model taking image files, with its contract (``pipelines.model_package.contract``) beside it.
 
 ``log_model`` is what registration calls. The model folder holds MLflow's pytorch flavour unchanged (so
 ``mlflow.pytorch.load_model`` still gives the network), ``fedauc_contract.json``, and a ``python_function``
@@ -27,8 +27,8 @@ from mlflow.models import Model, ModelSignature
 from mlflow.models.model import MLMODEL_FILE_NAME
 from mlflow.types import ColSpec, Schema
 
-from pipelines.hospital.contract import CONTRACT_FILE, METADATA_KEY, ModelContract
-from pipelines.hospital.predict import REFUSED, Item, Scorer, probability_column, score_items
+from pipelines.model_package.contract import CONTRACT_FILE, METADATA_KEY, ModelContract
+from pipelines.model_package.predict import REFUSED, Item, Scorer, probability_column, score_items
 
 INPUT_COLUMNS = ("path", "bytes")
 

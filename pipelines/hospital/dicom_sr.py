@@ -4,8 +4,10 @@ The report's content tree: the model's name and version (DCM 111001 Algorithm Na
 Version), the operating point and where its thresholds come from, a statement that the content is not a
 diagnosis (DCM 121106 Comment), then per scored image a container that references it by SOP Class and
 Instance UID (IMAGE) and holds per disease its probability (NUM, UCUM "1") and its decision at the operating
-point (TEXT). The SR goes into the study in a series of its own, described ``SERIES_DESCRIPTION`` +
-model + version: what the scoring job looks for to know that a study was scored by a model version.
+point (TEXT); the model's provenance (``contract.Provenance``: its federation, number of sites, training
+run, and whether any site's images were synthetic) as TEXT items beside its name. The SR goes into the study
+in a series of its own, described ``SERIES_DESCRIPTION`` + model + version: what the scoring job looks for to
+know that a study was scored by a model version.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from highdicom.sr import (
     TextContentItem,
 )
 
+from pipelines.model_package.contract import Provenance
+
 SERIES_DESCRIPTION = "fedauc scores"
 NOT_A_DIAGNOSIS = ("Computer-generated scores of a machine-learning model (fedauc), for research and triage "
                    "support. Not a diagnosis: every image must be read by a qualified radiologist.")
@@ -36,6 +40,10 @@ _ALGORITHM_VERSION = CodedConcept("111003", "DCM", "Algorithm Version")
 _COMMENT = CodedConcept("121106", "DCM", "Comment")
 _SOURCE = CodedConcept("121112", "DCM", "Source of Measurement")
 _UNIT = CodedConcept("1", "UCUM", "no units")
+_FEDERATION = CodedConcept("fedauc-fed", _SCHEME, "Training federation")
+_SITES = CodedConcept("fedauc-sites", _SCHEME, "Training sites")
+_TRAINING_RUN = CodedConcept("fedauc-run", _SCHEME, "Training run")
+_SYNTHETIC = CodedConcept("fedauc-synthetic", _SCHEME, "Synthetic training data")
 CONTAINS = RelationshipTypeValues.CONTAINS
 
 
@@ -44,10 +52,15 @@ def series_description(model: str, version: str) -> str:
 
 
 def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list[str], model: str, version: str,
-                 point: str, point_source: str) -> hd.sr.ComprehensiveSR:
+                 point: str, point_source: str, sop_instance_uid: str | None = None,
+                 series_instance_uid: str | None = None, previous: list[pydicom.Dataset] = (), *,
+                 provenance: Provenance | None = None) -> hd.sr.ComprehensiveSR:
     """The SR of one study: ``images`` the scored instances (headers suffice), ``rows`` their predict rows
-    (``p_<disease>`` and the ``<disease>`` decision, True / False / None)."""
+    (``p_<disease>`` and the ``<disease>`` decision, True / False / None); ``provenance`` the model's.
+    ``previous``: the SRs this one supersedes (their Study, Series, SOP Instance and SOP Class UIDs), named
+    in its Predecessor Documents Sequence; its instance number counts the versions."""
     items = [TextContentItem(_ALGORITHM_NAME, model, CONTAINS), TextContentItem(_ALGORITHM_VERSION, version, CONTAINS),
+             *provenance_items(provenance),
              TextContentItem(_OPERATING_POINT, f"{point}: {point_source}"[:1024], CONTAINS),
              TextContentItem(_COMMENT, NOT_A_DIAGNOSIS, CONTAINS)]
     for image, row in zip(images, rows, strict=True):
@@ -66,11 +79,24 @@ def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list
     root.ContentSequence = items
     first = images[0]
     return hd.sr.ComprehensiveSR(
-        evidence=images, content=root, series_instance_uid=hd.UID(), series_number=9901,
-        sop_instance_uid=hd.UID(), instance_number=1, manufacturer="fedauc", is_complete=True,
+        evidence=images, content=root, series_instance_uid=series_instance_uid or hd.UID(), series_number=9901,
+        sop_instance_uid=sop_instance_uid or hd.UID(), instance_number=len(previous) + 1, manufacturer="fedauc",
+        is_complete=True, previous_versions=list(previous) or None,
         series_description=series_description(model, version),
         institution_name=str(first.get("InstitutionName", "")) or None,
     )
+
+
+def provenance_items(provenance: Provenance | None) -> list[TextContentItem]:
+    """What the model was trained on, as a reader of the SR sees it; "unknown" for a model registered before
+    models recorded it."""
+    if provenance is None:
+        return [TextContentItem(_SYNTHETIC, "unknown: the model does not record what it was trained on", CONTAINS)]
+    synthetic = (f"yes: {', '.join(provenance.synthetic_sites)}" if provenance.synthetic else "no")[:1024]
+    return [TextContentItem(_FEDERATION, provenance.federation, CONTAINS),
+            TextContentItem(_SITES, str(provenance.sites), CONTAINS),
+            TextContentItem(_TRAINING_RUN, provenance.training_run, CONTAINS),
+            TextContentItem(_SYNTHETIC, synthetic, CONTAINS)]
 
 
 def read_report(sr: pydicom.Dataset) -> dict:

@@ -5,8 +5,9 @@ with the model contract's ``TransformSettings``, in ``preprocessing.pool``'s wor
 stuck past the time limit or crashed) and the tiles through ``federated.predict.predict_scores``, the
 function the federated evaluation scores shards with. A file the decoder refuses (outside the folder it was
 given, not a regular file, over the decode limits, unreadable, wrong modality, too small, constant) or one
-out of the contract (a DICOM whose ViewPosition the model was not trained on) gets a row with the reason,
-never an exception and never a silent drop.
+out of the contract (a DICOM whose ViewPosition the model was not trained on, or whose BodyPartExamined or
+Anatomic Region Sequence names a body part the model does not read) gets a row with the reason, never an
+exception and never a silent drop.
 
 Files are read in chunks of ``batch_size`` and rows are yielded chunk by chunk: memory does not grow with
 the number of files.
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from federated.predict import predict_scores
-from pipelines.hospital.contract import ModelContract
+from pipelines.model_package.contract import ModelContract
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk
@@ -61,6 +62,11 @@ class Item:
 
 def probability_column(disease: str) -> str:
     return f"p_{disease}"
+
+
+def view_name(position: str) -> str:
+    """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
+    return _VIEW_NAMES.get(position.strip().upper(), "unknown")
 
 
 def score_items(scorer: Scorer, items: Iterable[Item], batch_size: int = 64, workers: int = 1,
@@ -109,10 +115,9 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
         if not outcome["ok"]:
             row.update(status=REFUSED, reason=outcome["reason"], detail=outcome["detail"])
         elif outcome["format"] == "dicom":
-            view = _dicom_header(path, row)
-            if contract.views and view is not None and view not in contract.views:
-                row.update(status=REFUSED, reason=Reason.EXCLUDED_VIEW.value,
-                           detail=f"{path}: ViewPosition {view}; the model was trained on {', '.join(contract.views)}")
+            refusal = _out_of_contract(contract, path, row)
+            if refusal is not None:
+                row.update(status=REFUSED, reason=refusal[0].value, detail=refusal[1])
         if row["status"] == SCORED:
             keep.append(offset)
         rows.append(row)
@@ -124,15 +129,37 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
     return rows
 
 
-def _dicom_header(path: str, row: dict) -> str | None:
-    """Fill the row's UIDs from a DICOM the decoder accepted; return its view (None when it names none)."""
-    header = pydicom.dcmread(path, stop_before_pixels=True,
-                             specific_tags=["StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "ViewPosition"])
+def _out_of_contract(contract: ModelContract, path: str, row: dict) -> tuple[Reason, str] | None:
+    """Fill the row's UIDs from a DICOM the decoder accepted; the reason and detail when its view or body part
+    is one the model does not take (a DICOM that names neither is taken)."""
+    header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[
+        "StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "ViewPosition", "BodyPartExamined",
+        "AnatomicRegionSequence"])
     row["study_uid"] = str(header.get("StudyInstanceUID", ""))
     row["series_uid"] = str(header.get("SeriesInstanceUID", ""))
     row["sop_uid"] = str(header.get("SOPInstanceUID", ""))
     position = str(header.get("ViewPosition", "") or "").strip().upper()
-    return _VIEW_NAMES.get(position, "unknown") if position else None
+    view = _VIEW_NAMES.get(position, "unknown") if position else None
+    if contract.views and view is not None and view not in contract.views:
+        return Reason.EXCLUDED_VIEW, (f"{path}: ViewPosition {position} (view {view}); the model was trained on "
+                                      f"{', '.join(contract.views)}")
+    parts, regions = body_parts_named(header)
+    outside = ([f"BodyPartExamined {part}" for part in parts if contract.body_parts and part not in contract.body_parts]
+               + [f"Anatomic Region {code}" for code in regions
+                  if contract.anatomic_regions and code not in contract.anatomic_regions])
+    if outside:
+        return Reason.WRONG_BODY_PART, (f"{path}: {', '.join(outside)}; the model reads "
+                                        f"{', '.join(contract.body_parts)} (BodyPartExamined) only")
+    return None
+
+
+def body_parts_named(header: pydicom.Dataset) -> tuple[list[str], list[str]]:
+    """The body parts a DICOM header names: its BodyPartExamined (upper case; an empty tag names none) and its
+    Anatomic Region Sequence codes as ``<scheme>:<code>``."""
+    part = str(header.get("BodyPartExamined", "") or "").strip().upper()
+    codes = [f"{str(item.get('CodingSchemeDesignator', '')).strip()}:{str(item.get('CodeValue', '')).strip()}"
+             for item in header.get("AnatomicRegionSequence", None) or []]
+    return ([part] if part else []), codes
 
 
 def folder_items(folder: Path) -> Iterator[Item]:
