@@ -103,6 +103,20 @@ def test_a_leg_is_refused_wrong_body_part_by_predict_the_pyfunc_and_the_pacs_pat
     assert np.isfinite(scored[[expected[f.name] == "" for f in files]]).all()
 
 
+
+def test_a_model_registered_under_the_old_loader_name_still_serves(chest_store, tmp_path):
+    """Models registered before the package split name ``pipelines.hospital.flavor`` as their pyfunc loader."""
+    folder = Path(mlflow.artifacts.download_artifacts(MODEL, dst_path=str(tmp_path / "old")))
+    mlmodel = folder / "MLmodel"
+    spec = yaml.safe_load(mlmodel.read_text())
+    assert spec["flavors"]["python_function"]["loader_module"] == "pipelines.model_package.flavor"
+    spec["flavors"]["python_function"]["loader_module"] = "pipelines.hospital.flavor"
+    mlmodel.write_text(yaml.safe_dump(spec))
+    frame = pd.DataFrame({"path": [str(CHEST)]})
+    old, new = mlflow.pyfunc.load_model(str(folder)).predict(frame), mlflow.pyfunc.load_model(MODEL).predict(frame)
+    assert list(old["status"]) == ["scored"]
+    np.testing.assert_allclose(old["p_Cardiomegaly"].to_numpy(float), new["p_Cardiomegaly"].to_numpy(float), atol=1e-6)
+
 def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, tmp_path):
     demo = load_federation(REPO / "sites" / "demo" / "chest.yaml")  # every site stood in by `fedauc synth`
     contract = contract_for(demo, "small_resnet", {}, (1, 64, 64), "test", None, "0123abcd")

@@ -7,6 +7,7 @@ the scheduled PACS scoring (``fedauc pacs``: the provenance check, the day's dri
 ``pacs``: the DICOMweb scoring job, over ``dicomweb`` (the PACS through dicomweb-client), with ``pacs_state``
 (what it remembers of each study between runs) and ``sinks`` (where results go, the SR of ``dicom_sr``
 last). ``drift``: what a day of scoring may tell the centre, and the drift figure the centre computes from it.
+``flavor``: the pyfunc loader's name in models registered before ``model_package`` existed.
 
 Importable and testable without a Prefect or MLflow server.
 """
