@@ -5,8 +5,8 @@ says is withheld must arrive withheld (NaN or absent).
 Enumerated: every tensor a site hands the transport (the engine's gathers and means, by the engine function that
 sends them; the round's per-site row by column), the site report, and what a tracked DP training records in a
 real SQLite MLflow store: each site's run (metrics, params, tags, artifacts) and, on the training's run, every
-key or artifact that names a site. Not here: the PACS scoring record (its drift figures at a budgeted site are
-another change's) and Prefect artifacts (a training records none per site)."""
+key or artifact that names a site; and a budgeted site's PACS scoring record for a day, recorded as `fedauc pacs`
+records it. Not here: Prefect artifacts (a training records none per site)."""
 
 from __future__ import annotations
 
@@ -170,3 +170,41 @@ def test_a_tracked_dp_training_records_only_listed_fields_per_site(tmp_path, bud
     assert not unlisted(fields, listed), f"not in docs/privacy.md section 5: {unlisted(fields, listed)}"
     withheld = [f for f in fields if status(f, listed) == "withheld" and not f.startswith("site_report.qc_grid")]
     assert not withheld, f"recorded although section 5 says withheld: {withheld}"
+
+
+def test_a_budgeted_sites_day_of_pacs_scoring_records_only_listed_fields(tmp_path, monkeypatch):
+    """The day a budgeted hospital's PACS job sends (pipelines/hospital/job.py: ``drift.release`` with its histograms
+    withheld, then ``drift.record``), recorded in a real SQLite store and enumerated like a training's records."""
+    import json
+
+    import mlflow
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.hospital import drift
+
+    mlflow.set_tracking_uri(None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    rng = np.random.default_rng(0)
+    rows = [{"status": "scored", "p_A": float(p)} for p in rng.random(40)]
+    rows += [{"status": "refused", "reason": "wrong_body_part"}] * 12 + [{"status": "refused", "reason": "excluded_view"}]
+    tally = drift.tally(rows, rng.random((200, 1)), ["A"])
+    assert tally["edges"] and sum(tally["histograms"]["A"]) == 40  # what a site without a budget could send
+    day = drift.release(tally, SharingPolicy(min_count=10), withhold_histograms=True)
+    drift.record("chest-xray", "vienna", "fedauc-chest-xray", "3", day, day="2026-03-02")
+    client = MlflowClient()
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                f"tags.fedauc_role = '{drift.ROLE}'")
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    stored = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=
+                                                                 "scoring_aggregates.json", dst_path=str(tmp_path))).read_text())
+    fields = ({f"pacs.tag:{k}" for k in run.data.tags} | {f"pacs.metric:{k}" for k in run.data.metrics}
+              | {f"pacs.artifact:{a}" for a in artifacts} | {f"pacs.json:{k}" for k in stored}
+              | {f"pacs.json:refused.{k}" for k in stored["refused"]})
+    listed = allow_list()
+    assert {"pacs.metric:scored", "pacs.json:edges"} <= fields
+    assert not unlisted(fields, listed), f"not in docs/privacy.md section 5: {unlisted(fields, listed)}"
+    for field in fields:
+        if status(field, listed) == "withheld":
+            assert field.startswith("pacs.json:") and stored[field.removeprefix("pacs.json:")] == {}, field
+    assert run.data.metrics["refused/excluded_view"] == 0  # one image: under min_count
