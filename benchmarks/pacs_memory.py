@@ -58,20 +58,13 @@ def fill(base: str, auth: tuple[str, str], study: str, instances: int) -> int:
 def child(url: str, user: str, password: str, state: str) -> None:
     """One run of the job, then its peak RSS and its decoder worker's, in MB, as JSON."""
     import torch
+    from predict import bench_scorer
 
-    from federated.network import build_named
     from pipelines.hospital import pacs
-    from pipelines.model_package.contract import ModelContract
-    from pipelines.model_package.predict import Scorer
-    from preprocessing.records import TASK_DISEASES
 
     torch.set_num_threads(1)
-    diseases = list(TASK_DISEASES["chest-xray"])
-    contract = ModelContract(task="chest-xray", diseases=diseases, network="small_resnet", input_shape=(1, 64, 64),
-                             image_size=64, min_image_size=16, channels=1, allowed_modalities=["CR", "DX", "DR"],
-                             views=["AP", "PA"], code_version="benchmark")
-    network = build_named("small_resnet", {}, (1, 64, 64), len(diseases))
-    scorer = Scorer.from_state(contract, network.state_dict(), "fedauc-chest-xray", "bench")
+    scorer = bench_scorer()
+    diseases = scorer.contract.diseases
     summary = pacs.score_pacs(pacs.Pacs(url, (user, password)), scorer, "youden", dict.fromkeys(diseases), "bench",
                               Path(state), stable_minutes=0)
     assert summary.studies_reported == 1 and not summary.failed, summary
