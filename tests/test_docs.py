@@ -194,3 +194,37 @@ def test_no_module_outside_tests_is_over_400_lines():
                 if path.suffix == ".py" and path.relative_to(REPO).parts[0] != "tests"
                 and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
     assert not too_long, f"over {MAX_MODULE_LINES} lines (split along the concerns):\n" + "\n".join(too_long)
+
+
+FOLDER_HEADING = re.compile(r"^#{2,3} `(?P<folder>[\w/]+)/`", re.MULTILINE)
+
+
+def undocumented_modules(package: str) -> list[str]:
+    """The modules of ``package`` its README.md names nowhere a reader looks for them: a table row with its path
+    from the package (`flare/site/job.py`), its name in the section headed by its folder (`## `hospital/``), a
+    top-level module's name outside those sections, or a row for a folder of like modules without a section of
+    its own (`cli/`, one module per command group)."""
+    text = (REPO / package / "README.md").read_text()
+    cuts = [(m.start(), m.group("folder")) for m in FOLDER_HEADING.finditer(text)] + [(len(text), None)]
+    top = text[:cuts[0][0]]
+    sections = {folder: text[start:end] for (start, folder), (end, _) in zip(cuts, cuts[1:])}
+    rows = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    missing = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        relative = path.relative_to(REPO / package)
+        if path.name == "__init__.py" or "__pycache__" in relative.parts:
+            continue
+        folder = relative.parent.as_posix()
+        name = f"`{path.name}`"
+        folder_rows = [f"| `{'/'.join(relative.parts[:i])}/` |" for i in range(1, len(relative.parts))
+                       if "/".join(relative.parts[:i]) not in sections]
+        if (f"`{relative.as_posix()}`" in rows or any(row in top for row in folder_rows)
+                or (name in sections.get(folder, "") if folder != "." else name in top)):
+            continue
+        missing.append(f"{package}/{relative.as_posix()}")
+    return missing
+
+
+def test_every_module_is_in_its_packages_readme():
+    missing = [m for package in ("federated", "pipelines") for m in undocumented_modules(package)]
+    assert not missing, f"modules their package's README.md does not list: {missing}"
