@@ -84,7 +84,7 @@ PRIVACY_BUDGET_CHANGE_TAG = "privacy.budget_change"  # the site ledger's last bu
 # --- MLflow tags -----------------------------------------------------------------------------------------
 
 ROLE_TAG = "fedauc_role"  # what a run is:
-TRAINING_ROLE, SITE_ROLE, EVALUATION_ROLE, SCORING_ROLE = "federated-training", "site", "evaluation", "scoring"
+TRAINING_ROLE, SITE_ROLE, EVALUATION_ROLE, SCORING_ROLE = "federated-training", "site", "evaluation", "hospital-scoring"
 FEDERATION_TAG, SITE_TAG, PURPOSE_TAG = "federation", "site", "purpose"
 MODEL_URI_TAG, MODEL_VERSION_TAG = "model_uri", "model_version"
 CHAMPION_ALIAS = "champion"

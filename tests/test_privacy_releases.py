@@ -181,6 +181,7 @@ def test_a_budgeted_sites_day_of_pacs_scoring_records_only_listed_fields(tmp_pat
     import numpy as np
     from mlflow.tracking import MlflowClient
 
+    from federated.schema import SCORING_ROLE
     from pipelines.hospital import drift
 
     mlflow.set_tracking_uri(None)
@@ -194,7 +195,7 @@ def test_a_budgeted_sites_day_of_pacs_scoring_records_only_listed_fields(tmp_pat
     drift.record("chest-xray", "vienna", "fedauc-chest-xray", "3", day, day="2026-03-02")
     client = MlflowClient()
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                f"tags.fedauc_role = '{drift.ROLE}'")
+                                f"tags.fedauc_role = '{SCORING_ROLE}'")
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     stored = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=
                                                                  "scoring_aggregates.json", dst_path=str(tmp_path))).read_text())

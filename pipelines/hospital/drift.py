@@ -44,12 +44,12 @@ import numpy as np
 from mlflow import MlflowClient
 
 from federated.flare.lockdown import write_owner_only
+from federated.schema import ROLE_TAG, SCORING_ROLE
 from preprocessing.sites import SharingPolicy
 
 BINS = 5
 EPSILON = 1e-4
 PSI_WARNING = 0.25
-ROLE = "hospital-scoring"
 
 
 def quantile_edges(reference: np.ndarray) -> np.ndarray:
@@ -182,7 +182,7 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
 
     day = day or dt.date.today().isoformat()
     experiment = tracking.experiment_id(task)
-    tags = {"fedauc_role": ROLE, "site": site, "day": day, "model": model, "model_version": version}
+    tags = {ROLE_TAG: SCORING_ROLE, "site": site, "day": day, "model": model, "model_version": version}
     if MlflowClient().search_runs([experiment], " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items()),
                                   max_results=1):
         return []
@@ -212,7 +212,7 @@ def drift_figure(task: str, site: str):
 
     client = MlflowClient()
     runs = client.search_runs([tracking.experiment_id(task)],
-                              f"tags.fedauc_role = '{ROLE}' and tags.site = '{site}'", order_by=["attributes.start_time ASC"])
+                              f"tags.{ROLE_TAG} = '{SCORING_ROLE}' and tags.site = '{site}'", order_by=["attributes.start_time ASC"])
     series: dict[str, list[tuple[str, float]]] = {}
     for run in runs:
         for key, value in run.data.metrics.items():
