@@ -38,14 +38,19 @@ def orthanc(tmp_path_factory):
 
 
 def _fedauc_pacs(tmp_path: Path, url: str, monkeypatch, password: str = PASSWORD):
+    site = _site_yaml(tmp_path, url, monkeypatch, password)
+    return CliRunner().invoke(app, ["pacs", str(site), "--model", "models:/fedauc-chest-xray/1",
+                                    "--shards", str(tmp_path / "shards")])
+
+
+def _site_yaml(tmp_path: Path, url: str, monkeypatch, password: str) -> Path:
     monkeypatch.setenv("TEST_PACS_PASSWORD", password)
     site = tmp_path / "hospital.yaml"
     site.write_text(yaml.safe_dump({"name": "hanoi", "format": "vindr-cxr", "root": str(tmp_path), "task": "chest-xray",
                                     "image_size": 32, "min_image_size": 16, "sharing": {"min_count": 1},
                                     "pacs": {"url": url, "username": USER, "password_env": "TEST_PACS_PASSWORD",
                                              "stable_minutes": 0, "timeout_s": 5}}))
-    return CliRunner().invoke(app, ["pacs", str(site), "--model", "models:/fedauc-chest-xray/1",
-                                    "--shards", str(tmp_path / "shards")])
+    return site
 
 
 def _one_error_line(result) -> str:
@@ -64,6 +69,20 @@ def test_a_wrong_password_and_a_pacs_that_is_not_there_end_in_one_line(orthanc, 
         dead = f"http://127.0.0.1:{closed.getsockname()[1]}/dicom-web"
     line = _one_error_line(_fedauc_pacs(tmp_path, dead, monkeypatch))
     assert f"the PACS at {dead} cannot be reached" in line and "refused" in line.lower()
+
+
+def test_the_prefect_flow_run_of_a_pacs_that_says_no_names_neither_its_address_nor_its_user(orthanc, chest_model,
+                                                                                             tmp_path, monkeypatch):
+    """The flow run's failure goes to the Prefect server, which may be the consortium's: the address and user stay
+    in the worker's own log."""
+    from pipelines.hospital_flow import score_pacs
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", chest_model)
+    site = _site_yaml(tmp_path, f"{orthanc}/dicom-web", monkeypatch, "wrong")
+    state = score_pacs(str(site), str(tmp_path / "shards"), "models:/fedauc-chest-xray/1", return_state=True)
+    assert state.is_failed()
+    assert "the PACS at <pacs.url> refused the user in pacs.username (HTTP 401)" in state.message
+    assert orthanc not in state.message and "127.0.0.1" not in state.message and repr(USER) not in state.message
 
 
 def test_tls_a_timeout_a_missing_name_and_a_server_error_are_one_line_each(orthanc, tmp_path):

@@ -172,7 +172,7 @@ def test_thresholds_recalibrate_at_a_hospital_and_predict_says_it_uses_them(stor
     result = runner.invoke(app, ["predict", str(store / "barcelona.yaml"), "--split", "valid", "--shards",
                                  str(store / "shards"), "--operating-point", "sens90", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert f"operating point sens90: {path}" in result.output
+    assert f"operating point sens90: this hospital's {path.name}" in result.output
     table = pd.read_csv(out)
     threshold = points["points"]["Melanoma"]["sens90"]["threshold"]
     assert (table["Melanoma"] == (table["p_Melanoma"] >= threshold)).all()

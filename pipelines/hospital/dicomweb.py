@@ -42,7 +42,18 @@ _SERIES_FIELDS = ["Modality", "BodyPartExamined", "ViewPosition", "NumberOfSerie
 
 
 class PacsUnavailable(FedaucError):
-    """The PACS cannot be used this run: nothing was scored after this, and nothing half-stored."""
+    """The PACS cannot be used this run: nothing was scored after this, and nothing half-stored. The message names
+    the PACS's address and user for the hospital's operator; ``without_address`` is what may leave the site."""
+
+    def __init__(self, message: str, address: str = "", user: str | None = None):
+        super().__init__(message)
+        self.address, self.user = address, user
+
+    def without_address(self) -> str:
+        text = str(self)
+        if self.user:
+            text = text.replace(f"user {self.user!r}", "the user in pacs.username")
+        return text.replace(self.address, "<pacs.url>") if self.address else text
 
 
 class StudyNotRetrieved(Exception):
@@ -170,30 +181,30 @@ class Pacs:
 
     def unavailable(self, err: Exception, doing: str) -> PacsUnavailable:
         """One line naming the PACS, what failed and what to check."""
+        return PacsUnavailable(self._unavailable_text(err, doing), self.url, self.user)
+
+    def _unavailable_text(self, err: Exception, doing: str) -> str:
         where = f"the PACS at {self.url}"
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
             who = f"user {self.user!r}" if self.user else "a request without a user"
             check = (f"check pacs.username in the site YAML and the password in ${self.password_env}" if self.user
                      else "give the site YAML's pacs: block a username (and its password variable)")
-            return PacsUnavailable(f"{where} refused {who} (HTTP {status}): {check}")
+            return f"{where} refused {who} (HTTP {status}): {check}"
         if status is not None:
-            return PacsUnavailable(f"{where} answered HTTP {status} to {doing} ({ATTEMPTS} tries): see the PACS's log")
+            return f"{where} answered HTTP {status} to {doing} ({ATTEMPTS} tries): see the PACS's log"
         if isinstance(err, requests.exceptions.SSLError):
-            return PacsUnavailable(f"TLS with {where} failed: {_root_cause(err)}: check its certificate and "
-                                   "REQUESTS_CA_BUNDLE")
+            return f"TLS with {where} failed: {_root_cause(err)}: check its certificate and REQUESTS_CA_BUNDLE"
         if isinstance(err, requests.Timeout):
-            return PacsUnavailable(f"{where} did not answer {doing} within {self.timeout_s:g} s ({ATTEMPTS} tries): "
-                                   "check the PACS, or raise pacs.timeout_s")
+            return (f"{where} did not answer {doing} within {self.timeout_s:g} s ({ATTEMPTS} tries): check the PACS, "
+                    "or raise pacs.timeout_s")
         if isinstance(err, requests.ConnectionError):
-            cause = _root_cause(err)
             if any(isinstance(inner, NameResolutionError) for inner in _causes(err)):
-                return PacsUnavailable(f"the PACS host of {self.url} does not resolve: check pacs.url")
-            return PacsUnavailable(f"{where} cannot be reached ({cause}): is it running, and are pacs.url's host "
-                                   "and port right?")
-        return PacsUnavailable(f"{where} answered {doing} with something that is not DICOMweb ({_root_cause(err)}): "
-                               "check that pacs.url is the DICOMweb root")
-
+                return f"the PACS host of {self.url} does not resolve: check pacs.url"
+            return (f"{where} cannot be reached ({_root_cause(err)}): is it running, and are pacs.url's host and "
+                    "port right?")
+        return (f"{where} answered {doing} with something that is not DICOMweb ({_root_cause(err)}): check that "
+                "pacs.url is the DICOMweb root")
 
 def _every_page(search, key: str, *args, **kwargs) -> list[dict]:
     """Every result of a QIDO-RS search, a page at a time. dicomweb-client's ``get_remaining`` asks until a page

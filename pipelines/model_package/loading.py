@@ -63,7 +63,8 @@ def choose_points(scorer: Scorer, point: str, hospital_file: Path | None) -> Cho
     diseases = scorer.contract.diseases
     if hospital_file is not None and hospital_file.is_file():
         points = op.read(hospital_file)
-        return Chosen(point, points.thresholds(point, diseases), f"{hospital_file} ({points.source})")
+        # Its name, not its path: the source is echoed to the Prefect run log, which the centre may hold.
+        return Chosen(point, points.thresholds(point, diseases), f"this hospital's {hospital_file.name} ({points.source})")
     if scorer.contract.operating_points is None:
         if point not in op.POINTS:
             raise ConfigError(f"unknown operating point {point!r}", fix=f"pass one of {list(op.POINTS)}")
