@@ -30,6 +30,8 @@ import torch
 from federated.algorithms.base import Site
 from federated.config import TrainConfig
 from preprocessing.errors import ConfigError, DataError
+from preprocessing.formats import check as check_format
+from preprocessing.formats import stamp
 
 LATEST = "LATEST"
 # TrainConfig fields a resumed run may change: they do not change the model a round computes.
@@ -82,11 +84,12 @@ def save_round(ckpt_dir: Path, round_index: int, sites: list[Site], meta: dict |
         _write_atomic(round_dir / f"site_{site.index}.pt", lambda p, site=site: torch.save(_tensors(site), p))
         info = {"iteration": site.iteration, "loader_rng": site.loader.state_dict()["rng"],
                 "data_fingerprint": site_fingerprints[site.index]}
-        _write_atomic(round_dir / f"site_{site.index}.json", lambda p, info=info: p.write_text(json.dumps(info)))
+        _write_atomic(round_dir / f"site_{site.index}.json",
+                      lambda p, info=info: p.write_text(json.dumps(stamp("checkpoint", info))))
     barrier()
     if meta is not None:
         fields = config_fingerprint(config)
-        body = {**meta, "config": fields, "config_fingerprint": _digest(fields)}
+        body = stamp("checkpoint", {**meta, "config": fields, "config_fingerprint": _digest(fields)})
         _write_atomic(round_dir / "meta.json", lambda p: p.write_text(json.dumps(body)))
         point_latest(ckpt_dir, round_index)
         for old in ckpt_dir.glob("round_*"):
@@ -129,7 +132,8 @@ def _load_tensors(path: Path) -> dict:
 def load_round(round_dir: Path, sites: list[Site], config: TrainConfig, site_fingerprints: dict[int, str]) -> dict:
     """Restore this process's sites from ``round_dir`` after checking that it belongs to ``config`` and to
     these sites' data; returns the meta (round, history)."""
-    meta = json.loads((round_dir / "meta.json").read_text())
+    # The round's meta.json and each site's JSON carry the format of the whole round (its tensors' file too).
+    meta = check_format("checkpoint", json.loads((round_dir / "meta.json").read_text()), round_dir / "meta.json")
     fields = config_fingerprint(config)
     if meta.get("config_fingerprint") != _digest(fields):
         saved = meta.get("config", {})
@@ -145,7 +149,7 @@ def load_round(round_dir: Path, sites: list[Site], config: TrainConfig, site_fin
             if not path.is_file():
                 raise DataError(f"{path}: checkpoint of site {site.index} missing",
                                 fix="resume on the machine that holds this site's checkpoint files")
-        info = json.loads(stem.with_suffix(".json").read_text())
+        info = check_format("checkpoint", json.loads(stem.with_suffix(".json").read_text()), stem.with_suffix(".json"))
         if info.get("data_fingerprint") != site_fingerprints[site.index]:
             raise ConfigError(
                 f"{round_dir.parent}: site {site.index} ({site.data.name}) has other data than the checkpoint was "

@@ -14,6 +14,7 @@ from federated.scoring import ModelToScore
 from federated.sites import check_shard
 from federated.version import code_version
 from preprocessing.errors import ConfigError, DataError
+from preprocessing.formats import check as check_format
 from preprocessing.sites import SharingPolicy
 
 # Written by `fedauc consortium start-site` into the site's startup kit (local/): the site's own shard folder.
@@ -23,7 +24,7 @@ SITE_FILE = "fedauc_site.json"
 def local_site(site_config_dir: Path | None) -> dict:
     """What ``fedauc consortium start-site`` wrote into the site's kit (SITE_FILE); empty without one."""
     local = None if site_config_dir is None else Path(site_config_dir) / SITE_FILE
-    return json.loads(local.read_text()) if local is not None and local.is_file() else {}
+    return check_format("site-settings", json.loads(local.read_text()), local) if local is not None and local.is_file() else {}
 
 
 class EvaluationRequest(BaseModel):

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from federated.privacy.policy import PrivacyRefused, SiteBudget
+from preprocessing.formats import check as check_format
+from preprocessing.formats import stamp
 
 LEDGER_SUFFIX = ".privacy-ledger.json"
 STATE_ENV = "FEDAUC_SITE_STATE"
@@ -122,6 +124,11 @@ class Ledger:
                                  f"(chmod 600 {path})")
         try:
             raw = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise PrivacyRefused(f"{path}: the privacy ledger is unreadable ({type(err).__name__}); every job is "
+                                 "refused until it is restored from the site's backup") from None
+        raw = check_format("privacy-ledger", raw, path)
+        try:
             budget = raw.get("budget")
             return cls(path, None if budget is None else SiteBudget.model_validate(budget),
                        [Entry(**e) for e in raw.get("entries", [])],
@@ -137,9 +144,10 @@ class Ledger:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; this is not
         with os.fdopen(fd, "w") as f:
-            json.dump({"budget": None if self.budget is None else self.budget.model_dump(),
-                       "entries": [asdict(e) for e in self.entries],
-                       "events": [asdict(e) for e in self.events], "site_yaml": self.site_yaml}, f, indent=1)
+            json.dump(stamp("privacy-ledger", {"budget": None if self.budget is None else self.budget.model_dump(),
+                                               "entries": [asdict(e) for e in self.entries],
+                                               "events": [asdict(e) for e in self.events], "site_yaml": self.site_yaml}),
+                      f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -33,6 +33,33 @@ def consortium_provision(
     typer.echo(kits.summary(server_host, port))
 
 
+@consortium_app.command("renew")
+def consortium_renew(
+    out: str = typer.Option(..., "--out", help="The folder `fedauc consortium provision` wrote (project.yml, state)."),
+    root_valid_days: int = typer.Option(360, "--root-valid-days", min=31,
+                                        help="A new root certificate's validity (made only when the root expires within 30 days)."),
+) -> None:
+    """Re-issue every kit from the same identities (names, organisations, roles; the same root CA key, so old and
+    new kits trust each other) in a new provisioning folder, and say what to send to whom, as at provision."""
+    import datetime as dt
+
+    import yaml
+
+    from federated.flare.centre.certificates import kit_expiries, renew
+    from preprocessing.errors import FedaucError
+
+    try:
+        kits = renew(out, dt.timedelta(days=root_valid_days))
+    except FedaucError as err:
+        fail(err)
+    expiries = kit_expiries(kits.server.parent)
+    typer.echo(f"Renewed every kit with the same names: certificates valid until {min(expiries.values()):%Y-%m-%d %H:%M} "
+               "UTC. Each participant stops its fedauc, puts its new kit in place of the old one and starts again "
+               "(the old kits keep working until they expire).\n")
+    server = next(p for p in yaml.safe_load(kits.project_file.read_text())["participants"] if p["type"] == "server")
+    typer.echo(kits.summary(server["name"], server["fed_learn_port"]))
+
+
 @consortium_app.command("start-server")
 def consortium_start_server(
     kit: str = typer.Argument(..., help="The server's startup kit (from `fedauc consortium provision`)."),
@@ -59,6 +86,7 @@ def consortium_start_site(
 ) -> None:
     """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
     in the foreground until it stops. The client and its jobs end with this command, however it ends."""
+    from federated.flare.centre.certificates import expiry_warnings
     from federated.flare.site.start import check_certificate, prepare_site, run_site
     from pipelines.lifeline import guard_children
     from preprocessing.errors import FedaucError
@@ -69,8 +97,11 @@ def consortium_start_site(
         client = prepare_site(kit, site_yaml, shards)
     except FedaucError as err:
         fail(err)
-    typer.echo(f"site {client.name}: certificate valid until {check_certificate(client):%Y-%m-%d}; "
+    expires = check_certificate(client)
+    typer.echo(f"site {client.name}: certificate valid until {expires:%Y-%m-%d %H:%M} UTC; "
                f"dialling {client.server_host}:{client.server_port}")
+    for line in expiry_warnings({client.name: expires}):
+        typer.echo(line, err=True)
     raise typer.Exit(code=run_site(client))
 
 
@@ -80,8 +111,14 @@ def consortium_status(
 ) -> None:
     """The connected sites (since when, their last heartbeat, the fedauc version each runs) and the running
     jobs with their round, from the consortium's server."""
+    from pathlib import Path
+
+    from federated.flare.centre.certificates import expiry_warnings, kit_expiries
     from federated.flare.centre.operate import consortium_status as status
 
+    # The admin's kit sits in the provisioning folder with every other kit (on the admin's machine).
+    for line in expiry_warnings(kit_expiries(Path(kit).resolve().parent)):
+        typer.echo(line, err=True)
     typer.echo(status(kit).markdown())
 
 

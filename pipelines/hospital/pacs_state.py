@@ -18,19 +18,22 @@ import json
 import os
 from pathlib import Path
 
+from preprocessing.formats import check as check_format
+from preprocessing.formats import stamp
+
 # Backoff of a study that cannot be retrieved: the next try after 15 minutes, then 30, 60 ... at most a day.
 BACKOFF_FIRST = dt.timedelta(minutes=15)
 BACKOFF_MAX = dt.timedelta(days=1)
 
 
 def read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return check_format("pacs-state", json.loads(path.read_text()), path) if path.is_file() else {}
 
 
 def write(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(stamp("pacs-state", state), indent=1, sort_keys=True))
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
 

@@ -24,6 +24,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from federated.config import TrainConfig
+from preprocessing.formats import check as check_format
+from preprocessing.formats import stamp
 
 # The bins of a hospital's own histograms: those of the federated evaluation (TrainConfig.eval_bins).
 HISTOGRAM_BINS = TrainConfig.model_fields["eval_bins"].default
@@ -86,11 +88,11 @@ def write(points: OperatingPoints, path: Path) -> Path:
     """Written whole or not at all (a temporary file renamed), readable by the hospital only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(points.model_dump_json(indent=2))
+    tmp.write_text(json.dumps(stamp("thresholds", points.model_dump(mode="json")), indent=2))
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
 
 
 def read(path: Path) -> OperatingPoints:
-    return OperatingPoints.model_validate(json.loads(Path(path).read_text()))
+    return OperatingPoints.model_validate(check_format("thresholds", json.loads(Path(path).read_text()), path))

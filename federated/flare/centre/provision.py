@@ -9,6 +9,7 @@ the server's one port. ``nvflare.lighter`` does the cryptography.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from federated.flare.centre.certificates import seed_root, stored_root
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import centre_policy, make_owner_only, server_stores, write_owner_only
 from preprocessing.federation import Federation
@@ -104,9 +106,11 @@ def project(federation: Federation, server_host: str, port: int = DEFAULT_PORT, 
     }
 
 
-def provision(project_dict: dict, out: Path) -> Kits:
+def provision(project_dict: dict, out: Path, root_valid_for: dt.timedelta | None = None) -> Kits:
     """Write ``project.yml`` and the signed startup kits under ``out``, owner-only (``federated.flare.lockdown``),
-    with fedauc's authorization policy in every participant's kit and the server's stores in its own."""
+    with fedauc's authorization policy in every participant's kit and the server's stores in its own.
+    ``root_valid_for`` sets a new root CA's validity to the second (``certificates.seed_root``); a folder
+    provisioned before keeps its root."""
     from nvflare.lighter.provision import prepare_builders, prepare_packager, prepare_project
     from nvflare.lighter.provisioner import Provisioner
 
@@ -115,13 +119,22 @@ def provision(project_dict: dict, out: Path) -> Kits:
     project_file = out / "project.yml"
     write_owner_only(project_file, yaml.safe_dump(project_dict, sort_keys=False))
     spec = yaml.safe_load(project_file.read_text())
+    state_dir = out / project_dict["name"] / "state"
+    if root_valid_for is not None and stored_root(state_dir) is None:
+        seed_root(state_dir, project_dict["name"], root_valid_for)
+    root = stored_root(state_dir)
     earlier = sorted((out / project_dict["name"]).glob("prod_*"))
     before = {p.name for p in earlier[-1].iterdir()} if earlier else set()
     # No moment at which the CA's key or a participant's is readable by others (umask is process-wide,
     # the modes are set again below).
     umask = os.umask(0o077)
     try:
-        ctx = Provisioner(str(out), prepare_builders(spec), prepare_packager(spec)).provision(prepare_project(spec))
+        nvflare_project = prepare_project(spec)
+        if root is not None:
+            # The stored root as the project's own: NVIDIA FLARE would otherwise refuse a root whose validity is not
+            # the project file's root_valid_days (a renewed root, or one valid for minutes).
+            nvflare_project.serialized_root_cert, nvflare_project.root_private_key = root
+        ctx = Provisioner(str(out), prepare_builders(spec), prepare_packager(spec)).provision(nvflare_project)
     finally:
         os.umask(umask)
     prod = Path(ctx.get_result_location()) if ctx is not None and hasattr(ctx, "get_result_location") else None

@@ -26,6 +26,7 @@ from federated.flare.site.supervise import claim, claimed_by, run_until_stopped
 from federated.flare.spec import SITE_FILE
 from federated.sites import check_shard
 from preprocessing.errors import ConfigError
+from preprocessing.formats import stamp
 from preprocessing.shard_format import read_shard_info
 from preprocessing.shard_integrity import check_shard_files
 from preprocessing.sites import load_site
@@ -130,9 +131,9 @@ def prepare_site(kit: str | Path, site_yaml: str | Path, shards_root: str | Path
     check_shard_files(shard_dir, read_shard_info(shard_dir), full=True)  # every byte, once, before joining
     if check_server:
         check_server_reachable(client.server_host, client.server_port)
-    write_owner_only(client.root / "local" / SITE_FILE, json.dumps({
+    write_owner_only(client.root / "local" / SITE_FILE, json.dumps(stamp("site-settings", {
         "site": site.name, "shards": str(shard_dir), "sharing": site.sharing.model_dump(),
-        "allowed_code_versions": site.allowed_code_versions}))
+        "allowed_code_versions": site.allowed_code_versions})))
     allow_components(client.root / "local", LEAVE_ON_STOP)
     install_site_policy(client.root / "local")
     return client
