@@ -2,7 +2,7 @@
 commit 2d9c5ff wrote, without one (tests/fixtures/v1, written by its generate.py with that commit's code), are
 read by today's as format 1: a hospital's privacy ledger keeps its spend, its PACS state and operating points
 their content, a checkpoint resumes to the uninterrupted model, a kit's site settings name the site's shards.
-A file of a newer format is refused in one line naming the file and what to do."""
+A file of a newer format is refused in one line naming the file and what to do. `fedauc consortium status` names the hospitals behind the version the centre announces."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import federated
+from federated.flare.centre.operate import ConsortiumStatus, SiteStatus
 from federated.flare.spec import local_site
 from federated.privacy.ledger import Ledger
 from pipelines.hospital import pacs_state
@@ -94,3 +95,17 @@ def test_a_file_of_a_newer_format_is_refused_in_one_line_naming_it(tmp_path, nam
     message = str(refused.value)
     assert len(message.splitlines()) == 1 and str(path) in message and "format 99" in message, message
     assert "written by a newer fedauc" in message and "upgrade fedauc" in message, message
+
+
+def test_status_names_the_hospitals_behind_the_version_the_centre_announces():
+    sites = [SiteStatus("vienna", 1.0, 2.0, fedauc="0.2.0+gaaaaaaaaaaaa"),
+             SiteStatus("barcelona", 1.0, 2.0, fedauc="0.1.0+g2d9c5ff00000"), SiteStatus("graz", 1.0, 2.0)]
+    status = ConsortiumStatus("today", sites, [])
+    assert status.versions("0.2.0+gaaaaaaaaaaaa") == (
+        "hospitals behind the centre's fedauc 0.2.0+gaaaaaaaaaaaa: barcelona (0.1.0+g2d9c5ff00000) (each upgrades, or "
+        "lists 0.2.0+gaaaaaaaaaaaa in its site YAML's allowed_code_versions meanwhile); not reported yet (no fedauc job "
+        "since they joined): graz")
+    assert status.versions("0.1.0+g2d9c5ff00000").startswith("hospitals behind the centre's fedauc 0.1.0+g2d9c5ff00000: "
+                                                             "vienna (0.2.0+gaaaaaaaaaaaa)")
+    assert ConsortiumStatus("today", sites[:1], []).versions("0.2.0+gaaaaaaaaaaaa") == (
+        "every hospital that reported runs the centre's fedauc 0.2.0+gaaaaaaaaaaaa")

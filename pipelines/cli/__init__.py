@@ -4,7 +4,7 @@ into a package. Each module here holds one group of commands; this one puts them
 
 from __future__ import annotations
 
-from pipelines.cli import consortium, data, evaluation, hospital, operations, sites, training
+from pipelines.cli import centre, consortium, data, evaluation, hospital, operations, sites, training
 from pipelines.cli.application import app
 
 app.command()(data.inspect)
@@ -22,5 +22,6 @@ app.command()(operations.deploy)
 app.add_typer(sites.sites_app, name="sites")
 app.add_typer(sites.federation_app, name="federation")
 app.add_typer(consortium.consortium_app, name="consortium")
+app.add_typer(centre.centre_app, name="centre")
 
 __all__ = ["app"]

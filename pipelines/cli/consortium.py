@@ -108,9 +108,13 @@ def consortium_start_site(
 @consortium_app.command("status")
 def consortium_status(
     kit: str = typer.Option(..., "--kit", help="The admin's startup kit (the admin@... folder of `provision`)."),
+    announce: str = typer.Option(None, "--announce",
+                                 help="The fedauc version the centre announces (default: the one it runs); "
+                                      "the hospitals that report another are named."),
 ) -> None:
-    """The connected sites (since when, their last heartbeat, the fedauc version each runs) and the running
-    jobs with their round, from the consortium's server."""
+    """The connected sites (since when, their last heartbeat, the fedauc version each runs, which lag behind the
+    centre's) and the running jobs with their round, from the consortium's server; a warning for each kit
+    certificate or root CA that expires within 30 days."""
     from pathlib import Path
 
     from federated.flare.centre.certificates import expiry_warnings, kit_expiries
@@ -119,7 +123,12 @@ def consortium_status(
     # The admin's kit sits in the provisioning folder with every other kit (on the admin's machine).
     for line in expiry_warnings(kit_expiries(Path(kit).resolve().parent)):
         typer.echo(line, err=True)
-    typer.echo(status(kit).markdown())
+    from federated.version import code_version
+
+    found = status(kit)
+    typer.echo(found.markdown())
+    typer.echo("")
+    typer.echo(found.versions(announce or code_version()))
 
 
 @consortium_app.command("stop-server")

@@ -92,6 +92,16 @@ class ConsortiumStatus:
     sites: list[SiteStatus]
     jobs: list[JobStatus]
 
+    def versions(self, announced: str) -> str:
+        """One line: which hospitals lag behind the fedauc version the centre announces (their last fedauc job
+        reported another one), and which have run no fedauc job since they joined (version unknown)."""
+        behind = [f"{s.name} ({s.fedauc})" for s in self.sites if s.fedauc is not None and s.fedauc != announced]
+        unknown = [s.name for s in self.sites if s.fedauc is None]
+        line = (f"hospitals behind the centre's fedauc {announced}: {', '.join(behind)} (each upgrades, or lists "
+                f"{announced} in its site YAML's allowed_code_versions meanwhile)" if behind
+                else f"every hospital that reported runs the centre's fedauc {announced}")
+        return line + (f"; not reported yet (no fedauc job since they joined): {', '.join(unknown)}" if unknown else "")
+
     def markdown(self) -> str:
         def when(t: float | None) -> str:
             return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
