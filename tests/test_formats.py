@@ -51,7 +51,7 @@ def test_the_old_files_have_no_format_field_and_read_as_format_1(tmp_path):
     ledger.save()  # rewritten in today's format, the same ledger
     assert json.loads(ledger.path.read_text())[FIELD] == FORMATS["privacy-ledger"]
     again = Ledger.load(ledger.path)
-    assert again.spent(1e-5) == ledger.spent(1e-5) and again.site_yaml == "sites/vienna.yaml"
+    assert again.spent(1e-5) == ledger.spent(1e-5) and again.site_yaml == "/srv/fedauc/vienna.yaml"
 
     state = pacs_state.read(V1 / "pacs-state.json")
     studies = state["melanoma/3"]["studies"]
