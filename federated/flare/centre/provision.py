@@ -74,7 +74,8 @@ class Kits:
             "",
             "Each kit holds its owner's private key: send it over a channel you trust, one kit per recipient; "
             "kits and keys are owner-only (0600 in 0700 folders) and every participant refuses a key others "
-            "can read. Certificates expire: `fedauc consortium start-site` says when.",
+            "can read. Certificates expire: `fedauc consortium status` and `start-site` warn 30 days ahead, and "
+            "`fedauc consortium renew` re-issues every kit.",
             "",
             f"**Never send `{self.state}` anywhere: it stays with the project admin.** It holds the root CA's "
             "private key (whoever has it can admit any machine to the consortium) and every participant's "

@@ -85,7 +85,7 @@ def check_certificate(kit: ClientKit, now: dt.datetime | None = None) -> dt.date
     now = now or dt.datetime.now(dt.timezone.utc)
     cert = x509.load_pem_x509_certificate(kit.certificate.read_bytes())
     root = x509.load_pem_x509_certificate(kit.root_ca.read_bytes())
-    fix = "ask the consortium's project admin for a new kit (`fedauc consortium provision` again)"
+    fix = "ask the consortium's project admin for a renewed kit (`fedauc consortium renew`)"
     try:
         cert.verify_directly_issued_by(root)
     except (ValueError, TypeError, Exception) as err:  # cryptography raises InvalidSignature / ValueError
