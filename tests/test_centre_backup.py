@@ -1,13 +1,18 @@
 """The centre backed up and restored onto an empty folder (pipelines/centre_backup.py): a real MLflow store with
-a registered champion, a provisioned consortium and its federation YAML go into `fedauc centre backup`; the
-original folder is deleted; `fedauc centre restore` onto an empty folder gives a store whose runs, versions and
+a registered champion, Prefect's database (made by its own migrations), a provisioned consortium and its
+federation and site YAMLs go into `fedauc centre backup`; the original folder is deleted; `fedauc centre restore` onto an empty folder gives a store whose runs, versions and
 champion are those backed up, whose models load from the restored artifacts, kits still owner-only and signed by
 their root, and a training there registers the next version against the same champion."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sqlite3
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +39,15 @@ def _train(federation, shards, run_name: str) -> None:
     assert result.exit_code == 0, result.output
 
 
+def _prefect_revision(database: Path) -> str:
+    db = sqlite3.connect(database)
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+    finally:
+        db.close()
+
+
 def _history(client: MlflowClient) -> tuple:
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     versions = client.search_model_versions(f"name = '{MODEL}'")
@@ -47,6 +61,13 @@ def test_a_restored_centre_trains_again_with_its_champion_and_history(melanoma_s
     root, federation = melanoma_shards
     centre = tmp_path / "centre"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{centre / 'mlruns.db'}")
+    # Prefect's own database, made by its own migrations (as `prefect server start` makes it)
+    prefect_url = f"sqlite+aiosqlite:///{centre / 'prefect.db'}"
+    centre.mkdir()
+    subprocess.run([str(Path(sys.executable).parent / "prefect"), "server", "database", "upgrade", "-y"], check=True,
+                   env={**os.environ, "PREFECT_HOME": str(centre), "PREFECT_API_DATABASE_CONNECTION_URL": prefect_url},
+                   capture_output=True, timeout=300)
+    migrated = _prefect_revision(centre / "prefect.db")
     monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
     _train(federation, root / "shards", "before-backup")
     before = _history(MlflowClient())
@@ -55,7 +76,7 @@ def test_a_restored_centre_trains_again_with_its_champion_and_history(melanoma_s
     backup = tmp_path / "backup"
     settings = [federation, *(root / f"{site}.yaml" for site in ("vienna", "barcelona", "new-york"))]
     made = runner.invoke(app, ["centre", "backup", str(backup), "--provisioning", str(centre / "kits"),
-                               *(arg for path in settings for arg in ("--settings", str(path)))])
+                               "--prefect-db", prefect_url, *(arg for path in settings for arg in ("--settings", str(path)))])
     assert made.exit_code == 0, made.output
     assert stat.S_IMODE(backup.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in backup.rglob("*") if p.is_file())
@@ -65,6 +86,8 @@ def test_a_restored_centre_trains_again_with_its_champion_and_history(melanoma_s
     back = runner.invoke(app, ["centre", "restore", str(backup), "--to", str(restored)])
     assert back.exit_code == 0, back.output
     assert f"MLFLOW_TRACKING_URI=sqlite:///{restored / 'mlruns.db'}" in back.output
+    assert f"PREFECT_API_DATABASE_CONNECTION_URL=sqlite+aiosqlite:///{restored / 'prefect.db'}" in back.output
+    assert _prefect_revision(restored / "prefect.db") == migrated and migrated
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{restored / 'mlruns.db'}")
     configure()  # as every fedauc command starts
     client = MlflowClient()
