@@ -1,4 +1,4 @@
-"""Certificates that do not stop the consortium (federated/flare/centre/certificates.py): a consortium
+"""Certificates that do not stop the consortium (federated/flare/centre/certificates.py, provision.renew): a consortium
 provisioned with a root valid for minutes warns of every kit, `fedauc consortium renew` re-issues every kit
 with the same names from the same root key (old and new kits trust each other both ways) and says what to
 send to whom. The consortium training across a renewal is tests/test_consortium_renewal_poc.py."""

@@ -45,7 +45,8 @@ def consortium_renew(
 
     import yaml
 
-    from federated.flare.centre.certificates import kit_expiries, renew
+    from federated.flare.centre.certificates import kit_expiries
+    from federated.flare.centre.provision import renew
     from preprocessing.errors import FedaucError
 
     try:

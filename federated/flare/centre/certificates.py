@@ -9,32 +9,30 @@ issues their new certificates (with new keys) and ``SignatureBuilder`` signs the
 
 NVIDIA FLARE takes a root's validity in whole days (``root_valid_days``) and caps every participant's at the
 root's; a root valid for minutes (``provision(..., root_valid_for=...)``, for tests) is made here with
-NVIDIA FLARE's own ``generate_cert``, and the participants' certificates follow it.
+NVIDIA FLARE's own ``generate_cert``, and the participants' certificates follow it. The renewal itself is
+``provision.renew``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
 
-import yaml
-
 from federated.flare.lockdown import write_owner_only
-from preprocessing.errors import ConfigError
 
 WARN_BEFORE = dt.timedelta(days=30)
 ROOT_VALID = dt.timedelta(days=360)
 STATE_FILE = "cert.json"  # NVIDIA FLARE's provisioning state: the root CA and every participant's key and certificate
-_ROOT_KEYS = ("root_cert", "root_pri_key")
+ROOT_KEYS = ("root_cert", "root_pri_key")
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _issue_root(name: str, key, valid_for: dt.timedelta) -> dict:
+def issue_root(name: str, key, valid_for: dt.timedelta) -> dict:
+    """The provisioning state's root entries for a root certificate of ``name`` and ``key`` valid ``valid_for``."""
     from nvflare.lighter.utils import Identity, generate_cert, serialize_cert, serialize_pri_key
 
     cert = generate_cert(Identity(name), Identity(name), key, key.public_key(),
@@ -47,7 +45,7 @@ def seed_root(state_dir: Path, name: str, valid_for: dt.timedelta) -> None:
     from nvflare.lighter.utils import generate_keys
 
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_owner_only(state_dir / STATE_FILE, json.dumps(_issue_root(name, generate_keys()[0], valid_for)))
+    write_owner_only(state_dir / STATE_FILE, json.dumps(issue_root(name, generate_keys()[0], valid_for)))
 
 
 def stored_root(state_dir: Path) -> tuple[bytes, object] | None:
@@ -94,33 +92,3 @@ def expiry_warnings(expiries: dict[str, dt.datetime], now: dt.datetime | None = 
         lines.append(f"warning: {what} {state} on {when:%Y-%m-%d %H:%M} UTC; renew every kit with "
                      "`fedauc consortium renew --out <provisioning folder>` and send each its new kit")
     return lines
-
-
-def renew(out: str | Path, root_valid_for: dt.timedelta = ROOT_VALID, now: dt.datetime | None = None):
-    """Re-issue every kit of the consortium provisioned into ``out`` from the same identities, in a new
-    provisioning folder (a new root certificate for the same key when the root expires within
-    ``WARN_BEFORE``); returns the ``Kits``, every one of them to be sent."""
-    from cryptography import x509
-
-    from federated.flare.centre.provision import provision
-
-    out = Path(out).resolve()
-    project_file = out / "project.yml"
-    if not project_file.is_file():
-        raise ConfigError(f"{out}: no project.yml; not a folder `fedauc consortium provision` wrote",
-                          fix="pass the --out folder of `fedauc consortium provision`")
-    project_dict = yaml.safe_load(project_file.read_text())
-    state_dir = out / project_dict["name"] / "state"
-    root = stored_root(state_dir)
-    if root is None:
-        raise ConfigError(f"{state_dir / STATE_FILE}: missing; the root CA's key is needed to renew",
-                          fix="renew on the machine that provisioned the consortium (restore its backup first)")
-    now = now or _now()
-    state = json.loads((state_dir / STATE_FILE).read_text())
-    kept = {key: state[key] for key in _ROOT_KEYS}
-    if x509.load_pem_x509_certificate(root[0]).not_valid_after_utc - now <= WARN_BEFORE:
-        kept = _issue_root(project_dict["name"], root[1], root_valid_for)
-    # Without a participant's entry NVIDIA FLARE's CertBuilder issues it a new key and certificate.
-    write_owner_only(state_dir / STATE_FILE, json.dumps(kept))
-    kits = provision(project_dict, out)
-    return dataclasses.replace(kits, new=frozenset(p["name"] for p in project_dict["participants"]))

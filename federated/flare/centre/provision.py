@@ -9,6 +9,7 @@ the server's one port. ``nvflare.lighter`` does the cryptography.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -18,9 +19,18 @@ from pathlib import Path
 
 import yaml
 
-from federated.flare.centre.certificates import seed_root, stored_root
+from federated.flare.centre.certificates import (
+    ROOT_KEYS,
+    ROOT_VALID,
+    STATE_FILE,
+    WARN_BEFORE,
+    issue_root,
+    seed_root,
+    stored_root,
+)
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import centre_policy, make_owner_only, server_stores, write_owner_only
+from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
 DEFAULT_PORT = 8002
@@ -159,3 +169,31 @@ def provision(project_dict: dict, out: Path, root_valid_for: dt.timedelta | None
     server_stores(kits.server)
     make_owner_only(out / project_dict["name"])
     return kits
+
+
+def renew(out: str | Path, root_valid_for: dt.timedelta = ROOT_VALID, now: dt.datetime | None = None):
+    """Re-issue every kit of the consortium provisioned into ``out`` from the same identities, in a new
+    provisioning folder (a new root certificate for the same key when the root expires within
+    ``WARN_BEFORE``); returns the ``Kits``, every one of them to be sent."""
+    from cryptography import x509
+
+    out = Path(out).resolve()
+    project_file = out / "project.yml"
+    if not project_file.is_file():
+        raise ConfigError(f"{out}: no project.yml; not a folder `fedauc consortium provision` wrote",
+                          fix="pass the --out folder of `fedauc consortium provision`")
+    project_dict = yaml.safe_load(project_file.read_text())
+    state_dir = out / project_dict["name"] / "state"
+    root = stored_root(state_dir)
+    if root is None:
+        raise ConfigError(f"{state_dir / STATE_FILE}: missing; the root CA's key is needed to renew",
+                          fix="renew on the machine that provisioned the consortium (restore its backup first)")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    state = json.loads((state_dir / STATE_FILE).read_text())
+    kept = {key: state[key] for key in ROOT_KEYS}
+    if x509.load_pem_x509_certificate(root[0]).not_valid_after_utc - now <= WARN_BEFORE:
+        kept = issue_root(project_dict["name"], root[1], root_valid_for)
+    # Without a participant's entry NVIDIA FLARE's CertBuilder issues it a new key and certificate.
+    write_owner_only(state_dir / STATE_FILE, json.dumps(kept))
+    kits = provision(project_dict, out)
+    return dataclasses.replace(kits, new=frozenset(p["name"] for p in project_dict["participants"]))
