@@ -27,10 +27,6 @@ STATE_FILE = "cert.json"  # NVIDIA FLARE's provisioning state: the root CA and e
 ROOT_KEYS = ("root_cert", "root_pri_key")
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 def issue_root(name: str, key, valid_for: dt.timedelta) -> dict:
     """The provisioning state's root entries for a root certificate of ``name`` and ``key`` valid ``valid_for``."""
     from nvflare.lighter.utils import Identity, generate_cert, serialize_cert, serialize_pri_key
@@ -82,7 +78,7 @@ def kit_expiries(prod: Path) -> dict[str, dt.datetime]:
 def expiry_warnings(expiries: dict[str, dt.datetime], now: dt.datetime | None = None,
                     within: dt.timedelta = WARN_BEFORE) -> list[str]:
     """One line per certificate that expires within ``within`` (or has expired), soonest first."""
-    now = now or _now()
+    now = now or dt.datetime.now(dt.timezone.utc)
     lines = []
     for name, when in sorted(expiries.items(), key=lambda item: item[1]):
         if when - now > within:
