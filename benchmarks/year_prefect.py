@@ -11,7 +11,12 @@ import uuid
 
 PACS_RUNS_PER_DAY = 96  # infra/prefect.yaml: pacs-scoring-<site> every 900 s
 LOG_LINES = 4  # what a PACS run logs: the model and point, the counts line, the drift warnings or none, the end
-CONCURRENCY = 8
+CONCURRENCY = 1  # one writer: the SQLite-backed server answers 503 to concurrent writes ("database is locked")
+
+
+def runs_in(sites: int, days: int) -> int:
+    """The flow runs of ``days`` days: each site's PACS runs, a nightly evaluation, a weekly training."""
+    return days * (sites * PACS_RUNS_PER_DAY + 1) + -(-days // 7)
 
 
 async def _one_run(client, flow_id, deployment_id, name: str, when: dt.datetime, semaphore) -> None:
@@ -44,7 +49,7 @@ async def _deployments(client, sites: list[str]) -> dict[str, tuple]:
     return out
 
 
-async def _write_days(sites: list[str], days: list[dt.date], weekly_training: bool) -> int:
+async def _write_days(sites: list[str], days: list[dt.date], limit: int | None) -> int:
     from prefect import get_client
 
     semaphore = asyncio.Semaphore(CONCURRENCY)
@@ -56,14 +61,16 @@ async def _write_days(sites: list[str], days: list[dt.date], weekly_training: bo
             jobs = [(f"pacs-scoring-{s}", start + dt.timedelta(minutes=15 * i))
                     for s in sites for i in range(PACS_RUNS_PER_DAY)]
             jobs.append(("evaluate-chest-champion", start + dt.timedelta(hours=4)))
-            if weekly_training and day.weekday() == 6:
+            if day.weekday() == 6:
                 jobs.append(("consortium-chest-codasca", start + dt.timedelta(hours=2, minutes=30)))
+            jobs = jobs[-limit:] if limit else jobs  # a sample: the day's last runs (the evaluation among them)
             await asyncio.gather(*(_one_run(client, *deployments[d], f"{d}-{uuid.uuid4().hex[:8]}", when, semaphore)
                                    for d, when in jobs))
             count += len(jobs)
     return count
 
 
-def write_days(sites: list[str], days: list[dt.date], weekly_training: bool = True) -> int:
-    """Flow runs of ``days`` on the server PREFECT_API_URL names; how many were written."""
-    return asyncio.run(_write_days(sites, days, weekly_training))
+def write_days(sites: list[str], days: list[dt.date], limit: int | None = None) -> int:
+    """Flow runs of ``days`` on the server PREFECT_API_URL names (each day's last ``limit`` only, with
+    ``limit``); how many were written."""
+    return asyncio.run(_write_days(sites, days, limit))

@@ -6,11 +6,12 @@ import os
 
 import typer
 
-from pipelines.retention import RETENTION_DAYS
-
 
 def prune_command(
-    older_than_days: int = typer.Option(RETENTION_DAYS, "--older-than-days", min=1,
+    # Its default is read when the command runs: importing pipelines.retention (MLflow, torch) here would slow
+    # every fedauc command's start.
+    older_than_days: int = typer.Option(None, "--older-than-days", min=1,
+                                        show_default="pipelines/retention.py RETENTION_DAYS",
                                         help="Remove the detail older than this (docs/consortium.md, Retention)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would go; change nothing."),
     backend_store_uri: str = typer.Option(None, "--backend-store-uri",
@@ -27,7 +28,7 @@ def prune_command(
 
     uri = tracking.configure()
     backend_store_uri = backend_store_uri or (uri if uri.startswith("sqlite:///") else None)
-    planned = retention.plan(older_than_days, tracking.run_outputs_dir() / "checkpoints",
+    planned = retention.plan(older_than_days or retention.RETENTION_DAYS, tracking.run_outputs_dir() / "checkpoints",
                              prefect=bool(os.environ.get("PREFECT_API_URL")))
     for line in planned.lines():
         typer.echo(line)
