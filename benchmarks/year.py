@@ -6,8 +6,10 @@ The records are written by fedauc's own recording code with synthetic numbers (b
 a weekly training of 40 rounds (per-round records on the parent and the 8 site runs, privacy spending, the
 model registered and the champion moved), a nightly evaluation of the champion, and each site's day of
 PACS scoring (one record per site and day, however often the 15-minute job runs: pipelines/hospital/drift.py);
-the Prefect flow runs of the same year through Prefect's API (benchmarks/year_prefect.py: 96 PACS runs per
-site and day, the evaluation, the training). The clock is the records' own: each scoring record carries its
+Prefect's flow runs through Prefect's API (benchmarks/year_prefect.py): each mark writes a sample of
+``PREFECT_SAMPLE_RUNS`` of a day's runs (96 PACS runs per site and day, the evaluation, the training; a
+month's 23,000 take hours through the API on the development machine) and extrapolates the database by
+their bytes per run to the mark's count. The clock is the records' own: each scoring record carries its
 day, each flow run its scheduled time; MLflow stamps runs with the real time, which no size or query here
 depends on.
 
@@ -15,7 +17,8 @@ Measured at each mark: the MLflow database and artifact folder, the Prefect data
 finished training leaves (computed: its final two rounds, pipelines' checkpoint layout) and the latency of
 ``fedauc compare`` (the command, end to end, and its query alone), the champion's lookup, the MLflow UI's
 runs page (the search its page sends, over HTTP to ``mlflow server``) and the Prefect UI's flow-runs page
-(its filter request to ``prefect server``). PostgreSQL: see ``--backend``.
+(its filter and count requests to ``prefect server``, over the flow runs written). Not measured: NVIDIA
+FLARE's server workspace and logs, and ``fedauc consortium status`` (a running consortium).
 
     python benchmarks/year.py --quick            # a month (the test of this benchmark: under 10 minutes)
     python benchmarks/year.py [--months 1 3 6 12] [--keep DIR]
