@@ -20,7 +20,7 @@ runs page (the search its page sends, over HTTP to ``mlflow server``) and the Pr
 (its filter and count requests to ``prefect server``, over the flow runs written). Not measured: NVIDIA
 FLARE's server workspace and logs, and ``fedauc consortium status`` (a running consortium).
 
-    python benchmarks/year.py --quick            # a month (the test of this benchmark: under 10 minutes)
+    python benchmarks/year.py --quick            # a month (target: 10 minutes; 12 here at load 11)
     python benchmarks/year.py [--months 1 3 6 12] [--keep DIR]
 """
 
