@@ -101,3 +101,11 @@ def test_a_flow_s_bad_setting_is_named_by_its_field_before_any_shard_is_read(tmp
     with pytest.raises(ConfigError) as err:
         federation_config(load_federation("sites/demo/chest.yaml"), tmp_path / "no-shards", settings)
     assert str(err.value).splitlines()[0] == "training config: dp.noise_multiplier: Input should be greater than 0"
+
+
+def test_help_shows_each_bound_the_settings_hold_an_option_to():
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│    --")}
+    for option, shown in (("--rounds", "(> 0)"), ("--eval-every", "(>= 0)"), ("--max-grad-norm", "(> 0)")):
+        assert shown in lines[option], lines[option]

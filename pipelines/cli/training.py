@@ -34,6 +34,19 @@ def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_work
     return chosen
 
 
+def bound(setting: str) -> str:
+    """The bound the training's settings hold ``setting`` to (a TrainSettings field, ``dp.`` a DPConfig one), as
+    --help shows it: pydantic checks it, once, and names the option of a value outside it."""
+    from federated.config import TrainSettings
+    from federated.privacy.policy import DPConfig
+
+    model = DPConfig if setting.startswith("dp.") else TrainSettings
+    marks = [f"{sign} {getattr(limit, attribute)}" for limit in model.model_fields[setting.removeprefix("dp.")].metadata
+             for attribute, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+             if getattr(limit, attribute, None) is not None]
+    return f"({', '.join(marks)})"  # not [...]: --help reads that as rich markup
+
+
 # Where a FLARE job runs, shared by `fedauc train` and `fedauc evaluate` so that both say it alike.
 FLARE_ENV = typer.Option("sim", "--flare-env",
                          help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
@@ -51,15 +64,15 @@ def train_command(
     shards: str = typer.Option(None, "--shards", help="Where `fedauc preprocess` wrote the shards "
                                "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/); "
                                "not read with --flare-env prod (the hospitals read their own)."),
-    rounds: int = typer.Option(20, "--rounds"),
-    local_steps: int = typer.Option(8, "--local-steps", "-I", help="Local steps between communications."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Per site."),
-    lr: float = typer.Option(0.1, "--lr"),
+    rounds: int = typer.Option(20, "--rounds", help=bound("rounds")),
+    local_steps: int = typer.Option(8, "--local-steps", "-I", help=f"Local steps between communications. {bound('local_steps')}"),
+    batch_size: int = typer.Option(32, "--batch-size", help=f"Per site. {bound('batch_size')}"),
+    lr: float = typer.Option(0.1, "--lr", help=bound("lr")),
     network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121; under "
                                 "--dp a GroupNorm one: small_resnet_gn or densenet121_gn."),
     param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
     seed: int = typer.Option(0, "--seed"),
-    eval_every: int = typer.Option(5, "--eval-every"),
+    eval_every: int = typer.Option(5, "--eval-every", help=bound("eval_every")),
     run_name: str = typer.Option(None, "--run-name"),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint after every round here (default checkpoints/<run name> "
@@ -73,7 +86,7 @@ def train_command(
     kit: str = ADMIN_KIT,
     site_timeout: float = typer.Option(300.0, "--site-timeout",
                                        help="With --backend torchrun or flare: seconds the sites wait for a silent site at a "
-                                            "communication before the job fails naming it."),
+                                            "communication before the job fails naming it. " + bound("timeout_s")),
     secure_aggregation: bool = typer.Option(
         False, "--secure-aggregation",
         help="Pairwise-masked secure aggregation: the server (or this process) receives every mean and sum as "
@@ -91,16 +104,19 @@ def train_command(
                             "sampling, per-sample clipping and Gaussian noise at each local step, charged to each "
                             "site's privacy budget; needs --noise-multiplier or --target-epsilon."),
     noise_multiplier: float = typer.Option(None, "--noise-multiplier",
-                                           help="With --dp: sigma; the noise's std is sigma x --max-grad-norm."),
+                                           help="With --dp: sigma; the noise's std is sigma x --max-grad-norm. "
+                                           + bound("dp.noise_multiplier")),
     max_grad_norm: float = typer.Option(1.0, "--max-grad-norm",
-                                        help="With --dp: C, the L2 bound of one record's gradient."),
+                                        help="With --dp: C, the L2 bound of one record's gradient. "
+                                        + bound("dp.max_grad_norm")),
     target_epsilon: float = typer.Option(None, "--target-epsilon",
-                                         help="With --dp: each site picks the sigma that spends this epsilon there."),
+                                         help="With --dp: each site picks the sigma that spends this epsilon there. "
+                                         + bound("dp.target_epsilon")),
     eval_noise_multiplier: float = typer.Option(
         None, "--eval-noise-multiplier",
         help="With --dp: evaluate during training and check the champion, each site releasing its score "
              "histograms with this noise multiplier (counted in its ledger) and no per-site metric; without it a "
-             "DP training evaluates nothing."),
+             f"DP training evaluates nothing. {bound('dp.eval_noise_multiplier')}"),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
