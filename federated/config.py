@@ -137,14 +137,15 @@ def load_sites(sites: list[SiteSpec], indices: list[int]) -> list[SiteData]:
     return datas
 
 
-class TrainConfig(BaseModel):
-    """Everything one federated run needs. ``params`` is validated by the algorithm's own model."""
+class TrainSettings(BaseModel):
+    """A training but for its sites: what ``fedauc train``, a flow's ``config`` and a deployment's parameters say,
+    checked before any site's data is read (the federation YAML decides the sites: federated/sites.py
+    ``federation_config``). ``params`` is validated by the algorithm's own model."""
 
     model_config = ConfigDict(extra="forbid")
 
     algorithm: str
     params: dict[str, Any] = Field(default_factory=dict)
-    sites: list[SiteSpec] = Field(min_length=1)
     network: str = "small_resnet"  # models.networks.build_network name, or "linear" (logistic/AUC regression)
     network_kwargs: dict[str, Any] = Field(default_factory=dict)
     rounds: int = Field(gt=0)
@@ -211,7 +212,7 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> TrainConfig:
+    def _consistent(self) -> TrainSettings:
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir")
         if self.warmup_rounds and (self.warmup_rounds >= self.rounds or self.checkpoint_dir is not None):
@@ -224,11 +225,10 @@ class TrainConfig(BaseModel):
             raise ValueError(f"compile_mode={self.compile_mode!r} needs compile_network=True")
         return self
 
-    def mask_degree(self) -> int | None:
-        """Secure aggregation's neighbours per site: None for every other site."""
-        if self.secure_neighbours == "all":
-            return None
-        return secagg_graph.degree(len(self.sites), self.secure_colluding, self.secure_failure_bits)
+    def evaluates_after(self, round_index: int) -> bool:
+        """Whether round ``round_index`` ends with an evaluation: every ``eval_every`` rounds and after the last."""
+        every = self.eval_every
+        return round_index == self.rounds - 1 or bool(every and (round_index + 1) % every == 0)
 
     def resolve_device(self, local_rank: int = 0) -> torch.device:
         if self.device != "auto":
@@ -236,3 +236,20 @@ class TrainConfig(BaseModel):
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % torch.cuda.device_count())
         return torch.device("cpu")
+
+
+class TrainConfig(TrainSettings):
+    """Everything one federated run needs: its settings and its sites."""
+
+    sites: list[SiteSpec] = Field(min_length=1)
+
+    @classmethod
+    def on_sites(cls, settings: TrainSettings, sites: list[SiteSpec]) -> TrainConfig:
+        """``settings``, validated, on ``sites``."""
+        return cls.model_validate({**dict(settings), "sites": sites})
+
+    def mask_degree(self) -> int | None:
+        """Secure aggregation's neighbours per site: None for every other site."""
+        if self.secure_neighbours == "all":
+            return None
+        return secagg_graph.degree(len(self.sites), self.secure_colluding, self.secure_failure_bits)

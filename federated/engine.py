@@ -1,4 +1,4 @@
-"""The federated training loop: ``train(config) -> TrainResult``.
+"""The federated training loop: ``Engine(config).run() -> TrainResult`` (``federated.train``: federated/training.py).
 
 One round: every site runs I local steps (``algorithm.local_step``), ``before_communication``, then the
 engine communicates every declared tensor by its kind (federated/state.py), then ``round_end``, then at
@@ -8,12 +8,13 @@ this process run one after another, every hook under the site's own RNG stream, 
 (in-process, torchrun, NVIDIA FLARE) follows the same computation and gives the same model to float tolerance.
 
 The network and device come from federated/network.py, evaluation from federated/evaluation.py,
-checkpoints from federated/checkpoint.py.
+checkpoints from federated/checkpoint.py, a round's bytes and record from federated/rounds.py, what a training
+tells while it runs from federated/reporting.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +24,13 @@ from torch import nn
 
 from federated import evaluation
 from federated.aggregation import robust_rule
-from federated.algorithms.base import Algorithm, FederationContext, Site
+from federated.algorithms.base import Algorithm, Site
 from federated.backends import InProcessTransport
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
-from federated.data import SiteData, SiteLoader, label_counts, usable_prior
-from federated.health import HealthMonitor, SiteUpdate, site_row, update_groups, warn_outliers
+from federated.data import SiteData, SiteLoader
+from federated.federation import federation_context
+from federated.health import HealthMonitor, SiteUpdate, site_row, update_groups
 from federated.network import (
     build_model,
     initial_model,
@@ -39,14 +41,14 @@ from federated.network import (
 )
 from federated.privacy import site as privacy
 from federated.registry import get_algorithm
+from federated.reporting import RoundCallback, RoundReport
+from federated.rounds import Traffic, round_record
 from federated.schema import RoundRecord
 from federated.secure_aggregation import RING_BYTES, SecureTransport
 from federated.sites import site_names
 from federated.state import Comm, check_layout, model_state_spec, model_tensors, nbytes
 from federated.timing import COLUMNS, RoundClock, with_times
 from federated.transport import Transport
-
-RoundCallback = Callable[[RoundRecord], None]  # federated/schema.py
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Engine:
         self.transport = transport = self.secure or transport
         self.input_shape = model_input_shape(self.datas[0])
         self.privacy = privacy.admit_sites(config, self.datas, transport.local_sites, self.input_shape)  # before any release
-        self.fed, self.weights, local_priors = self._federation(self.datas[0].diseases)
+        self.fed, self.weights, local_priors = federation_context(config, self.datas, self.transport, self.device)
         # Whether any site (in any process) holds a valid or test split: evaluation is a collective.
         flags = [[torch.tensor([float(any(s in d.splits for s in ("valid", "test")))], device=self.device)]
                  for d in self.datas]
@@ -136,34 +138,6 @@ class Engine:
             self.transport.close()
 
     # --- setup ------------------------------------------------------------------------------------
-    def _federation(self, diseases):
-        """Global prior and class counts from the sites' aggregate label counts (section 0)."""
-        counts = []
-        for data in self.datas:
-            pos, known = label_counts(data.train.labels)
-            counts.append([torch.tensor(pos), torch.tensor(known), torch.tensor([float(len(data.train))])])
-        local = [[t.clone() for t in c] for c in counts]
-        K = self.transport.num_sites
-        on_device = [[t.to(self.device) for t in c] for c in counts]  # NCCL reduces device tensors only
-        self.transport.mean_(on_device, [1.0] * len(counts))  # weights 1: the sum over sites, exact counts
-        pos, known, n = (t.cpu() for t in on_device[0])
-        for c, name in enumerate(diseases):
-            if known[c] == 0:
-                raise ValueError(f"disease {name!r} has no known label at any site")
-        prior = usable_prior(pos, known)
-        weights = ([1.0 / K] * len(self.datas) if self.config.aggregation == "uniform"
-                   else [float(c[2][0] / n[0]) for c in local])
-        if self.config.prior == "local":
-            priors = [usable_prior(c[0], c[1]).to(self.device) for c in local]
-        else:
-            priors = [prior.to(self.device)] * len(self.datas)
-        fed = FederationContext(K, self.config.local_steps, self.config.lr, diseases, prior.to(self.device),
-                                pos.float(), (known - pos).float(), self.device,
-                                self.config.amp and self.device.type == "cuda",
-                                self.config.channels_last and self.device.type == "cuda",
-                                iterations=self.config.rounds * self.config.local_steps)
-        return fed, weights, priors
-
     def _make_site(self, k: int, data: SiteData, weight: float, prior: torch.Tensor) -> Site:
         model = initial_model(self.config, self.input_shape, len(data.diseases), self.device)
         if self.initial_state is not None:  # before init_site_state: algorithms snapshot their starting point
@@ -267,130 +241,107 @@ class Engine:
         return torch.stack([total / cfg.local_steps, first.to(total.dtype).reshape(())])
 
     def run(self, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
+        """Every round from the first, or on a resume from the one after the last checkpoint: each recorded,
+        checkpointed and reported to ``callbacks``; the trained global model."""
         cfg = self.config
-        history: list[dict] = []
-        start_round = 0
+        last_evaluation = None
         with privacy.settling(cfg, self.privacy) as released:  # charges what left on an early stop
-            ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-            if ckpt_dir is not None and cfg.resume:
-                round_dir = latest_round_dir(ckpt_dir)
-                if round_dir is not None:
-                    meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
-                    start_round, history = meta["round"] + 1, meta["history"]
-                    self.health.resume(history)
-            bar = None
-            if cfg.progress and self.is_leader:
-                from tqdm.auto import tqdm
+            start_round, history = self._resume()
+            with RoundReport(cfg, start_round, self.is_leader, callbacks) as report:
+                carried = self._initial_exchange(start_round)
+                for r in range(start_round, cfg.rounds):
+                    record, evaluated = self.round(r, released, carried)
+                    carried = Traffic.none(len(self.sites))
+                    if evaluated is not None:
+                        last_evaluation = evaluated
+                    history.append(record)
+                    self._checkpoint(r, history)
+                    report(record)
+        return self._result(history, last_evaluation)
 
-                bar = tqdm(total=cfg.rounds, initial=start_round, desc=f"{cfg.algorithm} rounds", unit="round")
-            initial = ([0] * len(self.sites), [0] * len(self.sites))
-            test_histograms = valid_histograms = None
-            if start_round == 0 and self.algorithm.initial_gather:
-                initial = self.communicate((Comm.GATHER,))
-                self.each_site(self.algorithm.round_end)
-            for r in range(start_round, cfg.rounds):
-                # The slow site named (federated/timing.py); under DP no site's time leaves it.
-                clock = RoundClock(len(self.sites), self.device, withheld=self.privacy is not None)
-                if self.secure:
-                    self.secure.round = r
-                losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
-                self.each_site(self.algorithm.before_communication)
-                tensors = [self._tensors(site) for site in self.sites]
-                check_layout(cfg.algorithm, tensors, list(self.mean_layout), self.mean_layout)
-                norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
-                if self.privacy:
-                    losses, norms = privacy.withhold(losses, norms, self.privacy, r, cfg.lr)
-                released.rounds += 1  # from here the round has left the site
-                sent, received = self.communicate()
-                self.each_site(self.algorithm.round_end)
-                stage = self.algorithm.stage_length
-                if stage and self.sites[0].iteration % stage == 0:
-                    extra = self.stage_boundary()
-                    sent = [b + extra for b in sent]
-                    received = [b + extra for b in received]
-                if r == 0:
-                    sent = [b + extra for b, extra in zip(sent, initial[0])]
-                    received = [b + extra for b, extra in zip(received, initial[1])]
-                # The round's one wait for the sites: their bytes, losses and update norms (federated/health.py),
-                # checked before a diverged model is evaluated or checkpointed.
-                rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
-                        in enumerate(zip(self.sites, sent, received, losses, norms))]
-                per_site = self.transport.gather([row.to(self.device) for row in rows]).cpu()
-                health = self.health.check(r, per_site[:, :-COLUMNS])
-                sent, received = per_site[:, 1].tolist(), per_site[:, 2].tolist()
-                last = r == cfg.rounds - 1
-                evaluated = None
-                if self.has_eval_data and (last or (cfg.eval_every and (r + 1) % cfg.eval_every == 0)):
-                    released.evaluations += 1
-                    evaluated = self.evaluate()  # every site's payload has one size (fixed-size summaries)
-                    sent = [b + evaluated.bytes_sent[0] for b in sent]
-                    received = [b + evaluated.bytes_received[0] for b in received]
-                record: RoundRecord = {"round": r, "iteration": self.sites[0].iteration, "bytes_sent": [int(v) for v in sent],
-                          "bytes_received": [int(v) for v in received], "train_loss": float(per_site[:, 3].mean()),
-                          "lr": cfg.lr, **health, **clock.record(per_site, self.health.site_names)}
-                if evaluated is not None:
-                    record["metrics"], record["suppressed"] = evaluated.metrics, evaluated.suppressed
-                    test_histograms, valid_histograms = evaluated.test_histograms, evaluated.valid_histograms
-                history.append(record)
-                if ckpt_dir is not None:
-                    save_round(ckpt_dir, r, self.sites, {"round": r, "history": history} if self.commits_checkpoints else None,
-                               self.transport.barrier, cfg, self._site_fingerprints())
-                if self.is_leader:
-                    warn_outliers(record)
-                    for cb in callbacks:
-                        cb(record)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{record['train_loss']:.4f}")
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        gm = self.global_model()
-        state = {k: v.detach().cpu().clone() for k, v in gm.state_dict().items()}
-        return TrainResult(state, history, cfg, self.input_shape, self.fed.num_classes,
-                           {s.index: s.state for s in self.sites}, test_histograms,
-                           {p.name: p.epsilon for p in self.privacy or ()}, valid_histograms)
+    def round(self, r: int, released: privacy.Released, carried: Traffic
+              ) -> tuple[RoundRecord, evaluation.Evaluation | None]:
+        """Round ``r``: every site's local steps, the exchange, the sites' health, the evaluation when one is
+        due; the round's record (its bytes include ``carried``'s)."""
+        # The slow site named (federated/timing.py); under DP no site's time leaves it.
+        clock = RoundClock(len(self.sites), self.device, withheld=self.privacy is not None)
+        if self.secure:
+            self.secure.round = r
+        losses, norms = self._local_rounds(r, clock)
+        released.rounds += 1  # from here the round has left the site
+        per_site = self._site_rows(carried + self._exchange(), losses, norms, clock)
+        health = self.health.check(r, per_site[:, :-COLUMNS])
+        evaluated = self._evaluation_due(r, released)
+        timing = clock.record(per_site, self.health.site_names)
+        return round_record(r, self.sites[0].iteration, self.config.lr, per_site, health, timing, evaluated), evaluated
 
+    def _resume(self) -> tuple[int, list[RoundRecord]]:
+        """The round to start from and the records of those before it: on a resume, after the last checkpoint."""
+        cfg = self.config
+        round_dir = latest_round_dir(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir and cfg.resume else None
+        if round_dir is None:
+            return 0, []
+        meta = load_round(round_dir, self.sites, cfg, self._site_fingerprints())
+        self.health.resume(meta["history"])
+        return meta["round"] + 1, meta["history"]
 
-def train(config: TrainConfig | dict, callbacks: Sequence[RoundCallback] = ()) -> TrainResult:
-    """Run federated training as ``config`` says. ``callbacks`` get each round's record (on site 0's
-    process): ``{"round", "iteration", "bytes_sent", "bytes_received", "train_loss", "seconds", "metrics"?,
-    "suppressed"?}``; on evaluation rounds (and the last round) ``metrics`` is the flat float dict and
-    ``suppressed`` the small-count suppression record of federated/evaluation.py (its docstring names
-    the keys). Bytes include the evaluation's exchange. ``lr``, ``site_losses``, ``update_norm``,
-    ``update_norm_rel``, ``outliers`` (and ``loss_reference`` once): federated/health.py's ``check``.
+    def _initial_exchange(self, start_round: int) -> Traffic:
+        """Before round 0, the GATHER tensors where the algorithm asks (``initial_gather``); round 0 counts them."""
+        if start_round > 0 or not self.algorithm.initial_gather:
+            return Traffic.none(len(self.sites))
+        traffic = Traffic(*self.communicate((Comm.GATHER,)))
+        self.each_site(self.algorithm.round_end)
+        return traffic
 
-    With ``warmup_rounds`` W, rounds 0..W-1 are FedAvg (BCE) and ``algorithm`` runs the remaining rounds
-    from the averaged warm model (its own state starts fresh there); the records number rounds and
-    iterations across both phases."""
-    if not isinstance(config, TrainConfig):
-        config = TrainConfig.model_validate(config)
-    initial_state, history = None, []
-    warm = config.warmup_rounds
-    if warm:
-        phase = {"warmup_rounds": 0}
-        warm_result = _run(config.model_copy(update={**phase, "algorithm": "fedavg", "params": {}, "rounds": warm}),
-                           callbacks)
-        initial_state, history = warm_result.global_state, warm_result.history
-        config = config.model_copy(update={**phase, "rounds": config.rounds - warm})
+    def _local_rounds(self, r: int, clock: RoundClock) -> tuple[list[torch.Tensor], list]:
+        """Every site's local steps and ``before_communication``; the losses and update norms each sends
+        (withheld under DP)."""
+        losses = [clock.time(self.local_round, site, update) for site, update in zip(self.sites, self.updates)]
+        self.each_site(self.algorithm.before_communication)
+        tensors = [self._tensors(site) for site in self.sites]
+        check_layout(self.config.algorithm, tensors, list(self.mean_layout), self.mean_layout)
+        norms = [update.norms(t) for t, update in zip(tensors, self.updates)]
+        if self.privacy:
+            losses, norms = privacy.withhold(losses, norms, self.privacy, r, self.config.lr)
+        return losses, norms
 
-        def shift(record: dict) -> None:  # runs first, so later callbacks (and the history) see the shifted numbers
-            record["round"] += warm
-            record["iteration"] += warm * config.local_steps
+    def _exchange(self) -> Traffic:
+        """The round's communication, ``round_end``, and at a stage's end its boundary."""
+        traffic = Traffic(*self.communicate())
+        self.each_site(self.algorithm.round_end)
+        stage = self.algorithm.stage_length
+        if stage and self.sites[0].iteration % stage == 0:
+            traffic = traffic.each_plus(self.stage_boundary())
+        return traffic
 
-        callbacks = [shift, *callbacks]
-    result = _run(config, callbacks, initial_state)
-    if warm:
-        result.history[:0] = history
-        result.config = result.config.model_copy(update={"rounds": config.rounds + warm, "warmup_rounds": warm})
-    return result
+    def _site_rows(self, traffic: Traffic, losses: list[torch.Tensor], norms: list, clock: RoundClock) -> torch.Tensor:
+        """The round's one wait for the sites: every site's bytes, losses, update norms (federated/health.py) and
+        times, gathered before a diverged model is evaluated or checkpointed."""
+        rows = [with_times(site_row(site.index, b_s, b_r, loss, n), clock.row(i)) for i, (site, b_s, b_r, loss, n)
+                in enumerate(zip(self.sites, traffic.sent, traffic.received, losses, norms))]
+        return self.transport.gather([row.to(self.device) for row in rows]).cpu()
+
+    def _evaluation_due(self, r: int, released: privacy.Released) -> evaluation.Evaluation | None:
+        """The global model evaluated where round ``r`` ends with an evaluation (every site's payload has one
+        size: fixed-size summaries)."""
+        if not (self.has_eval_data and self.config.evaluates_after(r)):
+            return None
+        released.evaluations += 1
+        return self.evaluate()
+
+    def _checkpoint(self, r: int, history: list[RoundRecord]) -> None:
+        if self.config.checkpoint_dir is not None:
+            meta = {"round": r, "history": history} if self.commits_checkpoints else None
+            save_round(Path(self.config.checkpoint_dir), r, self.sites, meta, self.transport.barrier, self.config,
+                       self._site_fingerprints())
+
+    def _result(self, history: list[RoundRecord], last_evaluation: evaluation.Evaluation | None) -> TrainResult:
+        state = {k: v.detach().cpu().clone() for k, v in self.global_model().state_dict().items()}
+        histograms = (None, None) if last_evaluation is None else (last_evaluation.test_histograms,
+                                                                   last_evaluation.valid_histograms)
+        return TrainResult(state, history, self.config, self.input_shape, self.fed.num_classes,
+                           {s.index: s.state for s in self.sites}, histograms[0],
+                           {p.name: p.epsilon for p in self.privacy or ()}, histograms[1])
 
 
-def _run(config: TrainConfig, callbacks: Sequence[RoundCallback], initial_state=None) -> TrainResult:
-    engine = Engine(config, initial_state=initial_state)
-    try:
-        return engine.run(callbacks)
-    finally:
-        engine.close()
-
-
-__all__ = ["Engine", "TrainResult", "train"]
+__all__ = ["Engine", "RoundCallback", "TrainResult"]

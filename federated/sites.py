@@ -7,14 +7,17 @@ once; every launcher's result is checked here too (``check_site_reports``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig
+from pydantic import ValidationError
+
+from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig, TrainSettings
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.federation import Federation
 from preprocessing.qc import SAMPLE_GRID_FILE, build_report, central_summary
 from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, shard_content_hash
-from preprocessing.sites import SharingPolicy
+from preprocessing.sites import SharingPolicy, problem_message
 
 
 def check_shard(site: str, shard_dir: Path, task: str, diseases: tuple[str, ...]) -> None:
@@ -50,19 +53,62 @@ def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
     return dirs
 
 
-def federation_config(federation: Federation, shards_root: Path, settings: dict, read_shards: bool = True
-                      ) -> TrainConfig:
-    """The training: ``settings`` (a TrainConfig without sites) on every site's shards ``<shards_root>/<site>``,
-    in the federation's order. ``read_shards``: the shards are on this machine and are checked
-    (:func:`site_shard_dirs`); otherwise (a running consortium) each hospital checks its own and the
-    folders here are names only."""
-    if "sites" in settings:
+def training_settings(settings: TrainSettings | dict, names: Mapping[str, str] | None = None) -> TrainSettings:
+    """``settings`` with the algorithm's hyperparameters, validated: the one check of a training's settings,
+    whoever gives them (``fedauc train``, a flow's or a deployment's ``config``), before any shard is read. A bad
+    value is a ConfigError, one line per problem, naming the setting as ``names`` has it (a field's dotted path,
+    or the start of one, -> how the caller spells it: the command line's options), else by its field."""
+    from federated.registry import get_algorithm
+
+    if isinstance(settings, dict) and "sites" in settings:
         raise ConfigError("the training settings list sites; the federation YAML decides them",
                           fix="remove 'sites' from the settings")
+    try:
+        validated = TrainSettings.model_validate(settings)
+    except ValidationError as err:
+        raise _settings_error(err, (), names or {}) from None
+    try:
+        get_algorithm(validated.algorithm).Params(**validated.params)
+    except ValidationError as err:
+        raise _settings_error(err, ("params",), names or {}) from None
+    return validated
+
+
+def _settings_error(err: ValidationError, within: tuple[str, ...], names: Mapping[str, str]) -> ConfigError:
+    lines = []
+    for error in err.errors():
+        path = ".".join(str(part) for part in (*within, *error["loc"]))
+        if names:  # a setting as the caller spells it; a check of several (no path) says its own words
+            where = _named(path, names) or path
+        else:
+            where = f"training config: {path}" if path else "training config"
+        lines.append(f"{where}: {problem_message(error)}" if where else problem_message(error))
+    return ConfigError("\n".join(lines), fix="see `fedauc train --help`; hyperparameters per algorithm: "
+                                           "federated/algorithms/")
+
+
+def _named(path: str, names: Mapping[str, str]) -> str | None:
+    """How ``names`` spells the setting at ``path``: its own entry, or its longest named start with the rest
+    after a space (``params.T0`` -> ``--param T0``)."""
+    for field in sorted(names, key=len, reverse=True):
+        if path == field:
+            return names[field]
+        if path.startswith(field + "."):
+            return f"{names[field]} {path[len(field) + 1:]}"
+    return None
+
+
+def federation_config(federation: Federation, shards_root: Path, settings: TrainSettings | dict,
+                      read_shards: bool = True) -> TrainConfig:
+    """The training: ``settings`` (checked by :func:`training_settings`) on every site's shards
+    ``<shards_root>/<site>``, in the federation's order. ``read_shards``: the shards are on this machine and are
+    checked (:func:`site_shard_dirs`); otherwise (a running consortium) each hospital checks its own and the
+    folders here are names only."""
+    settings = training_settings(settings)
     dirs = (site_shard_dirs(federation, shards_root) if read_shards
             else [Path(shards_root) / site.name for site in federation.sites])
-    return TrainConfig.model_validate({**settings, "sites": [ShardSite(name=site.name, path=shard_dir)
-                                                             for site, shard_dir in zip(federation.sites, dirs)]})
+    return TrainConfig.on_sites(settings, [ShardSite(name=site.name, path=shard_dir)
+                                           for site, shard_dir in zip(federation.sites, dirs)])
 
 
 def site_names(config: TrainConfig) -> list[str]:

@@ -4,15 +4,14 @@ flow run's traceback, or as a FAILED MLflow run of a training that never started
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from federated.launch import Launcher
 from pipelines.onboarding import shards_root
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
-from preprocessing.sites import SiteConfigError, validate_site, validation_problems
+from preprocessing.sites import SiteConfigError, validate_site
 
 
 def check_site(site_yaml: str | Path) -> None:
@@ -22,29 +21,25 @@ def check_site(site_yaml: str | Path) -> None:
         raise SiteConfigError(problems)
 
 
-def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict,
-                   launcher: Launcher) -> tuple[Federation, Path]:
-    """Where it runs (``launcher``, checked when it was built: whether it takes the algorithm), the federation and its
-    site files, ``config`` (a ``TrainConfig`` without sites) with its algorithm and hyperparameters, and every
-    site's shards where this machine reads them (``federated.sites.federation_config``: the same check every
-    launcher's training makes). Returns the federation and its shards folder."""
+def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict, launcher: Launcher,
+                   names: Mapping[str, str] | None = None) -> tuple[Federation, Path]:
+    """Where it runs (``launcher``, checked when it was built: whether it takes the algorithm), ``config`` (a
+    ``TrainConfig`` without sites: ``federated.sites.training_settings``, a bad value named as ``names`` says),
+    the federation and its site files, and every site's shards where this machine reads them
+    (``federated.sites.federation_config``: the same check every launcher's training makes). Returns the
+    federation and its shards folder."""
     from federated import get_algorithm
     from federated.privacy.policy import check_dp_job
-    from federated.sites import federation_config
+    from federated.sites import federation_config, training_settings
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it
     launcher.check_algorithm(config["algorithm"])
+    settings = training_settings(config, names)
     # What DP does not cover is refused before any shard is read (each site checks again, with its budget).
-    check_dp_job(config["algorithm"], config.get("dp"), config.get("guarantee_positives", False))
+    check_dp_job(settings.algorithm, settings.dp, settings.guarantee_positives)
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
-    try:
-        validated = federation_config(federation, root, config, read_shards=launcher.reads_shards_here)
-        get_algorithm(validated.algorithm).Params(**validated.params)
-    except ValidationError as err:
-        problems = validation_problems("training config", err)
-        raise ConfigError("\n".join(str(p) for p in problems),
-                          fix="see `fedauc train --help`; hyperparameters per algorithm: federated/algorithms/") from None
+    federation_config(federation, root, settings, read_shards=launcher.reads_shards_here)
     return federation, root
 
 

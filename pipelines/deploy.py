@@ -101,16 +101,22 @@ def read_deployments(prefect_file: Path) -> list[dict]:
 
 
 def check_entrypoints(deployments: list[dict], project_root: Path = PROJECT_ROOT) -> None:
-    """Load every entrypoint's flow and validate the deployment's parameters against it, before anything
-    is registered: a typo would otherwise fail half-way through ``prefect deploy``."""
+    """Load every entrypoint's flow and validate the deployment's parameters against it, a training's ``config``
+    as its flow run will (``federated.sites.training_settings``), before anything is registered: a typo would
+    otherwise fail half-way through ``prefect deploy``, or at the first scheduled run."""
     from prefect.flows import load_flow_from_entrypoint
+
+    from federated.sites import training_settings
 
     problems = []
     for deployment in deployments:
         path, _, name = deployment["entrypoint"].partition(":")
+        parameters = deployment.get("parameters") or {}
         try:
             flow = load_flow_from_entrypoint(f"{project_root / path}:{name}")
-            flow.validate_parameters(deployment.get("parameters") or {})
+            flow.validate_parameters(parameters)
+            if name == "train_federated":
+                training_settings(parameters["config"])
         except Exception as err:  # any failure to load or validate is reported, per deployment
             problems.append(f"{deployment['name']} ({deployment['entrypoint']}): {str(err).splitlines()[0]}")
     if problems:

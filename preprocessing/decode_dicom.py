@@ -25,7 +25,7 @@ from preprocessing.quarantine import Reason
 def _decode_dicom_jpeg_at_size(ds: pydicom.Dataset, target_size: int) -> np.ndarray | None:
     """The single frame of an 8-bit JPEG Baseline DICOM decoded with DCT scaling, as ``pixel_array`` would
     return it (uint8, YBR converted to RGB); None where this path does not apply and ``pixel_array`` must."""
-    photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
+    photometric = _photometric(ds)
     samples = int(ds.get("SamplesPerPixel", 1) or 1)
     applies = (
         int(ds.get("NumberOfFrames", 1) or 1) == 1
@@ -56,6 +56,36 @@ def decode_dicom(
     limits: DecodeLimits,
     target_size: int | None,
 ) -> tuple[np.ndarray, ImageInfo]:
+    """The DICOM file at ``path`` (``shown``: its name in messages, as the label file has it) as float32 pixels in
+    [0, 1] and what was read from it; anything else a DecodeError whose reason says why it is quarantined. At
+    ``target_size`` an 8-bit JPEG Baseline frame is decoded at the smallest DCT scale that keeps that size."""
+    ds = _read_dataset(path, shown, limits)
+    modality = _image_modality(ds, shown, allowed_modalities)
+    transfer_syntax = _decodable_transfer_syntax(ds, shown)
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    stored = _stored_pixels(ds, transfer_syntax, frames, shown, limits, target_size)
+    raw_min, raw_max = float(stored.min()), float(stored.max())
+    pixels, intensity, inverted = _displayed(stored, ds, shown)
+    info = ImageInfo(
+        path=str(shown),
+        format="dicom",
+        modality=modality,
+        photometric=_photometric(ds),
+        bits_stored=int(ds.get("BitsStored", 0) or 0),
+        transfer_syntax=str(transfer_syntax.name),
+        rows=int(ds.get("Rows") or stored.shape[0]),
+        columns=int(ds.get("Columns") or stored.shape[1]),
+        frames=frames,
+        intensity=intensity,
+        inverted=inverted,
+        raw_min=raw_min,
+        raw_max=raw_max,
+    )
+    return np.clip(pixels, 0.0, 1.0, out=pixels), info
+
+
+def _read_dataset(path: Path, shown: Path, limits: DecodeLimits) -> pydicom.Dataset:
+    """The file read as DICOM once its inflated size and its header's declared sizes are within ``limits``."""
     try:
         check_inflated_size(path, shown, limits)
         # The header first (up to the pixel data): its declared sizes decide whether the rest is read.
@@ -65,10 +95,13 @@ def decode_dicom(
         identified = "SOPClassUID" in ds or "PixelData" in ds
     except (InvalidDicomError, OSError, ValueError, EOFError, KeyError, TypeError, zlib.error) as err:
         raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: pydicom cannot parse it: {err}") from None
-    path = shown  # from here on messages name the file as the label file does
     if not identified:
-        raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: not a DICOM file (no SOP Class UID, no pixel data)")
+        raise DecodeError(Reason.UNREADABLE_FILE, f"{shown}: not a DICOM file (no SOP Class UID, no pixel data)")
+    return ds
 
+
+def _image_modality(ds: pydicom.Dataset, path: Path, allowed_modalities: frozenset[str] | None) -> str | None:
+    """The object's Modality, once it is an image of an allowed one."""
     # Without pixel data first: a report or a presentation state is no image whatever its Modality (SR, PR).
     if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
         sop_class = ds.get("SOPClassUID")
@@ -80,7 +113,11 @@ def decode_dicom(
             Reason.WRONG_MODALITY,
             f"{path}: Modality {modality!r}, expected one of {sorted(allowed_modalities)}",
         )
+    return modality
 
+
+def _decodable_transfer_syntax(ds: pydicom.Dataset, path: Path) -> pydicom.uid.UID:
+    """The file meta's transfer syntax, once a decoder for it is installed."""
     transfer_syntax = getattr(ds, "file_meta", pydicom.Dataset()).get("TransferSyntaxUID")
     if transfer_syntax is None:
         raise DecodeError(Reason.UNREADABLE_FILE, f"{path}: no (0002,0010) Transfer Syntax UID in the file meta")
@@ -94,8 +131,12 @@ def decode_dicom(
                 Reason.UNSUPPORTED_TRANSFER_SYNTAX,
                 f"{path}: no installed decoder for transfer syntax {transfer_syntax.name} ({transfer_syntax})",
             )
+    return transfer_syntax
 
-    frames = int(ds.get("NumberOfFrames", 1) or 1)
+
+def _stored_pixels(ds: pydicom.Dataset, transfer_syntax: pydicom.uid.UID, frames: int, path: Path,
+                   limits: DecodeLimits, target_size: int | None) -> np.ndarray:
+    """The first frame's stored values (rows x columns, or x 3 for colour), its compressed stream checked first."""
     if transfer_syntax.is_encapsulated:
         check_codestream(ds.PixelData, frames, path, limits)
     try:
@@ -109,39 +150,26 @@ def decode_dicom(
         raise DecodeError(
             Reason.UNREADABLE_FILE, f"{path}: pixel data cannot be decoded ({type(err).__name__}: {err})"
         ) from None
-
-    photometric = str(ds.get("PhotometricInterpretation", "")).strip().upper()
     if stored.ndim not in (2, 3) or (stored.ndim == 3 and stored.shape[2] != 3):
         raise DecodeError(Reason.NOT_AN_IMAGE, f"{path}: pixel array of shape {stored.shape} is not one 2-D image")
-    raw_min, raw_max = float(stored.min()), float(stored.max())
+    return stored
 
+
+def _photometric(ds: pydicom.Dataset) -> str:
+    return str(ds.get("PhotometricInterpretation", "")).strip().upper()
+
+
+def _displayed(stored: np.ndarray, ds: pydicom.Dataset, path: Path) -> tuple[np.ndarray, str, bool]:
+    """The stored values as displayed, in [0, 1]: gray through the Modality LUT and the VOI LUT or window,
+    MONOCHROME1 inverted; colour scaled by its bit depth. With how the intensity was set and whether it was
+    inverted."""
     if stored.ndim == 3:
         # Colour: pydicom already returns RGB for YBR_* data; no LUT or window applies to colour.
         depth = int(ds.get("BitsStored", 8))
-        pixels = stored.astype(np.float32) / np.float32(2**depth - 1)
-        intensity, inverted = "fixed", False
-    else:
-        pixels, intensity = _grayscale_intensity(stored, ds, path)
-        inverted = photometric == "MONOCHROME1"
-        if inverted:
-            pixels = 1.0 - pixels
-
-    info = ImageInfo(
-        path=str(path),
-        format="dicom",
-        modality=modality,
-        photometric=photometric,
-        bits_stored=int(ds.get("BitsStored", 0) or 0),
-        transfer_syntax=str(transfer_syntax.name),
-        rows=int(ds.get("Rows") or stored.shape[0]),
-        columns=int(ds.get("Columns") or stored.shape[1]),
-        frames=frames,
-        intensity=intensity,
-        inverted=inverted,
-        raw_min=raw_min,
-        raw_max=raw_max,
-    )
-    return np.clip(pixels, 0.0, 1.0, out=pixels), info
+        return stored.astype(np.float32) / np.float32(2**depth - 1), "fixed", False
+    pixels, intensity = _grayscale_intensity(stored, ds, path)
+    inverted = _photometric(ds) == "MONOCHROME1"
+    return (1.0 - pixels if inverted else pixels), intensity, inverted
 
 
 def _check_rescale_and_window(ds: pydicom.Dataset, path: Path) -> None:

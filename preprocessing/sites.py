@@ -181,7 +181,7 @@ class SiteConfig(BaseModel):
             except ValidationError as err:
                 for error in err.errors():
                     where = ".".join(str(part) for part in ("options", *error["loc"]))
-                    problems.append(f"{where}: {_message(error)}")
+                    problems.append(f"{where}: {problem_message(error)}")
         mapped = getattr(getattr(self, "_adapter_options", None), "label_columns", {})
         for disease in sorted(set(mapped) - set(diseases)):
             problems.append(f"options.label_columns.{disease}: unknown disease for task {self.task}; expected some of {list(diseases)}")
@@ -223,7 +223,8 @@ class SiteConfig(BaseModel):
         return self._path
 
 
-def _message(error: dict) -> str:
+def problem_message(error: dict) -> str:
+    """A pydantic error's message in the words a user reads."""
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return "unknown field"
     if error["type"] == "missing":
@@ -236,9 +237,9 @@ def validation_problems(shown: str, err: ValidationError) -> list[Problem]:
     problems = []
     for error in err.errors():
         if error["loc"]:
-            problems.append(Problem(shown, ".".join(str(part) for part in error["loc"]), _message(error)))
+            problems.append(Problem(shown, ".".join(str(part) for part in error["loc"]), problem_message(error)))
             continue
-        for line in _message(error).splitlines():
+        for line in problem_message(error).splitlines():
             where, _, message = line.partition(": ")
             problems.append(Problem(shown, where, message))
     return problems

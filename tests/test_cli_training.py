@@ -52,6 +52,60 @@ def test_train_refuses_what_dp_does_not_cover_before_reading_shards():
     assert result.exit_code == 1
     assert "error: algorithm 'fedxl2' is refused under DP: its loss pairs each record" in result.output
     assert "Traceback" not in result.output
-    result = runner.invoke(app, ["train", "--federation", "sites/demo/chest.yaml", "--algorithm", "codasca", "--dp"])
-    assert result.exit_code == 2
-    assert "--dp needs one of --noise-multiplier and --target-epsilon" in result.output
+
+
+def _train_error(*options: str) -> str:
+    """The one error line of a `fedauc train` that stops on its options, before any shard is read (none exist)."""
+    result = runner.invoke(app, ["train", "--federation", "sites/demo/chest.yaml", "--algorithm", "codasca",
+                                 "--shards", "no-shards-here", *options])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.output.count("error") == 1, result.output  # one message, not pydantic's and another
+    return line
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--dp"], "error: --dp: DP needs exactly one of noise_multiplier (--noise-multiplier) and target_epsilon"),
+    (["--dp", "--noise-multiplier", "1", "--target-epsilon", "3"], "error: --dp: DP needs exactly one of"),
+    (["--dp", "--noise-multiplier", "0"], "error: --noise-multiplier: Input should be greater than 0"),
+    (["--dp", "--target-epsilon", "3", "--max-grad-norm", "-1"], "error: --max-grad-norm: Input should be greater"),
+    (["--dp", "--target-epsilon", "3", "--eval-noise-multiplier", "0"], "error: --eval-noise-multiplier: Input"),
+    (["--noise-multiplier", "1"], "error: --noise-multiplier: needs --dp"),
+    (["--target-epsilon", "1", "--eval-noise-multiplier", "2"], "error: --target-epsilon, --eval-noise-multiplier: need --dp"),
+])
+def test_a_bad_dp_option_is_one_message_naming_it(options, expected):
+    assert _train_error(*options).startswith(expected)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--rounds", "0"], "error: --rounds: Input should be greater than 0"),
+    (["-I", "0"], "error: --local-steps: Input should be greater than 0"),
+    (["--lr", "-0.1"], "error: --lr: Input should be greater than 0"),
+    (["--eval-every", "-1"], "error: --eval-every: Input should be greater than or equal to 0"),
+    (["--backend", "torchrun", "--site-timeout", "0"], "error: --site-timeout: Input should be greater than 0"),
+    (["-p", "T0=soon"], "error: --param T0: Input should be a valid integer"),
+    (["--secure-aggregation", "--aggregation", "median"], "error: --aggregation median needs every site's values"),
+])
+def test_a_bad_training_option_is_one_message_naming_it(options, expected):
+    assert _train_error(*options).startswith(expected)
+
+
+def test_a_flow_s_bad_setting_is_named_by_its_field_before_any_shard_is_read(tmp_path):
+    """A flow or a deployment's config goes through the same check as the command line's options."""
+    from federated.sites import federation_config
+    from preprocessing.errors import ConfigError
+    from preprocessing.federation import load_federation
+
+    settings = {"algorithm": "codasca", "rounds": 1, "dp": {"noise_multiplier": 0}}
+    with pytest.raises(ConfigError) as err:
+        federation_config(load_federation("sites/demo/chest.yaml"), tmp_path / "no-shards", settings)
+    assert str(err.value).splitlines()[0] == "training config: dp.noise_multiplier: Input should be greater than 0"
+
+
+def test_help_shows_each_bound_the_settings_hold_an_option_to():
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│    --")}
+    for option, shown in (("--rounds", "(> 0)"), ("--eval-every", "(>= 0)"), ("--max-grad-norm", "(> 0)")):
+        assert shown in lines[option], lines[option]

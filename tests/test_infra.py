@@ -77,11 +77,10 @@ def test_nightly_training_is_scheduled_centrally():
 
 
 def test_training_configs_are_valid_train_configs():
-    """A typo in a scheduled config would only surface at 02:00; validate it here."""
-    from federated import TrainConfig, get_algorithm
+    """A typo in a scheduled config would only surface at 02:00; validate it here, as the flow and `fedauc train`
+    do (the federation YAML gives the sites)."""
+    from federated.sites import training_settings
 
-    # TrainConfig needs sites; the flow supplies the federation's shards, any valid site stands in here.
-    stand_in_sites = [{"kind": "synthetic", "n_train": 8}]
     for deployment in DEPLOYMENTS:
         parameters = deployment.get("parameters", {})
         if "config" in parameters:
@@ -92,7 +91,19 @@ def test_training_configs_are_valid_train_configs():
         else:
             continue
         for config in configs:
-            validated = TrainConfig.model_validate({**config, "sites": stand_in_sites})
-            get_algorithm(validated.algorithm).Params(**validated.params)
+            validated = training_settings(config)
             if validated.algorithm == "codasca" and "config" in parameters:  # its demo lr goes with the schedule it was chosen under
                 assert validated.params == DEMO_SCHEDULE, deployment["name"]
+
+
+def test_a_deployment_with_a_bad_training_setting_is_refused_before_anything_is_registered():
+    from pipelines.deploy import check_entrypoints
+    from preprocessing.errors import ConfigError
+
+    nightly = next(d for d in DEPLOYMENTS if d["name"] == "nightly-chest-codasca")
+    check_entrypoints([nightly])
+    parameters = nightly["parameters"]
+    broken = {**nightly, "parameters": {**parameters, "config": {**parameters["config"], "lr": 0}}}
+    with pytest.raises(ConfigError, match=r"nightly-chest-codasca \(pipelines/flows.py:train_federated\): "
+                                          r"training config: lr: Input should be greater than 0"):
+        check_entrypoints([broken])

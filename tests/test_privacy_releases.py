@@ -62,14 +62,14 @@ class RecordingTransport(InProcessTransport):
 
 def engine_fields(transport: RecordingTransport, norm_groups: list[str]) -> dict[str, list[torch.Tensor]]:
     """field -> every value a site sent under it; an engine function not named here fails the test."""
-    named = {"_federation": ["label_counts.positives", "label_counts.known", "label_counts.records"],
+    named = {"federation_context": ["label_counts.positives", "label_counts.known", "label_counts.records"],
              "__init__": ["has_evaluation_split"], "global_model": None, "evaluate": ["evaluation.histograms"],
              "evaluate.gather": ["evaluation.report"]}
     row = ROUND_ROW + [f"update_norm.{g}" for g in norm_groups] + TIMINGS
     fields: dict[str, list[torch.Tensor]] = {}
     for sender, names, per_site in transport.sent:
         for tensors in per_site:
-            if sender == "run.gather":  # the round's per-site row, by column
+            if sender == "_site_rows.gather":  # the round's per-site row, by column
                 (t,) = tensors
                 assert t.shape[-1] == len(row), f"the round's row has {t.shape[-1]} columns, {len(row)} are named here"
                 pairs = [(name, t[..., i]) for i, name in enumerate(row)]

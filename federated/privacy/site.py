@@ -108,9 +108,7 @@ class SitePrivacy:
 def evaluation_rounds(config: TrainConfig, start: int = 0) -> int:
     """How many evaluations the engine runs in rounds ``start``.. of a training (every ``eval_every`` rounds and
     after the last)."""
-    every = config.eval_every
-    return sum(1 for r in range(start, config.rounds)
-               if r == config.rounds - 1 or (every and (r + 1) % every == 0))
+    return sum(1 for r in range(start, config.rounds) if config.evaluates_after(r))
 
 
 def job_key(config: TrainConfig) -> str:

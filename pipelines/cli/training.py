@@ -34,6 +34,19 @@ def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_work
     return chosen
 
 
+def bound(setting: str) -> str:
+    """The bound the training's settings hold ``setting`` to (a TrainSettings field, ``dp.`` a DPConfig one), as
+    --help shows it: pydantic checks it, once, and names the option of a value outside it."""
+    from federated.config import TrainSettings
+    from federated.privacy.policy import DPConfig
+
+    model = DPConfig if setting.startswith("dp.") else TrainSettings
+    marks = [f"{sign} {getattr(limit, attribute)}" for limit in model.model_fields[setting.removeprefix("dp.")].metadata
+             for attribute, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+             if getattr(limit, attribute, None) is not None]
+    return f"({', '.join(marks)})"  # not [...]: --help reads that as rich markup
+
+
 # Where a FLARE job runs, shared by `fedauc train` and `fedauc evaluate` so that both say it alike.
 FLARE_ENV = typer.Option("sim", "--flare-env",
                          help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
@@ -51,15 +64,15 @@ def train_command(
     shards: str = typer.Option(None, "--shards", help="Where `fedauc preprocess` wrote the shards "
                                "(default: $FEDAUC_SHARDS, else the federation's shards:, else shards/); "
                                "not read with --flare-env prod (the hospitals read their own)."),
-    rounds: int = typer.Option(20, "--rounds", min=1),
-    local_steps: int = typer.Option(8, "--local-steps", "-I", min=1, help="Local steps between communications."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Per site."),
-    lr: float = typer.Option(0.1, "--lr"),
+    rounds: int = typer.Option(20, "--rounds", help=bound("rounds")),
+    local_steps: int = typer.Option(8, "--local-steps", "-I", help=f"Local steps between communications. {bound('local_steps')}"),
+    batch_size: int = typer.Option(32, "--batch-size", help=f"Per site. {bound('batch_size')}"),
+    lr: float = typer.Option(0.1, "--lr", help=bound("lr")),
     network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121; under "
                                 "--dp a GroupNorm one: small_resnet_gn or densenet121_gn."),
     param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
     seed: int = typer.Option(0, "--seed"),
-    eval_every: int = typer.Option(5, "--eval-every", min=0),
+    eval_every: int = typer.Option(5, "--eval-every", help=bound("eval_every")),
     run_name: str = typer.Option(None, "--run-name"),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir",
                                        help="Checkpoint after every round here (default checkpoints/<run name> "
@@ -71,9 +84,9 @@ def train_command(
     flare_env: FlareEnv = FLARE_ENV,
     flare_workspace: str = FLARE_WORKSPACE,
     kit: str = ADMIN_KIT,
-    site_timeout: float = typer.Option(300.0, "--site-timeout", min=1.0,
+    site_timeout: float = typer.Option(300.0, "--site-timeout",
                                        help="With --backend torchrun or flare: seconds the sites wait for a silent site at a "
-                                            "communication before the job fails naming it."),
+                                            "communication before the job fails naming it. " + bound("timeout_s")),
     secure_aggregation: bool = typer.Option(
         False, "--secure-aggregation",
         help="Pairwise-masked secure aggregation: the server (or this process) receives every mean and sum as "
@@ -90,25 +103,61 @@ def train_command(
     dp: bool = typer.Option(False, "--dp", help="Differential privacy at every site (docs/privacy.md): Poisson "
                             "sampling, per-sample clipping and Gaussian noise at each local step, charged to each "
                             "site's privacy budget; needs --noise-multiplier or --target-epsilon."),
-    noise_multiplier: float = typer.Option(None, "--noise-multiplier", min=0.0,
-                                           help="With --dp: sigma; the noise's std is sigma x --max-grad-norm."),
-    max_grad_norm: float = typer.Option(1.0, "--max-grad-norm", min=0.0,
-                                        help="With --dp: C, the L2 bound of one record's gradient."),
-    target_epsilon: float = typer.Option(None, "--target-epsilon", min=0.0,
-                                         help="With --dp: each site picks the sigma that spends this epsilon there."),
+    noise_multiplier: float = typer.Option(None, "--noise-multiplier",
+                                           help="With --dp: sigma; the noise's std is sigma x --max-grad-norm. "
+                                           + bound("dp.noise_multiplier")),
+    max_grad_norm: float = typer.Option(1.0, "--max-grad-norm",
+                                        help="With --dp: C, the L2 bound of one record's gradient. "
+                                        + bound("dp.max_grad_norm")),
+    target_epsilon: float = typer.Option(None, "--target-epsilon",
+                                         help="With --dp: each site picks the sigma that spends this epsilon there. "
+                                         + bound("dp.target_epsilon")),
     eval_noise_multiplier: float = typer.Option(
-        None, "--eval-noise-multiplier", min=0.0,
+        None, "--eval-noise-multiplier",
         help="With --dp: evaluate during training and check the champion, each site releasing its score "
              "histograms with this noise multiplier (counted in its ledger) and no per-site metric; without it a "
-             "DP training evaluates nothing."),
+             f"DP training evaluates nothing. {bound('dp.eval_noise_multiplier')}"),
 ) -> None:
     """Train one algorithm on one federation (the Prefect flow train_federated), logged to MLflow."""
     import json
 
+    from pipelines.checks import check_training
     from pipelines.tracking import run_outputs_dir
 
+    run_name = run_name or f"{algorithm}-I{local_steps}"
+    launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
+    settings = {
+        "algorithm": algorithm, "params": parse_params(param), "rounds": rounds, "local_steps": local_steps,
+        "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
+        "checkpoint_dir": checkpoint_dir or launcher.checkpoint_dir(run_name, run_outputs_dir()), "resume": resume,
+        "secure_aggregation": secure_aggregation, "secure_neighbours": "secagg+" if secagg_plus else "all",
+        "robust_aggregation": aggregation.value,
+        **dp_settings(dp, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+                      max_grad_norm=max_grad_norm, eval_noise_multiplier=eval_noise_multiplier),
+        **({} if backend.value == "inprocess" else {"timeout_s": site_timeout})}
+    _, shards_root = check_training(federation, shards, settings, launcher, OPTION_OF_SETTING)
+    summary = flows().train_federated(federation, str(shards_root), settings, run_name,
+                                      launcher.model_dump(mode="json"))
+    typer.echo(json.dumps(summary, indent=2))
+
+
+# The option that gives each of the training's settings (federated.TrainSettings, a field by its dotted path): a
+# bad value is named as it was typed.
+OPTION_OF_SETTING = {
+    "algorithm": "--algorithm", "params": "--param", "rounds": "--rounds", "local_steps": "--local-steps",
+    "batch_size": "--batch-size", "lr": "--lr", "network": "--network", "seed": "--seed", "eval_every": "--eval-every",
+    "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "secure_aggregation": "--secure-aggregation",
+    "secure_neighbours": "--secagg-plus", "robust_aggregation": "--aggregation", "timeout_s": "--site-timeout",
+    "dp": "--dp", "dp.noise_multiplier": "--noise-multiplier", "dp.target_epsilon": "--target-epsilon",
+    "dp.max_grad_norm": "--max-grad-norm", "dp.eval_noise_multiplier": "--eval-noise-multiplier"}
+
+
+def parse_params(items: list[str]) -> dict:
+    """``--param NAME=VALUE`` options as hyperparameters (a VALUE that is not JSON is a string)."""
+    import json
+
     params = {}
-    for item in param:
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             typer.echo(f"--param {item!r}: expected NAME=VALUE", err=True)
@@ -117,32 +166,20 @@ def train_command(
             params[name] = json.loads(value)
         except json.JSONDecodeError:
             params[name] = value
-    run_name = run_name or f"{algorithm}-I{local_steps}"
-    launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
-    if checkpoint_dir is None:
-        checkpoint_dir = launcher.checkpoint_dir(run_name, run_outputs_dir())
-    config = {"algorithm": algorithm, "params": params, "rounds": rounds, "local_steps": local_steps,
-              "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
-              "checkpoint_dir": checkpoint_dir, "resume": resume,
-              "secure_aggregation": secure_aggregation, "robust_aggregation": aggregation.value,
-              "secure_neighbours": "secagg+" if secagg_plus else "all"}
-    if backend.value != "inprocess":
-        config["timeout_s"] = site_timeout
-    if dp and (noise_multiplier is None) == (target_epsilon is None):
-        typer.echo("--dp needs one of --noise-multiplier and --target-epsilon", err=True)
-        raise typer.Exit(code=2)
-    if dp:
-        config["dp"] = {"noise_multiplier": noise_multiplier, "target_epsilon": target_epsilon,
-                        "max_grad_norm": max_grad_norm, "eval_noise_multiplier": eval_noise_multiplier}
-    elif noise_multiplier is not None or target_epsilon is not None or eval_noise_multiplier is not None:
-        typer.echo("--noise-multiplier, --target-epsilon and --eval-noise-multiplier need --dp", err=True)
-        raise typer.Exit(code=2)
-    from pipelines.checks import check_training
+    return params
 
-    _, shards_root = check_training(federation, shards, config, launcher)
-    summary = flows().train_federated(federation, str(shards_root), config, run_name,
-                                      launcher.model_dump(mode="json"))
-    typer.echo(json.dumps(summary, indent=2))
+
+def dp_settings(dp: bool, **options: float | None) -> dict:
+    """``--dp`` and its options as the training's ``dp`` setting; without ``--dp`` there is none, and an option
+    only DP reads is refused rather than ignored."""
+    if dp:
+        return {"dp": options}
+    given = [OPTION_OF_SETTING[f"dp.{name}"] for name in ("noise_multiplier", "target_epsilon", "eval_noise_multiplier")
+             if options[name] is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: {'needs' if len(given) == 1 else 'need'} --dp",
+                          fix=f"add --dp to train under differential privacy, or leave out {' and '.join(given)}")
+    return {}
 
 
 COMPARE_SUMMARY = ("run", "federation", "status", "algorithm", "I", "AUC macro", "pAUC0.3 macro", "MB sent",
