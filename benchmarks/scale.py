@@ -7,7 +7,9 @@ Each configuration runs in a fresh process (its peak RSS is its own). Per K it p
 engine's per-site compute seconds, federated/timing.py: their sum in-process, where sites run one after
 another; their maximum over FLARE, where they run at once), the overhead (round minus compute), the peak RSS
 of the process(es) that are not a site (in-process: the one process; FLARE: the simulator's server and this
-submitting process) and the median peak RSS of a site process (FLARE), the bytes all sites send and receive in
+submitting process) and the median peak RSS and USS (its own pages) of a site process (FLARE); in-process also
+the overhead in CPU seconds (the round's process time minus the sites' local steps' thread time), which the
+machine's load does not stretch and which the in-process verdict fits; the bytes all sites send and receive in
 a round, the in-process evaluation's seconds (one ``Engine.evaluate``, every site's valid and test splits; over
 FLARE the last round's extra seconds, where the training's evaluation runs), and the MLflow logging seconds of
 one round's record (``pipelines.runs.RoundLogger``: the parent run and K site child runs, a real sqlite store).
@@ -24,7 +26,8 @@ and over the simulator; and SecAgg+'s per-site cost against the full graph's at 
 The default run (in-process up to K = 32, the simulator up to K = 8) takes about 15 minutes on the shared
 2-core development machine; docs/performance.md's figures are ``--sizes 4 8 16 32 64 --flare-sizes 4 8 16``
 (about 30 minutes). Every FLARE site is a process of its own (torch and NVIDIA FLARE loaded in each), so the
-simulator's largest K is bounded by memory: docs/performance.md says which K this machine holds.
+simulator's largest K is bounded by memory: a K that would not fit in the memory available now is skipped with
+the reason (``memory_short``); docs/performance.md says which K this machine held.
 """
 
 from __future__ import annotations
@@ -225,6 +228,21 @@ def run_flare(job: dict, federation: Path) -> dict:
             "mlflow_s": mlflow_seconds(history, [s.name for s in fed.sites], Path(job["store"]))}
 
 
+SITE_MB = 300  # a simulated site's own pages at its peak (USS; torch's libraries are shared), measured here
+SERVER_MB = 1500  # the simulator's server and this submitting process
+
+
+def memory_short(K: int) -> str | None:
+    """Why K simulated sites would not fit in this machine's available memory now, or None."""
+    import psutil
+
+    need, available = (K * SITE_MB + SERVER_MB) / 1024, psutil.virtual_memory().available / 2 ** 30
+    if need <= available:
+        return None
+    return (f"{K} site processes need about {need:.1f} GiB ({SITE_MB} MB of their own each, plus the server) "
+            f"and {available:.1f} GiB is available")
+
+
 def one(job: dict) -> None:
     """Run one configuration (in a fresh process) and print its figures as one JSON line."""
     import torch
@@ -342,6 +360,9 @@ def main() -> None:
         grid += [("flare", a, s, K) for a in args.flare_algorithms for s in secure for K in args.flare_sizes]
         rows = []
         for mode, algorithm, secure, K in grid:
+            if mode == "flare" and (short := memory_short(K)):
+                print(f"flare {algorithm} secure={secure} K={K} skipped: {short}", flush=True)
+                continue
             job = {"mode": mode, "algorithm": algorithm, "secure": secure, "rounds": args.rounds,
                    "local_steps": args.local_steps, "federation": str(make_federation(data, K)),
                    "store": str(Path(tmp) / "mlflow")}  # one store: its tables are made once
