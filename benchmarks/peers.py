@@ -42,7 +42,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from peers_common import REPO, network, site_tensors  # noqa: E402
-from peers_envs import peer_python  # noqa: E402
+from peers_envs import peer_python, peer_versions  # noqa: E402
 
 SYSTEMS = ("fedauc", "flower", "fedauc-flare", "nvflare")
 AGAINST = {"fedauc": "flower", "fedauc-flare": "nvflare"}
@@ -311,7 +311,7 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores; load "
           f"{' '.join(f'{v:.2f}' for v in __import__('os').getloadavg())}; torch {torch.__version__}, NVFlare "
-          f"{nvflare.__version__}", flush=True)
+          f"{nvflare.__version__}, {peer_versions(args.peers_cache)}", flush=True)
     spec = {"network": "small_resnet", "rounds": args.rounds, "local_steps": args.local_steps, "batch": 16,
             "lr": 0.01, "seed": 0}
     rows: list[dict] = []

@@ -53,3 +53,17 @@ def peer_python(name: str, cache: Path) -> str:
         raise ValueError(f"no peer environment named {name!r}")
     (env / ".installed").touch()
     return str(python)
+
+
+def peer_versions(cache: Path) -> str:
+    """The peers' releases as their environments hold them (one line for the table's heading)."""
+    probes = {"flower": "import flwr, ray; print(f'Flower {flwr.__version__}, Ray {ray.__version__}')",
+              "libauc": "from importlib.metadata import version; print(f'LibAUC {version(\"libauc\")}')"}
+    found = []
+    for name, probe in probes.items():
+        try:
+            done = subprocess.run([peer_python(name, cache), "-c", probe], capture_output=True, text=True, timeout=300)
+            found.append(done.stdout.strip() or f"{name}: {done.stderr.strip()[-200:]}")
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            found.append(f"{name}: {error}")
+    return ", ".join(found)
