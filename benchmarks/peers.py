@@ -27,6 +27,8 @@ fedauc. The FLARE runs hold ``flock /tmp/fedauc-poc.lock``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import statistics
@@ -46,6 +48,7 @@ from peers_envs import peer_python, peer_versions  # noqa: E402
 
 SYSTEMS = ("fedauc", "flower", "fedauc-flare", "nvflare")
 AGAINST = {"fedauc": "flower", "fedauc-flare": "nvflare"}
+FLARE = ("fedauc-flare", "nvflare")
 LOCK = "/tmp/fedauc-poc.lock"
 
 
@@ -154,8 +157,6 @@ def launch(job: dict, cache: Path) -> dict:
         peer_python(system, cache)
     script = {"flower": "peers_flower.py", "nvflare": "peers_nvflare.py", "libauc": "peers_libauc.py"}.get(system)
     command = [python, str(HERE / (script or "peers.py")), "--one", json.dumps(job)]
-    if system in ("fedauc-flare", "nvflare"):
-        command = ["flock", LOCK, *command]
     peaks: dict = {"largest": 0.0, "all": 0.0, "cpu": {}}
     done = threading.Event()
     started = time.perf_counter()
@@ -275,6 +276,31 @@ def plot(rows: list[dict], steps: dict | None, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+@contextlib.contextmanager
+def poc_lock():
+    """The FLARE runs hold the machine's POC lock, once for all of them (other work queues on it too)."""
+    with open(LOCK, "a") as lock:
+        print(f"waiting for {LOCK}", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run_one(base: dict, system: str, tmp: Path, cache: Path, rows: list[dict]) -> None:
+    job = {**base, "system": system, "out": str(tmp / f"{system}-{base['K']}")}
+    started = time.perf_counter()
+    try:
+        row = measure(job, cache)
+    except Exception as error:  # one system failing leaves the others' rows and says why
+        print(f"{system} K={base['K']}: {error}", file=sys.stderr, flush=True)
+        return
+    rows.append({**row, "rounds": base["rounds"]})
+    print(f"{system} K={base['K']}: round {row['round_s']:.3f} s, overhead {row['overhead_s']:.3f} s, AUC "
+          f"{row['auc']:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+
+
 def one(job: dict) -> None:
     if job["system"] == "fedauc-aucm":
         from peers_libauc import fedauc_aucm_rate
@@ -319,21 +345,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp) / "data"
         data.mkdir(parents=True, exist_ok=True)
-        for K in args.sizes:
-            base = prepare(data, K, spec)
-            for system in args.systems:
-                job = {**base, "system": system, "out": str(Path(tmp) / f"{system}-{K}")}
-                started = time.perf_counter()
-                try:
-                    row = measure(job, args.peers_cache)
-                except Exception as error:  # one system failing leaves the others' rows and says why
-                    print(f"{system} K={K}: {error}", file=sys.stderr, flush=True)
-                    continue
-                rows.append({**row, "rounds": args.rounds})
-                print(f"{system} K={K}: round {row['round_s']:.3f} s, overhead {row['overhead_s']:.3f} s, AUC "
-                      f"{row['auc']:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+        bases = {K: prepare(data, K, spec) for K in args.sizes}
+        plain = [(K, s) for K in args.sizes for s in args.systems if s not in FLARE]
+        flare = [(K, s) for K in args.sizes for s in args.systems if s in FLARE]
+        for K, system in plain:
+            run_one(bases[K], system, Path(tmp), args.peers_cache, rows)
+        if flare:
+            with poc_lock():
+                for K, system in flare:
+                    run_one(bases[K], system, Path(tmp), args.peers_cache, rows)
         if not args.no_aucm:
-            base = prepare(data, args.sizes[0], spec)
+            base = bases[args.sizes[0]]
             rates = {}
             for system in ("fedauc-aucm", "libauc"):
                 job = {**base, "system": system, "out": str(Path(tmp) / system), "steps": args.aucm_steps}
