@@ -4,7 +4,7 @@ ServerApp, FedAvg strategy, Ray); and fedauc's AUC-margin step against LibAUC 2.
 
 One command, one run, one table. K sites (scale.py's federation: real SIIM-ISIC-like shards of 64 images at 32 px)
 for each K; every system trains small_resnet from the same initial weights on the same rows (each site's train
-split exported once as the shard's uint8 tensors, benchmarks/peers_common.py), batch 16, the same local steps,
+split exported once as the shard's uint8 tensors, benchmarks/peer_runs/peers_common.py), batch 16, the same local steps,
 rounds and learning rate, plain SGD on the masked BCE (fedauc's FedAvg step). Every system runs in a fresh
 process tree of its own; a watcher samples every process of the tree for its RSS and CPU seconds.
 
@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+RUNS = HERE / "peer_runs"  # what the peers run, in their own environments (not benchmarks: make bench runs those)
+sys.path[:0] = [str(RUNS), str(HERE)]
 from peers_common import REPO, network, site_tensors  # noqa: E402
 from peers_envs import peer_python, peer_versions  # noqa: E402
 
@@ -156,7 +157,7 @@ def launch(job: dict, cache: Path) -> dict:
     python = str(REPO / ".venv/bin/python") if system.startswith("fedauc") or system == "nvflare" else \
         peer_python(system, cache)
     script = {"flower": "peers_flower.py", "nvflare": "peers_nvflare.py", "libauc": "peers_libauc.py"}.get(system)
-    command = [python, str(HERE / (script or "peers.py")), "--one", json.dumps(job)]
+    command = [python, str(RUNS / script) if script else __file__, "--one", json.dumps(job)]
     peaks: dict = {"largest": 0.0, "all": 0.0, "cpu": {}}
     done = threading.Event()
     started = time.perf_counter()
