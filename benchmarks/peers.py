@@ -15,11 +15,9 @@ compute, bytes per round (fedauc's own count of what sites send and receive; the
 and up per site), peak RSS of the largest process and of all together, the tree's CPU seconds, the final pooled
 test AUC (every site's test split, the same evaluation for every system). Targets (ratios in this run):
 fedauc in-process's overhead <= Flower's, fedauc over FLARE's <= NVFlare's own FedAvg's, at each K; fedauc's
-AUC-M steps per second >= 0.9 x LibAUC's.
-
-Flower and LibAUC live in virtual environments of their own under ~/.cache/fedauc-peers (Flower's fastapi pin
-excludes Prefect's; LibAUC pulls torchvision), made on first use (``--peers-cache``); none is a dependency of
-fedauc. The FLARE runs hold ``flock /tmp/fedauc-poc.lock``.
+AUC-M steps per CPU second >= 0.9 x LibAUC's. Flower and LibAUC live in virtual environments of their own under
+~/.cache/fedauc-peers (benchmarks/peer_runs/peers_envs.py), made on first use; none is a dependency of fedauc.
+The FLARE runs hold the POC lock (/tmp/fedauc-poc.lock) once for all of them.
 
     python benchmarks/peers.py [--quick] [--sizes 4 8 16] [--rounds 6] [--local-steps 4] [--plot docs/peers.png]
 """
