@@ -9,6 +9,7 @@ Everything the engine communicates is derived from this declaration, and so is t
 
 from __future__ import annotations
 
+import weakref
 from enum import Enum
 
 import torch
@@ -44,10 +45,31 @@ def model_state_spec(model: nn.Module, bn_stats: str) -> dict[str, Comm]:
     return spec
 
 
+# Per network, where each of its tensors lives: (name, owning module, its local name), parameters then buffers.
+# The engine asks for a site's tensors a few times a round; walking the module tree each time was most of an
+# in-process round's overhead (benchmarks/peers.py, docs/performance.md "Against the peers").
+_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _slots(model: nn.Module) -> tuple[list, list]:
+    if model not in _SLOTS:
+        modules = dict(model.named_modules(remove_duplicate=False))
+
+        def owner(name: str) -> tuple[nn.Module, str]:
+            path, _, local = name.rpartition(".")
+            return modules[path], local
+
+        _SLOTS[model] = ([(n, *owner(n)) for n, _ in model.named_parameters()],
+                         [(n, *owner(n)) for n, _ in model.named_buffers()])
+    return _SLOTS[model]
+
+
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The live tensors of a network under their ``model.`` names (views, not copies)."""
-    out = {MODEL_PREFIX + n: p.data for n, p in model.named_parameters()}
-    out.update({MODEL_PREFIX + n: b for n, b in model.named_buffers()})
+    """The live tensors of a network under their ``model.`` names (views, not copies). Each is read from its
+    module at every call, so a parameter or buffer that was reassigned is the new one."""
+    parameters, buffers = _slots(model)
+    out = {MODEL_PREFIX + n: module._parameters[local].data for n, module, local in parameters}
+    out.update({MODEL_PREFIX + n: module._buffers[local] for n, module, local in buffers})
     return out
 
 
