@@ -46,7 +46,7 @@ from federated.schema import (
 )
 from federated.sites import federation_config
 from federated.version import code_version
-from pipelines import plots, tracking
+from pipelines import descriptions, plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
@@ -217,6 +217,7 @@ def train_tracked(
         mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
                                                else None, launcher)
+        descriptions.describe_training(parent.info.run_id, version, promoted)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 
