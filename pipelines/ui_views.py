@@ -7,7 +7,7 @@ MLflow 3.17's runs table takes its filter, sort and columns from a *shared view*
 ``viewStateShareKey=<key>`` names the experiment tag ``mlflow.sharedViewState.<key>``, a JSON object of the
 search facets (``searchFilter``, ``orderByKey``, ``orderByAsc``) and the table's state (``selectedColumns``).
 URL search parameters alone cannot choose columns, and with one present the UI ignores the shared view, so the
-link carries the key only (and ``workflowType``, which picks the model-training view: pipelines/mlflow_ui.py).
+link carries the key only (on ``/runs``: the redirect from the bare experiment route drops it) (and ``workflowType``, which picks the model-training view: pipelines/mlflow_ui.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from federated.schema import (
 SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 TRAININGS_VIEW = "fedauc-trainings"
 TRAINING_WORKFLOW = {"workflowType": "machine_learning"}
+METRIC_COLUMN_WIDTH = 250  # pixels: "test/pooled/auc_ci95_high_macro" in full
 
 
 def _column(kind: str, name: str) -> str:
@@ -40,15 +41,17 @@ def _column(kind: str, name: str) -> str:
 
 def trainings_view_state() -> dict:
     """The shared view: trainings only (no site runs, no evaluations), best pooled test AUC first, the columns
-    that answer "which method won, by how much"."""
+    that answer "which method won, by how much" in that order, wide enough that their names differ (MLflow cuts
+    a header at its column's width, and every pooled test metric starts ``test/pooled/auc``)."""
+    metrics = [_column("metrics", key) for key in (HEADLINE_METRIC, *HEADLINE_INTERVAL, SELECTION_METRIC)]
+    columns = [_column("params", "algorithm"), *metrics, _column("params", "sites"), _column("attributes", "Models")]
     return {
         "searchFilter": f"tags.{ROLE_TAG} = '{TRAINING_ROLE}'",
-        "orderByKey": _column("metrics", HEADLINE_METRIC),
+        "orderByKey": metrics[0],
         "orderByAsc": False,
-        "selectedColumns": [_column("params", "algorithm"), _column("metrics", HEADLINE_METRIC),
-                            *(_column("metrics", bound) for bound in HEADLINE_INTERVAL),
-                            _column("metrics", SELECTION_METRIC), _column("params", "sites"),
-                            _column("attributes", "Models")],
+        "selectedColumns": columns,
+        "columnOrder": [_column("attributes", "Run Name"), *columns],
+        "columnWidths": dict.fromkeys(metrics, METRIC_COLUMN_WIDTH),
     }
 
 
@@ -88,7 +91,7 @@ def task_links(mlflow_url: str, prefect_url: str, client: MlflowClient | None = 
         version_page = None if champion is None else (
             f"{mlflow_url}/#/models/{quote(registered_model_name(task))}/versions/{champion}?"
             + urlencode(TRAINING_WORKFLOW))
-        links.append(TaskLinks(task, f"{mlflow_url}/#/experiments/{experiment_id}?{query}", version_page,
+        links.append(TaskLinks(task, f"{mlflow_url}/#/experiments/{experiment_id}/runs?{query}", version_page,
                                f"{prefect_url}/runs?{urlencode({'flow-run-search': task})}"))
     return links
 
