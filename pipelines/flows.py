@@ -28,6 +28,7 @@ from federated.sites import site_shard_dirs
 from pipelines import evaluations, run_names, runs, tracking
 from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, preprocess
+from pipelines.run_names import FLOW_RUN_PLACEHOLDER
 from pipelines.site_params import site_yaml
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
@@ -141,11 +142,10 @@ def train_federated(federation_yaml: str, shards_root: str, config: dict, run_na
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites), where
     ``launcher`` says (its JSON form, federated/launch.py: default in this process; e.g.
     ``{"kind": "flare", "env": "prod", "workspace": folder, "kit": admin kit}`` for a running consortium).
-    ``{flow_run}`` in ``run_name`` becomes this flow run's name: a scheduled deployment's runs are named apart."""
-    if run_name is not None and "{flow_run}" in run_name:
-        from prefect.runtime import flow_run
-
-        run_name = run_name.replace("{flow_run}", flow_run.name)
+    ``{flow_run}`` in ``run_name`` becomes this flow run's short id, which its name also carries
+    (``run_names.training``): a scheduled deployment's runs are named apart, in Prefect and MLflow alike."""
+    if run_name is not None and FLOW_RUN_PLACEHOLDER in run_name:
+        run_name = run_names.with_flow_run(run_name)
     summary = train_task(federation_yaml, shards_root, config, run_name, launcher)
     training_artifact(summary, load_federation(federation_yaml).task)
     return summary

@@ -11,6 +11,13 @@ from prefect.runtime import flow_run, task_run
 
 from preprocessing.federation import load_federation
 
+FLOW_RUN_PLACEHOLDER = "{flow_run}"  # in a scheduled training's run_name: each run's own
+
+
+def with_flow_run(run_name: str) -> str:
+    """``run_name`` with ``{flow_run}`` replaced by this flow run's short id (its first 8 hex digits)."""
+    return run_name.replace(FLOW_RUN_PLACEHOLDER, str(flow_run.get_id())[:8])
+
 
 def _parameters() -> dict:
     return task_run.parameters if task_run.get_id() else flow_run.parameters
@@ -25,7 +32,8 @@ def _task(federation_yaml: str) -> str:
 
 def training() -> str:
     parameters = _parameters()
-    return f"train {_task(parameters['federation_yaml'])} {parameters.get('run_name') or parameters['config']['algorithm']}"
+    name = parameters.get("run_name") or parameters["config"]["algorithm"]
+    return f"train {_task(parameters['federation_yaml'])} {with_flow_run(name)}"
 
 
 def evaluation() -> str:
