@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from federated.schema import (
     CHAMPION_ALIAS,
@@ -93,11 +94,11 @@ def comparison_rows(task: str) -> list[dict[str, str]]:
     name = registered_model_name(task)
     try:
         champion = str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
-    except Exception:  # no alias yet (MlflowException): nothing is champion
+    except MlflowException:  # no alias yet: nothing is champion
         champion = None
     rows = []
     for version in client.search_model_versions(f"name = '{name}'"):
-        run = client.get_run(version.run_id).data if version.run_id else None
+        run = _run_data(client, version.run_id)
         metrics = run.metrics if run else {}
         selection = float(version.tags.get(SELECTION_METRIC_TAG, "nan"))
         rows.append({"version": str(version.version),
@@ -109,6 +110,14 @@ def comparison_rows(task: str) -> list[dict[str, str]]:
                      "_rank": -math.inf if math.isnan(selection) else selection})
     rows.sort(key=lambda row: (-row["_rank"], int(row["version"])))
     return [{k: v for k, v in row.items() if k != "_rank"} for row in rows]
+
+
+def _run_data(client: MlflowClient, run_id: str | None):
+    """A version's training run's data; None where the run is gone (deleted by hand): the row says "?"."""
+    try:
+        return client.get_run(run_id).data if run_id else None
+    except MlflowException:
+        return None
 
 
 def registered_model_description(task: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from federated.schema import (
     CHAMPION_ALIAS,
@@ -77,7 +78,7 @@ def publish_views(client: MlflowClient | None = None) -> list[tuple[str, str, st
         try:
             champion = str(client.get_model_version_by_alias(registered_model_name(experiment.name),
                                                              CHAMPION_ALIAS).version)
-        except Exception:  # no registered model or no alias yet (MlflowException)
+        except MlflowException:  # no registered model or no alias yet
             champion = None
         found.append((experiment.name, experiment.experiment_id, champion))
     return sorted(found)
