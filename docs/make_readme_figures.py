@@ -40,6 +40,7 @@ def champion_roc(task: str, out: Path) -> None:
 
 def mlflow_screenshots(task: str, trainings: Path, champion: Path) -> None:
     from selenium import webdriver
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -55,9 +56,13 @@ def mlflow_screenshots(task: str, trainings: Path, champion: Path) -> None:
         driver = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
         try:
             for link, out, ready in ((links.trainings, trainings, "[role=row][row-index] [col-id]"),
-                                     (links.champion, champion, "[aria-label=Close]")):
+                                     (links.champion, champion, "[data-testid=markdown-view], .markdown-view, p")):
                 driver.get(link)
-                WebDriverWait(driver, 120).until(lambda d, css=ready: d.find_elements(By.CSS_SELECTOR, css))
+                try:
+                    WebDriverWait(driver, 180).until(lambda d, css=ready: d.find_elements(By.CSS_SELECTOR, css))
+                except TimeoutException:
+                    driver.save_screenshot(str(out))
+                    raise SystemExit(f"{link} showed no {ready} in 180 s: what it showed is in {out}") from None
                 time.sleep(3)  # the table's last cells, the description's markdown
                 for close in driver.find_elements(By.CSS_SELECTOR, "[aria-label=Close]"):  # MLflow's assistant panel
                     if close.is_displayed():

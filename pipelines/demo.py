@@ -170,7 +170,7 @@ def score_new_studies(task_name: str) -> str:
             f"histograms; all columns in {out.relative_to(PROJECT_DIR)}.\n\n" + markdown_table(shown))
 
 
-@flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
+@flow(name="demo", flow_run_name="demo scale {scale}", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
 def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str | list[dict]]:
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
     returns ``{"tables": Markdown, "profile": rows}``, the comparison tables and where the time went

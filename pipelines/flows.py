@@ -49,14 +49,14 @@ def _transient(task, task_run, state) -> bool:
 
 
 # --- onboarding ---------------------------------------------------------------------------------------
-@task(name="validate-site", cache_policy=NO_CACHE)
+@task(name="validate-site", task_run_name=run_names.site_step("validate"), cache_policy=NO_CACHE)
 def validate(site_yaml: str) -> None:
     problems = validate_site(site_yaml)
     if problems:
         raise SiteConfigError(problems)
 
 
-@task(name="labels-report", cache_policy=NO_CACHE)
+@task(name="labels-report", task_run_name=run_names.site_step("labels-report"), cache_policy=NO_CACHE)
 def labels_only_report(site_yaml: str) -> dict:
     config = load_site(site_yaml)
     report = label_report(scan_site(config), config.task)

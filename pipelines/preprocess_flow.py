@@ -39,7 +39,7 @@ def artifact_key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-@task(name="scan", task_run_name=run_names.site_scan, cache_policy=NO_CACHE)
+@task(name="scan", task_run_name=run_names.site_step("scan"), cache_policy=NO_CACHE)
 def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
     config = load_site(site_yaml)
     return config, scan_site(config)

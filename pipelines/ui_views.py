@@ -93,7 +93,7 @@ def task_links(mlflow_url: str, prefect_url: str, client: MlflowClient | None = 
             f"{mlflow_url}/#/models/{quote(registered_model_name(task))}/versions/{champion}?"
             + urlencode(TRAINING_WORKFLOW))
         links.append(TaskLinks(task, f"{mlflow_url}/#/experiments/{experiment_id}/runs?{query}", version_page,
-                               f"{prefect_url}/runs?{urlencode({'flow-run-search': task})}"))
+                               f"{prefect_url}/runs?{urlencode({'flow-run-search': task, 'task-run-search': task})}"))
     return links
 
 

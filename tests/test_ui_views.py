@@ -45,7 +45,8 @@ def test_links_name_the_shared_view_the_champion_and_the_task(tmp_path, monkeypa
     (links,) = ui_views.task_links("http://m", "http://p", client)
     assert links.trainings == (f"http://m/#/experiments/{experiment}/runs?viewStateShareKey=fedauc-trainings"
                                "&workflowType=machine_learning")
-    assert links.champion is None and links.flow_runs == "http://p/runs?flow-run-search=chest-xray"
+    assert links.champion is None and links.flow_runs == ("http://p/runs?flow-run-search=chest-xray"
+                                                             "&task-run-search=chest-xray")
     stored = client.get_experiment(experiment).tags["mlflow.sharedViewState.fedauc-trainings"]
     assert json.loads(stored) == ui_views.trainings_view_state()
     client.create_registered_model("fedauc-chest-xray")
