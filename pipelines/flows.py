@@ -65,7 +65,7 @@ def labels_only_report(site_yaml: str) -> dict:
     return report
 
 
-@flow(name="onboard_site", flow_run_name="onboard {site}")
+@flow(name="onboard_site", flow_run_name=run_names.site_step("onboard", "site"))
 def onboard_site(site: str) -> dict:
     """The gate before a site joins: its YAML and data root validate, and its labels are worth reading.
     ``site``: its name, resolved at the site (``pipelines.site_params``)."""

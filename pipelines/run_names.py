@@ -51,7 +51,7 @@ def federation_data() -> str:
     return f"data {_task(parameters['federation_yaml'])}"
 
 
-def site_step(step: str):
-    """The namer of a task over one site's YAML: "<step> <site>" (the YAML's stem, the site's name in fedauc's
-    layouts)."""
-    return lambda: f"{step} {Path(_parameters()['site_yaml']).stem}"
+def site_step(step: str, parameter: str = "site_yaml"):
+    """The namer of a run over one site's YAML (or name): "<step> <site>" (the YAML's stem, the site's name in
+    fedauc's layouts; never its folder, which stays at the site)."""
+    return lambda: f"{step} {Path(_parameters()[parameter]).stem}"
