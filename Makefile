@@ -14,16 +14,20 @@ export MPLBACKEND := Agg
 # The PACS tests' real Orthanc (with DICOMweb), dciodvfy and dcmtk (the radiographs re-encoded in each transfer
 # syntax), from Debian, where this runs as root and lacks them; elsewhere those tests skip and say why.
 SYSTEM_PACKAGES := orthanc orthanc-dicomweb dicom3tools dcmtk
+# Chromium and its driver for tests/test_ui_browser.py (fedauc ui's links in a real browser; nothing downloaded
+# at test time).
+SYSTEM_PACKAGES += chromium chromium-driver
 
 setup: $(VENV)/.installed system-packages
 
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	    ! { command -v Orthanc && command -v dciodvfy && command -v dcmcjpls && \
+	        command -v chromium && command -v chromedriver && \
 	        test -f /usr/share/orthanc/plugins/libOrthancDicomWeb.so; } >/dev/null; then \
 		(apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES) || \
 		 { apt-get update -q && apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); }) >/dev/null \
-		|| echo "could not install $(SYSTEM_PACKAGES): the PACS tests will skip"; \
+		|| echo "could not install $(SYSTEM_PACKAGES): the PACS and browser tests will skip"; \
 	fi
 
 $(VENV)/.installed: pyproject.toml

@@ -1,7 +1,8 @@
 """Regenerate the README's figures from the MLflow store a `make demo` left behind.
 
-- docs/mlflow_runs.png: the chest-xray experiment in the MLflow UI, captured by headless Chromium
-  (`apt-get install chromium`), the page a user opens with `fedauc ui`;
+- docs/mlflow_trainings.png and docs/mlflow_champion.png: the first two links `fedauc ui` prints for chest-xray (its
+  trainings, best pooled test AUC first; its champion's version page), in Debian's headless Chromium driven by
+  selenium (`make setup` installs chromium and chromium-driver);
 - docs/roc_chest.png: the pooled test ROC curves of the chest-xray champion, as logged to its run.
 
 Run: `.venv/bin/python docs/make_readme_figures.py` after `make demo`.
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import mlflow
@@ -21,7 +23,8 @@ from mlflow import MlflowClient
 
 from federated import schema
 from pipelines import tracking
-from pipelines.servers import mlflow_runs_url, ui_commands, wait_for
+from pipelines.servers import ui_commands, wait_for
+from pipelines.ui_views import task_links
 
 DOCS = Path(__file__).resolve().parent
 PORT = 5077
@@ -35,20 +38,39 @@ def champion_roc(task: str, out: Path) -> None:
     shutil.copyfile(local, out)
 
 
-def mlflow_screenshot(experiment: str, out: Path) -> None:
+def mlflow_screenshots(task: str, trainings: Path, champion: Path) -> None:
+    from selenium import webdriver
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
     command, url = ui_commands(PORT, PORT + 1)["MLflow"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,800", "--hide-scrollbars"):
+        options.add_argument(argument)
     try:
         wait_for(url, server)
-        experiment_id = MlflowClient().get_experiment_by_name(experiment).experiment_id
-        with tempfile.TemporaryDirectory() as profile:
-            subprocess.run(
-                ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=1800,850",
-                 "--virtual-time-budget=20000", f"--screenshot={out}", mlflow_runs_url(url, experiment_id)],
-                check=True, capture_output=True, timeout=180,
-            )
+        (links,) = [link for link in task_links(url, "http://127.0.0.1:4200") if link.task == task]
+        driver = webdriver.Chrome(service=webdriver.ChromeService(shutil.which("chromedriver")), options=options)
+        try:
+            for link, out, ready in ((links.trainings, trainings, "[role=row][row-index] [col-id]"),
+                                     (links.champion, champion, "[data-testid=markdown-view], .markdown-view, p")):
+                driver.get(link)
+                try:
+                    WebDriverWait(driver, 180).until(lambda d, css=ready: d.find_elements(By.CSS_SELECTOR, css))
+                except TimeoutException:
+                    driver.save_screenshot(str(out))
+                    raise SystemExit(f"{link} showed no {ready} in 180 s: what it showed is in {out}") from None
+                time.sleep(3)  # the table's last cells, the description's markdown
+                for close in driver.find_elements(By.CSS_SELECTOR, "[aria-label=Close]"):  # MLflow's assistant panel
+                    if close.is_displayed():
+                        close.click()
+                time.sleep(1)
+                driver.save_screenshot(str(out))
+        finally:
+            driver.quit()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
@@ -57,5 +79,5 @@ def mlflow_screenshot(experiment: str, out: Path) -> None:
 if __name__ == "__main__":
     tracking.configure()
     champion_roc("chest-xray", DOCS / "roc_chest.png")
-    mlflow_screenshot("chest-xray", DOCS / "mlflow_runs.png")
-    print(f"wrote {DOCS / 'roc_chest.png'} and {DOCS / 'mlflow_runs.png'}")
+    mlflow_screenshots("chest-xray", DOCS / "mlflow_trainings.png", DOCS / "mlflow_champion.png")
+    print(f"wrote {DOCS / 'roc_chest.png'}, {DOCS / 'mlflow_trainings.png'} and {DOCS / 'mlflow_champion.png'}")

@@ -48,6 +48,8 @@ TIMING_METRICS = ("round_seconds", "slowest_site_held_up_seconds", "compute_seco
 POOLED, MACRO_OVER_SITES, SITE = "pooled", "macro_over_sites", "site"
 SELECTION_METRIC = "valid/pooled/auc_macro"  # what the champion is chosen by
 HEADLINE_METRIC = "test/pooled/auc_macro"  # what a training's summary leads with
+# The bounds of its 95 % interval (federated/evaluation.py pooled_auc_intervals), as a run's metrics.
+HEADLINE_INTERVAL = ("test/pooled/auc_ci95_low_macro", "test/pooled/auc_ci95_high_macro")
 
 
 @dataclass(frozen=True)

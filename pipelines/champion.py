@@ -32,7 +32,7 @@ from federated.launch import Launcher, Trained
 from federated.schema import COLLAPSED_TAG, SELECTION_METRIC
 from federated.scoring import ModelToScore
 from federated.version import code_version
-from pipelines import evaluations, registry
+from pipelines import descriptions, evaluations, registry
 from pipelines.model_package import thresholds
 from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
@@ -93,8 +93,11 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
             mlflow.set_tags({"champion_check.version": champion, "champion_check.skipped": (
                 "a DP training's sites release no exact evaluation of the champion and it has no "
                 "--eval-noise-multiplier: the champion keeps the alias")})
-    return registry.register_model(model, federation.task, synthetic_input_example(input_shape), own_score,
-                                   collapsed, evaluation, contract)
+    version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
+                                                own_score, collapsed, evaluation, contract)
+    descriptions.describe_version(federation.task, version, contract, config.algorithm, own_score)
+    descriptions.describe_registered_model(federation.task)  # the alias may have moved
+    return version, promoted
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:

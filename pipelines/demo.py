@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from pipelines import compare, flows, tracking
+from pipelines import compare, flows, run_names, tracking
 from pipelines.schedule import Job, Stopwatch, run_schedule
 from pipelines.site_params import name_here
 from pipelines.tables import fold_intervals, markdown_table
@@ -94,7 +94,7 @@ def ensure_generated(federation_yaml: Path, scale: float, seed: int) -> bool:
     return True
 
 
-@task(name="demo-data", cache_policy=NO_CACHE)
+@task(name="demo-data", task_run_name=run_names.federation_data, cache_policy=NO_CACHE)
 def prepare_data(federation_yaml: str, shards: str, scale: float, seed: int) -> list[dict]:
     """Generate, onboard and preprocess one federation (beside the other federation's data and the first
     trainings); returns its stages' profile rows."""
@@ -170,7 +170,7 @@ def score_new_studies(task_name: str) -> str:
             f"histograms; all columns in {out.relative_to(PROJECT_DIR)}.\n\n" + markdown_table(shown))
 
 
-@flow(name="demo", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
+@flow(name="demo", flow_run_name="demo scale {scale}", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
 def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[str, str | list[dict]]:
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
     returns ``{"tables": Markdown, "profile": rows}``, the comparison tables and where the time went
@@ -202,7 +202,7 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
             if job.training is None:
                 watch.rows.extend(result)
             else:
-                flows.training_artifact(result)
+                flows.training_artifact(result, load_federation(job.training[1]).task)
                 watch.add(job.name, started[job], time.time() - started[job])
             print(f"{job.name}: {time.time() - started[job]:.0f} s", flush=True)
 

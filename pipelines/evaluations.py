@@ -36,7 +36,7 @@ from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
 from federated.schema import MetricKey
 from federated.scoring import ModelToScore
-from pipelines import plots, registry, tracking
+from pipelines import descriptions, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
@@ -117,7 +117,11 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
     tags = {schema.ROLE_TAG: schema.EVALUATION_ROLE, schema.PURPOSE_TAG: purpose,
             schema.MODEL_URI_TAG: f"models:/{name}/{scored.version}", schema.MODEL_VERSION_TAG: scored.version,
             schema.FEDERATION_TAG: federation.name,
-            "champion_at_evaluation": str(scored.version == champion).lower(), **tracking.owner_tags()}
+            "champion_at_evaluation": str(scored.version == champion).lower(), **tracking.owner_tags(),
+            # Beside the trainings in the runs table, it must not read like one (the trainings view filters it out).
+            schema.DESCRIPTION_TAG: f"**Evaluation, not a training**: registered version {scored.version} of `{name}` "
+                                    f"({purpose}) scored on federation {federation.name}; pooled test macro AUC "
+                                    f"{descriptions.headline(metrics)} (95 % interval)."}
     run_id = client.create_run(experiment, run_name=f"{purpose}-v{scored.version}", tags=tags).info.run_id
     status = "FAILED"
     try:

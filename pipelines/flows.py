@@ -16,17 +16,19 @@ import os
 from pathlib import Path
 
 import pandas as pd
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 
 from federated import launch
 from federated.backends import SiteFailure
+from federated.schema import HEADLINE_METRIC, SELECTION_METRIC
 from federated.sites import site_shard_dirs
-from pipelines import evaluations, retention, runs, tracking
+from pipelines import evaluations, retention, run_names, runs, tracking
 from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, preprocess
+from pipelines.run_names import FLOW_RUN_PLACEHOLDER
 from pipelines.site_params import site_yaml
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.errors import FedaucError
@@ -47,14 +49,14 @@ def _transient(task, task_run, state) -> bool:
 
 
 # --- onboarding ---------------------------------------------------------------------------------------
-@task(name="validate-site", cache_policy=NO_CACHE)
+@task(name="validate-site", task_run_name=run_names.site_step("validate"), cache_policy=NO_CACHE)
 def validate(site_yaml: str) -> None:
     problems = validate_site(site_yaml)
     if problems:
         raise SiteConfigError(problems)
 
 
-@task(name="labels-report", cache_policy=NO_CACHE)
+@task(name="labels-report", task_run_name=run_names.site_step("labels-report"), cache_policy=NO_CACHE)
 def labels_only_report(site_yaml: str) -> dict:
     config = load_site(site_yaml)
     report = label_report(scan_site(config), config.task)
@@ -63,7 +65,7 @@ def labels_only_report(site_yaml: str) -> dict:
     return report
 
 
-@flow(name="onboard_site")
+@flow(name="onboard_site", flow_run_name=run_names.site_step("onboard", "site"))
 def onboard_site(site: str) -> dict:
     """The gate before a site joins: its YAML and data root validate, and its labels are worth reading.
     ``site``: its name, resolved at the site (``pipelines.site_params``)."""
@@ -78,7 +80,7 @@ def onboard_site(site: str) -> dict:
 
 
 # --- preprocessing ------------------------------------------------------------------------------------
-@flow(name="preprocess_federation")
+@flow(name="preprocess_federation", flow_run_name=run_names.federation_data)
 def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, dispatch: str = "local") -> list[dict]:
     """Every site of a federation, each where its data lives.
 
@@ -117,34 +119,42 @@ def _training_cache_key(context, parameters) -> str | None:
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-@task(name="train", retries=1, retry_delay_seconds=5, retry_condition_fn=_transient,
-      cache_key_fn=_training_cache_key, persist_result=True)
+@task(name="train", task_run_name=run_names.training, retries=1, retry_delay_seconds=5,
+      retry_condition_fn=_transient, cache_key_fn=_training_cache_key, persist_result=True)
 def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                launcher: dict | None = None) -> dict:
     federation = load_federation(federation_yaml)
+    logger = get_run_logger()
+    logger.info("training %s on federation %s (%d sites), %s rounds", config.get("algorithm"), federation.name,
+                len(federation.sites), config.get("rounds"))
     result = runs.train_tracked(federation, Path(shards_root), config, run_name, launch.launcher(launcher))
-    return runs.training_summary(result)
+    summary = runs.training_summary(result)
+    logger.info("%s: %s = %.4f, %s = %.4f; model version %s %s (MLflow run %s, %.0f s)", summary["run_name"],
+                HEADLINE_METRIC, summary[HEADLINE_METRIC], SELECTION_METRIC, summary[SELECTION_METRIC],
+                summary["model_version"], "is the champion" if summary["promoted"] else "is not the champion",
+                summary["run_id"], summary["seconds"])
+    return summary
 
 
-@flow(name="train_federated")
+@flow(name="train_federated", flow_run_name=run_names.training)
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                     launcher: dict | None = None) -> dict:
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites), where
     ``launcher`` says (its JSON form, federated/launch.py: default in this process; e.g.
     ``{"kind": "flare", "env": "prod", "workspace": folder, "kit": admin kit}`` for a running consortium).
-    ``{flow_run}`` in ``run_name`` becomes this flow run's name: a scheduled deployment's runs are named apart."""
-    if run_name is not None and "{flow_run}" in run_name:
-        from prefect.runtime import flow_run
-
-        run_name = run_name.replace("{flow_run}", flow_run.name)
+    ``{flow_run}`` in ``run_name`` becomes this flow run's short id, which its name also carries
+    (``run_names.training``): a scheduled deployment's runs are named apart, in Prefect and MLflow alike."""
+    if run_name is not None and FLOW_RUN_PLACEHOLDER in run_name:
+        run_name = run_names.with_flow_run(run_name)
     summary = train_task(federation_yaml, shards_root, config, run_name, launcher)
-    training_artifact(summary)
+    training_artifact(summary, load_federation(federation_yaml).task)
     return summary
 
 
-def training_artifact(summary: dict) -> None:
-    """A training's headline as a Prefect artifact of the flow run that trained it."""
-    create_markdown_artifact(key=f"train-{artifact_key(summary['run_name'])}",
+def training_artifact(summary: dict, task: str) -> None:
+    """A training's headline as a Prefect artifact of the flow run that trained it, keyed by task and run (one
+    key holds one task's history: chest X-ray and melanoma never share one)."""
+    create_markdown_artifact(key=f"train-{artifact_key(task)}-{artifact_key(summary['run_name'])}",
                              markdown=runs.training_markdown(summary), description="federated training")
 
 
@@ -158,7 +168,8 @@ def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
 
 
 # --- evaluation and comparison ------------------------------------------------------------------------
-@task(name="evaluate-models", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=_transient)
+@task(name="evaluate-models", task_run_name=run_names.evaluation, cache_policy=NO_CACHE, retries=1,
+      retry_delay_seconds=5, retry_condition_fn=_transient)
 def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions: list[str] | None,
                   launcher: dict | None, eval_noise_multiplier: float | None = None) -> list[dict]:
     return evaluations.evaluate_registered(load_federation(federation_yaml),
@@ -166,7 +177,7 @@ def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions:
                                            launch.launcher(launcher), eval_noise_multiplier)
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", flow_run_name=run_names.evaluation)
 def evaluate(federation_yaml: str, shards_root: str | None = None, model_versions: list[str] | None = None,
              launcher: dict | None = None, eval_noise_multiplier: float | None = None) -> list[dict]:
     """Registered models (default: the task's champion) on every site's valid and test splits and pooled, in one
@@ -174,15 +185,18 @@ def evaluate(federation_yaml: str, shards_root: str | None = None, model_version
     the sites; ``prod``: ``shards_root`` None, nothing read here); with ``eval_noise_multiplier`` every site
     releases noised histograms only, charged to its privacy ledger (docs/privacy.md section 5)."""
     results = evaluate_task(federation_yaml, shards_root, model_versions, launcher, eval_noise_multiplier)
+    task_key = artifact_key(load_federation(federation_yaml).task)
+    for row in evaluations.comparison_rows(results):
+        get_run_logger().info("evaluated %s", ", ".join(f"{key}: {value}" for key, value in row.items()))
     for result in results:
-        create_table_artifact(key=f"evaluate-v{result['model_version']}", table=evaluations.metrics_rows(result["metrics"]),
+        create_table_artifact(key=f"evaluate-{task_key}-v{result['model_version']}", table=evaluations.metrics_rows(result["metrics"]),
                               description=f"model v{result['model_version']}: valid and test metrics")
-    create_markdown_artifact(key="evaluate", markdown=markdown_table(pd.DataFrame(evaluations.comparison_rows(results))),
+    create_markdown_artifact(key=f"evaluate-{task_key}", markdown=markdown_table(pd.DataFrame(evaluations.comparison_rows(results))),
                              description="the models compared on the same evaluation")
     return results
 
 
-@flow(name="compare")
+@flow(name="compare", flow_run_name=run_names.comparison)
 def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithms: list[str],
             local_steps: list[int]) -> list[dict]:
     """A sweep over algorithms and communication periods I, then the comparison table of the experiment.
@@ -192,8 +206,9 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
     summaries = [train_task(federation_yaml, shards_root, {**base_config, "algorithm": algorithm, "local_steps": i},
                             f"{algorithm}-I{i}")
                  for algorithm in algorithms for i in local_steps]
-    table = compare_runs(load_federation(federation_yaml).task)
-    create_markdown_artifact(key="compare", markdown=markdown_table(fold_intervals(table)),
+    task_name = load_federation(federation_yaml).task
+    table = compare_runs(task_name)
+    create_markdown_artifact(key=f"compare-{artifact_key(task_name)}", markdown=markdown_table(fold_intervals(table)),
                              description="runs of the experiment, best first")
     return summaries
 

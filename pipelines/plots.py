@@ -9,12 +9,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 # histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
-from models.metrics import histogram_auc, histogram_roc
+from models.metrics import histogram_auc, histogram_auc_interval, histogram_roc
 
 
 def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
     """One ROC curve per disease from score histograms (C, 2, B: positives, negatives; e.g. summed over sites
-    by site-local evaluation), no per-image score needed; the legend gives the histogram AUC and its bound,
+    by site-local evaluation), no per-image score needed; the legend gives the histogram AUC, its 95 % interval and its binning bound,
     undefined diseases are listed with the reason."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for column, disease in enumerate(diseases):
@@ -24,7 +24,11 @@ def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
             ax.plot([], [], " ", label=f"{disease}: undefined ({area.value.reason})")
             continue
         fpr, tpr = histogram_roc(np.asarray(positives, float), np.asarray(negatives, float))
-        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {float(area.value):.3f} (±{area.bound:.1e})")
+        # The 95 % interval (what the AUC could be on other patients); the binning bound (how far the histogram's
+        # AUC can be from the exact one on these) is named as such: a bare ± read as a confidence interval.
+        interval = histogram_auc_interval(positives, negatives)
+        ax.plot(fpr, tpr, lw=1.5, label=f"{disease}: AUC {float(area.value):.3f}, 95 % CI [{interval.low:.3f}, "
+                                        f"{interval.high:.3f}]; binning error <= {area.bound:.0e}")
     ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
     ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")
     ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))

@@ -28,6 +28,11 @@ def prefect_env_defaults() -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         # Task-level INFO lines would interleave with the progress bar; warnings and errors still show.
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # ...but a flow's own progress and results go to the Prefect server's log of its run (the UI's Logs tab),
+        # not to the console: run loggers at INFO, the console handler at WARNING.
+        "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
         # MLflow's INFO chatter ("Creating initial MLflow database tables") and its artifact download bars
         # (empty ones, between fedauc's tables) stay out of fedauc's output; its warnings still show.
         "MLFLOW_LOGGING_LEVEL": "WARNING",

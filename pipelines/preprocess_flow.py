@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from federated.privacy.budget import declared_budget, set_budget
 from federated.privacy.ledger import check_delta
+from pipelines import run_names
 from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
@@ -38,18 +39,18 @@ def artifact_key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-@task(name="scan", cache_policy=NO_CACHE)
+@task(name="scan", task_run_name=run_names.site_step("scan"), cache_policy=NO_CACHE)
 def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
     config = load_site(site_yaml)
     return config, scan_site(config)
 
 
-@task(name="write-shards", cache_policy=NO_CACHE)
+@task(name="write-shards", task_run_name="write-shards {config.name}", cache_policy=NO_CACHE)
 def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: int) -> ShardSummary:
     return shard_site(config, result, Path(out_dir), workers=workers)
 
 
-@task(name="qc-report", cache_policy=NO_CACHE)
+@task(name="qc-report", task_run_name="qc-report {config.name}", cache_policy=NO_CACHE)
 def report(config: SiteConfig, summary: ShardSummary) -> dict:
     qc = build_report(summary.site_dir)
     json_path, md_path = write_report(summary.site_dir, qc)
@@ -99,8 +100,13 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     }
 
 
-@flow(name="preprocess_site")
+@flow(name="preprocess_site", flow_run_name=run_names.site_step("preprocess", "site"))
 def preprocess_site(site: str, shards: str | None = None, workers: int = 2, raise_budget: bool = False) -> dict:
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""
-    return preprocess(site_yaml(site), site_shards(shards), workers, raise_budget)
+    result = preprocess(site_yaml(site), site_shards(shards), workers, raise_budget)
+    # No counts: this log reaches the centre's server, and a small quarantine count could single a patient out.
+    get_run_logger().info("site %s: shards %s (content hash %s), QC report %s", result["site"],
+                          "reused, nothing changed" if result["reused"] else "written", result["content_hash"],
+                          result["report_md"])
+    return result

@@ -46,7 +46,7 @@ from federated.schema import (
 )
 from federated.sites import federation_config
 from federated.version import code_version
-from pipelines import plots, tracking
+from pipelines import descriptions, plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
@@ -84,6 +84,18 @@ def training_params(config: TrainConfig, federation: Federation) -> dict[str, st
 
 def site_params(reports: list[dict]) -> dict[str, str]:
     return {f"shard_hash.{report['site']}": report["shard_hash"] for report in reports}
+
+
+def named_sites(suppressed: dict[str, str], names: list[str]) -> dict[str, str]:
+    """The engine's suppression record with each site named, as every other record names it (the engine's keys
+    carry the site's index)."""
+    out = {}
+    for key, why in suppressed.items():
+        parsed = MetricKey.parse(key)
+        if parsed.scope == SITE and parsed.site.isdigit():
+            key = str(MetricKey(parsed.split, SITE, parsed.metric, names[int(parsed.site)]))
+        out[key] = why
+    return out
 
 
 # What a site sends as NaN under differential privacy (federated/privacy/site.py, federated/timing.py): not logged.
@@ -214,9 +226,10 @@ def train_tracked(
         log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
-        mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
+        mlflow.log_dict(named_sites(result.history[-1].get("suppressed", {}), names), "suppressed_metrics.json")
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
                                                else None, launcher)
+        descriptions.describe_training(parent.info.run_id, version, promoted)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from pipelines import tracking
 from pipelines.prefect_env import PROJECT_ROOT
+from pipelines.ui_views import links_text, task_links
 from preprocessing.errors import ConfigError, FedaucError
 
 DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
-# MLflow 3.17's UI picks an experiment's view (GenAI overview or training runs) from its "workflow type":
-# the workflowType query parameter, else the browser's stored choice, default GenAI. The experiment tag
-# mlflow.experimentKind is not read for this any more, so the link carries the parameter.
-MLFLOW_RUNS_VIEW = "workflowType=machine_learning"
+# The MLflow UI's own server: MLflow's app opening experiments on their training runs (pipelines/mlflow_ui.py), one
+# worker (MLflow's default four took about 2 GB beside Prefect, for one user's browser).
+MLFLOW_UI_APP, MLFLOW_UI_WORKERS = "fedauc", "1"
 # fedauc submits no MLflow server jobs (GenAI evaluation, trace roll-ups); left on, every MLflow server starts
 # seven job-queue processes, leaves their queues in /dev/shm, and took 20 s to stop on PostgreSQL.
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -46,16 +46,11 @@ def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str
     bin_dir = Path(sys.executable).parent
     return {
         "MLflow": ([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", tracking.configure(),
+                    "--app-name", MLFLOW_UI_APP, "--workers", MLFLOW_UI_WORKERS,
                     "--host", "127.0.0.1", "--port", str(mlflow_port)], f"http://127.0.0.1:{mlflow_port}"),
         "Prefect": ([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
                     f"http://127.0.0.1:{prefect_port}"),
     }
-
-
-def mlflow_runs_url(base_url: str, experiment_id: str | None = None) -> str:
-    """The MLflow UI link that opens on training runs (an experiment's, or the experiment list)."""
-    route = f"/experiments/{experiment_id}" if experiment_id else "/experiments"
-    return f"{base_url}/#{route}?{MLFLOW_RUNS_VIEW}"
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -164,8 +159,8 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
             processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name))
-            shown = mlflow_runs_url(url) if name == "MLflow" else url
-            echo(f"{name} UI: {shown}  (log: {log_path})")
+            echo(f"{name} UI: {url}  (log: {log_path})")
+        echo(links_text(task_links(commands["MLflow"][1], commands["Prefect"][1])))
         echo("Ctrl-C stops both.")
         while all(p.poll() is None for p in processes.values()):
             time.sleep(1)

@@ -68,7 +68,8 @@ def experiment_id(name: str) -> str:
         database = Path(uri.removeprefix("sqlite:///"))
         artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
     # Tagged as a model-training experiment for MLflow clients that read the kind; MLflow 3.17's UI picks its
-    # view from ?workflowType= instead, which the link `fedauc ui` prints carries (pipelines/servers.py).
+    # view from ?workflowType= or the browser's stored choice instead, which `fedauc ui`'s server sets
+    # (pipelines/mlflow_ui.py).
     return client.create_experiment(name, artifact_location=artifact_location,
                                     tags={"mlflow.experimentKind": "custom_model_development"})
 

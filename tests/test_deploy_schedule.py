@@ -222,6 +222,10 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(pr
                                        "tags.fedauc_role = 'federated-training'")
     assert run.info.status == "FINISHED" and run.data.params["flare_env"] == "sim"
     assert run.info.run_name.startswith("consortium-melanoma-codasca-") and "{flow_run}" not in run.info.run_name
+    # The Prefect run and the MLflow run name each other: the flow run's short id in both (issue 47).
+    assert run.info.run_name == f"consortium-melanoma-codasca-{str(flow_run.id)[:8]}"
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run.id).name == f"train melanoma {run.info.run_name}"
 
 
 def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -124,6 +125,15 @@ def test_preprocess_command_runs_the_prefect_flow(site_yaml, tmp_path):
     shared = next(a.data for a in artifact if a.key == "qc-riverside")
     assert "input rows = kept + quarantined: holds" in shared and "| decode | missing_file | <10 |" in shared
     assert "not_there.png" in (site_dir / "qc" / "report.md").read_text() and "not_there" not in shared
+    # Runs named by what they did where, the site's folder in none of them; the result in the flow run's log.
+    with get_client(sync_client=True) as client:
+        (flow_run,) = [run for run in client.read_flow_runs() if run.name == "preprocess riverside"]
+        steps = {run.name for run in client.read_task_runs() if run.flow_run_id == flow_run.id}
+        assert steps == {"scan riverside", "write-shards riverside", "qc-report riverside"}
+        deadline = time.monotonic() + 30
+        while not any(log.message.startswith("site riverside: shards written") for log in client.read_logs()):
+            assert time.monotonic() < deadline, "the flow run's result never reached Prefect's log"
+            time.sleep(1)
 
     # A re-run with nothing changed does no work; the shards are left untouched.
     images = site_dir / m1_split / "images.npy"

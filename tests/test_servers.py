@@ -79,21 +79,30 @@ def test_start_server_names_the_log_of_a_server_that_dies(tmp_path):
     assert "bad config" in str(err.value)
 
 
-def test_the_mlflow_link_opens_the_training_runs_view():
-    """MLflow 3.17's UI takes the experiment view from the workflowType query parameter (the experiment tag
-    mlflow.experimentKind no longer decides it); the link fedauc prints carries it."""
+def test_the_mlflow_ui_reads_what_fedauc_sets_to_open_training_runs():
+    """MLflow 3.17's UI takes an experiment's view from ?workflowType= or the browser's stored choice (the
+    experiment tag mlflow.experimentKind no longer decides it), and a runs table's filter, sort and columns from a
+    shared view (?viewStateShareKey= and its experiment tag): fedauc's MLflow server stores the training view
+    (pipelines/mlflow_ui.py) and `fedauc ui`'s links name the shared view (pipelines/ui_views.py). A newer MLflow
+    that reads neither fails here, before a user finds the GenAI overview again."""
     from pathlib import Path
 
     import mlflow
 
-    from pipelines.servers import MLFLOW_RUNS_VIEW, mlflow_runs_url
+    from pipelines.mlflow_ui import WORKFLOW_STORAGE_KEY
+    from pipelines.ui_views import SHARED_VIEW_TAG_PREFIX
 
-    bundles = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
-    reads_parameter = any('get("workflowType")' in path.read_text(errors="replace") and "machine_learning" in
-                          path.read_text(errors="replace") for path in bundles.glob("main.*.js"))
-    assert reads_parameter, "this MLflow UI no longer reads ?workflowType=: find what picks the runs view"
-    assert mlflow_runs_url("http://127.0.0.1:5000", "3") == f"http://127.0.0.1:5000/#/experiments/3?{MLFLOW_RUNS_VIEW}"
-    assert MLFLOW_RUNS_VIEW == "workflowType=machine_learning"
+    bundle = "".join(path.read_text(errors="replace") for path in
+                     (Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js").glob("*.js"))
+    key, version = WORKFLOW_STORAGE_KEY.rsplit("_v", 1)
+    assert f'key:"{key}",version:{version}' in bundle and '"machine_learning"' in bundle
+    assert f'"{SHARED_VIEW_TAG_PREFIX}"' in bundle and '"viewStateShareKey"' in bundle
+
+
+def test_the_mlflow_ui_runs_fedaucs_app_with_one_worker(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'x.db'}")
+    command, _ = ui_commands(5001, 4201)["MLflow"]
+    assert command[command.index("--app-name") + 1] == "fedauc" and command[command.index("--workers") + 1] == "1"
 
 
 def test_start_server_stops_the_server_when_its_probe_fails(tmp_path):

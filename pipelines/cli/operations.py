@@ -36,7 +36,9 @@ def ui(
     mlflow_port: int = typer.Option(5000, "--mlflow-port"),
     prefect_port: int = typer.Option(4200, "--prefect-port"),
 ) -> None:
-    """Start the MLflow UI and the Prefect UI on localhost, print their URLs, stop both on Ctrl-C."""
+    """Start the MLflow UI and the Prefect UI on localhost, print their URLs and, per task, the links that answer
+    which method won and which version is champion (its trainings best first, the champion's version page, its
+    Prefect flow runs); stop both on Ctrl-C."""
     from pipelines.prefect_env import configure_prefect_env
     from pipelines.servers import serve_uis
 
