@@ -161,7 +161,6 @@ def evaluate_registered(federation: Federation, shards_root: Path | None, versio
     if eval_noise_multiplier is not None and eval_noise_multiplier <= 0:
         raise ConfigError(f"the evaluation noise multiplier must be positive, not {eval_noise_multiplier:g}",
                           fix="pass --eval-noise-multiplier S_e with S_e > 0")
-    tracking.configure()
     launcher = launcher or InProcess()
     champion = registry.champion_version(federation.task)
     versions = list(dict.fromkeys(versions)) or ([champion] if champion else [])

@@ -188,7 +188,6 @@ def train_tracked(
     launcher.check_algorithm(config["algorithm"])
     config = federation_config(federation, shards_root, config, read_shards=launcher.reads_shards_here)
     pooled = launcher.pools(config.algorithm)
-    tracking.configure()
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()

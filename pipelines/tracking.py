@@ -38,9 +38,16 @@ def default_tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
     return f"sqlite:///{(Path(project_dir) / 'mlruns.db').resolve()}"
 
 
+def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
+    """Where this process records: MLFLOW_TRACKING_URI, else the project's embedded SQLite store. Read only."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+
+
 def configure(project_dir: Path = PROJECT_DIR) -> str:
-    """Point MLflow at MLFLOW_TRACKING_URI, or at the project's embedded SQLite store; return the URI."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+    """Point this process's MLflow at ``tracking_uri()``; return the URI. Process-wide, so called once at a
+    command's entry only: a CLI command, a flow or a task that runs in a process of its own, a script's main
+    (tests/test_side_effects.py names the modules); everything below reads MLflow's URI as the entry set it."""
+    uri = tracking_uri(project_dir)
     mlflow.set_tracking_uri(uri)
     return uri
 
@@ -49,7 +56,7 @@ def run_outputs_dir(project_dir: Path = PROJECT_DIR) -> Path:
     """Where a training's files other than MLflow's go (``checkpoints/<run>/``): beside the embedded SQLite
     store, so that one folder holds the runs and what resumes them; with an MLflow server, the project folder.
     Never the folder a command runs in (a checkout would show them in ``git status``)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+    uri = tracking_uri(project_dir)
     if uri.startswith("sqlite:///"):
         return Path(uri.removeprefix("sqlite:///")).parent
     return Path(project_dir)

@@ -11,7 +11,6 @@ Nothing is asked of a hospital's machine.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import re
@@ -206,15 +205,13 @@ def _drop_silent_clients(session, deadline: float, silent_s: float, fix: str) ->
 
 @contextlib.contextmanager
 def _quiet():
-    """NVIDIA FLARE's connector errors (its admin connection losing a server that stops on purpose) and its
-    prints stay out of fedauc's output."""
-    loggers = [logging.getLogger(name) for name in ("nvflare", "")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL + 1)
+    """NVIDIA FLARE's connector errors (its admin connection losing a server that stops on purpose) stay out
+    of fedauc's output: its loggers (``nvflare.*``) above CRITICAL meanwhile; every other logger, and this
+    process's stdout, as they are."""
+    nvflare = logging.getLogger("nvflare")
+    level = nvflare.level
+    nvflare.setLevel(logging.CRITICAL + 1)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
+        yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        nvflare.setLevel(level)
