@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param
 from federated import TrainConfig, schema
 from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
-from federated.schema import MetricKey
+from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFACT, MetricKey
 from federated.scoring import ModelToScore
 from pipelines import plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
@@ -128,14 +128,14 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                          params=[Param(k, str(v)) for k, v in params.items()])
         # Why a metric is absent (suppressed at its site) or NaN (undefined), next to the numbers.
-        client.log_dict(run_id, scored.evaluation.suppressed, "suppressed_metrics.json")
+        client.log_dict(run_id, scored.evaluation.suppressed, SUPPRESSED_ARTIFACT)
         client.log_dict(run_id, {key: UNDEFINED[MetricKey.parse(key).scope] for key, value in metrics.items()
                                  if np.isnan(value)},
-                        "undefined_metrics.json")
+                        UNDEFINED_ARTIFACT)
         if histograms is not None and histograms.sum():
             figure = plots.roc_figure(histograms, federation.sites[0].diseases,
                                          f"{federation.name}: model v{scored.version}, pooled test ROC")
-            client.log_figure(run_id, figure, "roc_test_pooled.png")
+            client.log_figure(run_id, figure, ROC_ARTIFACT)
             plt.close(figure)
         status = "FINISHED"
     finally:

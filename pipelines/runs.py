@@ -30,17 +30,24 @@ from mlflow.entities import Metric
 from federated import TrainConfig, get_algorithm
 from federated.launch import InProcess, Launcher
 from federated.schema import (
+    CONFIG_ARTIFACT,
     CONTINUES_TAG,
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    PARENT_RUN_TAG,
     PRIVACY_BUDGET_CHANGE_TAG,
     PRIVACY_METRICS,
     PRIVACY_PREFIX,
+    QC_FOLDER,
+    QC_SUMMARY_JSON,
+    QC_SUMMARY_MD,
+    ROC_ARTIFACT,
     ROLE_TAG,
     SELECTION_METRIC,
     SITE,
     SITE_ROLE,
     SITE_TAG,
+    SUPPRESSED_ARTIFACT,
     TRAINING_ROLE,
     MetricKey,
 )
@@ -153,7 +160,7 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
                           tags={ROLE_TAG: TRAINING_ROLE, FEDERATION_TAG: federation, **owner}) as parent:
         child_ids = [
             client.create_run(experiment, run_name=f"{run_name}/{site}",
-                              tags={"mlflow.parentRunId": parent.info.run_id, ROLE_TAG: SITE_ROLE, SITE_TAG: site,
+                              tags={PARENT_RUN_TAG: parent.info.run_id, ROLE_TAG: SITE_ROLE, SITE_TAG: site,
                                     **owner}).info.run_id
             for site in sites
         ]
@@ -203,7 +210,7 @@ def train_tracked(
         if continued:
             mlflow.set_tag(CONTINUES_TAG, ",".join(continued))
         mlflow.log_params(params)
-        mlflow.log_dict(json.loads(recorded.model_dump_json()), "config.json")
+        mlflow.log_dict(json.loads(recorded.model_dump_json()), CONFIG_ARTIFACT)
         # A pooled training (centralized: one site holding every site's data) has no per-site rounds: its
         # one site's records go to the parent only.
         logger = RoundLogger(client, parent.info.run_id, [] if pooled else child_ids)
@@ -213,7 +220,7 @@ def train_tracked(
         log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
-        mlflow.log_dict(result.history[-1].get("suppressed", {}), "suppressed_metrics.json")
+        mlflow.log_dict(result.history[-1].get("suppressed", {}), SUPPRESSED_ARTIFACT)
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
                                                else None, launcher)
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
@@ -225,9 +232,9 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
     on the parent: the pooled test ROC curves, drawn from the histograms the sites' last evaluation summed."""
     for report, run_id in zip(reports, child_ids):
         summary = report["qc"]
-        for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{report['site']}")):
-            client.log_dict(target, summary, f"{folder}/summary.json")
-            client.log_text(target, render_central_markdown(summary), f"{folder}/summary.md")
+        for target, folder in ((run_id, QC_FOLDER), (mlflow.active_run().info.run_id, f"{QC_FOLDER}/{report['site']}")):
+            client.log_dict(target, summary, f"{folder}/{QC_SUMMARY_JSON}")
+            client.log_text(target, render_central_markdown(summary), f"{folder}/{QC_SUMMARY_MD}")
             if report["qc_grid"] is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     grid = Path(tmp) / SAMPLE_GRID_FILE
@@ -236,7 +243,7 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
     if test_histograms is not None and test_histograms.sum():
         figure = plots.roc_figure(test_histograms, federation.sites[0].diseases,
                                      f"{federation.name}: pooled test ROC")
-        mlflow.log_figure(figure, "roc_test_pooled.png")
+        mlflow.log_figure(figure, ROC_ARTIFACT)
         plt.close(figure)
 
 

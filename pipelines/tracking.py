@@ -24,8 +24,10 @@ from mlflow.entities import RunStatus
 from federated.schema import (
     DESCRIPTION_TAG,
     END_REASON_TAG,
+    EXPERIMENT_KIND_TAG,
     FAILED_SITE_TAG,
     FAILURE_TAG,
+    MODEL_TRAINING_KIND,
     OWNER_HOST_TAG,
     OWNER_PID_TAG,
     OWNER_STARTED_TAG,
@@ -77,7 +79,7 @@ def experiment_id(name: str) -> str:
     # Tagged as a model-training experiment for MLflow clients that read the kind; MLflow 3.17's UI picks its
     # view from ?workflowType= instead, which the link `fedauc ui` prints carries (pipelines/servers.py).
     return client.create_experiment(name, artifact_location=artifact_location,
-                                    tags={"mlflow.experimentKind": "custom_model_development"})
+                                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
 
 def owner_tags() -> dict[str, str]:

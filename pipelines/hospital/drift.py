@@ -44,7 +44,13 @@ import numpy as np
 from mlflow import MlflowClient
 
 from federated.flare.lockdown import write_owner_only
-from federated.schema import ROLE_TAG, SCORING_ROLE
+from federated.schema import (
+    DRIFT_WARNING_TAG,
+    ROLE_TAG,
+    SCORING_AGGREGATES_ARTIFACT,
+    SCORING_ROLE,
+    drift_figure_name,
+)
 from preprocessing.sites import SharingPolicy
 
 BINS = 5
@@ -196,12 +202,12 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
                             f"v{version}'s scores of {day} and the site's validation scores")
     with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site} {day}", tags=tags):
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        mlflow.log_dict(summary, "scoring_aggregates.json")
+        mlflow.log_dict(summary, SCORING_AGGREGATES_ARTIFACT)
         if warnings:
-            mlflow.set_tag("drift_warning", " | ".join(warnings)[:5000])
+            mlflow.set_tag(DRIFT_WARNING_TAG, " | ".join(warnings)[:5000])
         figure = drift_figure(task, site)
         if figure is not None:
-            mlflow.log_figure(figure, f"drift_{site}.png")
+            mlflow.log_figure(figure, drift_figure_name(site))
             plt.close(figure)
     return warnings
 
