@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import mlflow
-import psutil
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
@@ -32,6 +31,7 @@ from federated.schema import (
     OWNER_PID_TAG,
     OWNER_STARTED_TAG,
 )
+from preprocessing.lifetime import start_time
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -84,9 +84,8 @@ def experiment_id(name: str) -> str:
 
 def owner_tags() -> dict[str, str]:
     """Tags naming this process as the owner of a run it starts."""
-    process = psutil.Process()
-    return {OWNER_HOST_TAG: socket.gethostname(), OWNER_PID_TAG: str(process.pid),
-            OWNER_STARTED_TAG: repr(process.create_time())}
+    return {OWNER_HOST_TAG: socket.gethostname(), OWNER_PID_TAG: str(os.getpid()),
+            OWNER_STARTED_TAG: repr(start_time(os.getpid()))}
 
 
 def _owner_gone(tags: dict[str, str]) -> bool:
@@ -94,9 +93,8 @@ def _owner_gone(tags: dict[str, str]) -> bool:
     belongs to a process started later). A run owned elsewhere, or without owner tags, is not judged."""
     if tags.get(OWNER_HOST_TAG) != socket.gethostname() or OWNER_PID_TAG not in tags:
         return False
-    try:
-        started = psutil.Process(int(tags[OWNER_PID_TAG])).create_time()
-    except psutil.NoSuchProcess:
+    started = start_time(int(tags[OWNER_PID_TAG]))
+    if started is None:
         return True
     return abs(started - float(tags[OWNER_STARTED_TAG])) > 1e-3
 
