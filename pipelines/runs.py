@@ -57,7 +57,8 @@ from pipelines import plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
-from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed, suppressed_label_counts
+from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed_label_counts
+from preprocessing.small_counts import released
 
 
 @dataclass
@@ -286,7 +287,7 @@ def label_report_markdown(report: dict, min_count: int = 10) -> str:
     rows = [{"split": split, "disease": disease,
              **suppressed_label_counts(counts["positives"], counts["negatives"], min_count)}
             for split, part in report["splits"].items() for disease, counts in part["labels"].items()]
-    reasons = {reason: suppressed(count, min_count) for reason, count in report["quarantine_by_reason"].items()}
+    reasons = {reason: released(count, min_count) for reason, count in report["quarantine_by_reason"].items()}
     head = (f"input rows = kept + quarantined: {'balanced' if report['balanced'] else 'NOT balanced'}; quarantined "
             f"rows by reason: {reasons or 'none'} (counts below {min_count} shown as \"<{min_count}\")\n\n")
     return head + markdown_table(pd.DataFrame(rows))
