@@ -32,6 +32,7 @@ from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import check_flare_algorithm, check_flare_env
 from federated.flare.centre.feed import LiveFeed, admin_reader, local_reader, progress_printer
+from federated.flare.centre.session import quiet_session
 from federated.flare.installed import SERVER_MODULE, SITE_MODULE, InstalledRecipe, allow_components
 from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.spec import FlareJob
@@ -191,6 +192,9 @@ def _logged_sessions(exec_env, log: Path):
             out.write(line + "\n")
 
     class LoggedSessions(SessionManager):
+        def _get_session(self):
+            return quiet_session(exec_env.username, exec_env.startup_kit_location, exec_env.login_timeout, note)
+
         def submit_job(self, job) -> str:
             with tempfile.TemporaryDirectory() as exported:
                 job.export_job(exported)
@@ -223,8 +227,7 @@ def _logged_sessions(exec_env, log: Path):
             finally:
                 session.close()
 
-    return LoggedSessions({"username": exec_env.username, "startup_kit_location": exec_env.startup_kit_location,
-                           "timeout": exec_env.login_timeout, "study": exec_env.study})
+    return LoggedSessions({})
 
 
 def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = (),
