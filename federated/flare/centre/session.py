@@ -14,11 +14,19 @@ def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callab
     ``new_secure_session`` raises them)."""
     from nvflare.fuel.flare_api.flare_api import Session
 
-    session = Session(username=username, startup_path=str(kit), secure_mode=True)
-    session.api._print_hci = note or (lambda line: None)  # the one place the admin client prints
+    session = _quieted(Session(username=username, startup_path=str(kit), secure_mode=True), note)
     try:
         session.try_connect(timeout_s)
     except BaseException:
         session.close()
         raise
+    return session
+
+
+def _quieted(session, note: Callable[[str], None] | None):
+    """``session`` with its admin client's prints (its one way out: ``_print_hci``) sent to ``note``, and so each
+    session it opens itself (``shutdown`` polls the stopping server with sessions of their own)."""
+    session.api._print_hci = note or (lambda line: None)
+    opens = session._new_poll_session
+    session._new_poll_session = lambda: _quieted(opens(), note)
     return session
