@@ -127,8 +127,6 @@ class DistributedTransport:
             site = int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
-            # Without it an NCCL collective whose peer died blocks forever instead of timing out.
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             dist.init_process_group(backend=backend, timeout=dt.timedelta(seconds=timeout_s))
         self.timeout_s = timeout_s
         self.device = device

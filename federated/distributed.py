@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", help="the site this process trains, by name (needed across machines; "
                                        "default: the site of the local rank)")
     args = parser.parse_args(argv)
+    # Without it an NCCL collective whose peer died blocks forever instead of timing out; read by the process
+    # group this process starts (DistributedTransport), so set here, at the process's entry.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
         raw = json.loads(args.config.read_text())
     except (OSError, json.JSONDecodeError) as err:

@@ -9,7 +9,8 @@ Per split, in three separate steps (the NVIDIA FLARE transport runs the same two
    McClish and raw, two-way pAUC at TPR >= 0.5, FPR <= 0.5); and ``histograms`` (C, 2, B): the counts
    of its positives' and negatives' scores in B equal-width bins of [0, 1] (``TrainConfig.eval_bins``).
    Small-count suppression happens here: for a disease with fewer than ``min_count`` positives or
-   negatives the site's metrics are NaN and flagged, and each count below ``min_count`` is sent as -1.
+   negatives the site's metrics are NaN and flagged, and each count below ``min_count`` is sent as
+   ``preprocessing.small_counts.ON_WIRE`` (the one small-count rule; a float array cannot carry ``"<10"``).
 2. The transport exchanges them: ``report`` gathered (K rows; 8 (3 + M) C bytes per site), ``histograms``
    summed over sites (8 * 2 * B * C bytes per site). Both are counted in the round's bytes.
 3. ``combine(reports, histograms, ...)`` anywhere: the flat float metrics and the suppression record.
@@ -24,8 +25,8 @@ pooled value|``, models.metrics.histogram_auc and friends), ``pooled/auc_ci95_lo
 ``macro_over_sites/<metric>_macro`` (mean over the sites whose value is reported). NaN = undefined.
 A suppressed site metric or count is absent from the float dict; the suppression record (a flat
 ``{key: str}`` with the same key shape) says ``"suppressed: fewer than 10 positives"`` (or negatives)
-for each absent metric and ``"<10"`` for each absent count. The pooled figures still use the
-suppressed site's histogram; macro over sites leaves a suppressed site out.
+for each absent metric and ``"<10"`` for each absent count (``preprocessing.small_counts``: the one encoding).
+The pooled figures still use the suppressed site's histogram; macro over sites leaves a suppressed site out.
 
 With the default B = 1000 the pooled AUC is within ``pooled/auc_bound/<disease>`` of the exact pooled
 AUC: half the fraction of positive-negative pairs whose scores share a bin of width 0.001.
@@ -53,6 +54,7 @@ from models.metrics import (
     metric_names,
     score_histograms,
 )
+from preprocessing.small_counts import from_wire, is_small, is_suppressed, to_wire
 
 BETAS = (0.3, 0.5)
 TWO_WAY = ((0.5, 0.5),)
@@ -122,8 +124,8 @@ def site_summary(labels: np.ndarray, scores: np.ndarray, bins: int, min_count: i
     for c in range(C):
         histograms[c, 0], histograms[c, 1] = score_histograms(labels[:, c], scores[:, c], bins)
         counts = histograms[c].sum(axis=1)
-        suppressed = bool((counts < min_count).any())
-        report[c, _N_POS : _N_NEG + 1] = np.where(counts < min_count, -1.0, counts)
+        suppressed = bool(is_small(counts, min_count).any())
+        report[c, _N_POS : _N_NEG + 1] = to_wire(counts, min_count)
         report[c, _SUPPRESSED] = float(suppressed)
         if not suppressed:
             report[c, _FIRST_METRIC:] = [float(exact[f"{m}/{c}"]) for m in METRICS]
@@ -183,7 +185,8 @@ def combine(reports: np.ndarray, histograms: np.ndarray, site_ids: list[int], di
             for c, disease in enumerate(diseases):
                 key = f"{m}/{disease}"
                 if report[c, _SUPPRESSED]:
-                    few = [name for name, i in (("positives", _N_POS), ("negatives", _N_NEG)) if report[c, i] < 0]
+                    few = [name for name, i in (("positives", _N_POS), ("negatives", _N_NEG))
+                           if is_suppressed(from_wire(report[c, i], min_count))]
                     suppressed[f"site/{k}/{key}"] = f"suppressed: fewer than {min_count} {' and '.join(few)}"
                     continue
                 value = float(report[c, _FIRST_METRIC + m_i])
@@ -193,10 +196,11 @@ def combine(reports: np.ndarray, histograms: np.ndarray, site_ids: list[int], di
             metrics[f"site/{k}/{m}_macro"] = _mean(reported)
         for c, disease in enumerate(diseases):
             for name, i in (("n_pos", _N_POS), ("n_neg", _N_NEG)):
-                if report[c, i] < 0:
-                    suppressed[f"site/{k}/{name}/{disease}"] = f"<{min_count}"
+                count = from_wire(report[c, i], min_count)
+                if is_suppressed(count):
+                    suppressed[f"site/{k}/{name}/{disease}"] = count
                 else:
-                    metrics[f"site/{k}/{name}/{disease}"] = float(report[c, i])
+                    metrics[f"site/{k}/{name}/{disease}"] = float(count)
     pooled = pooled_from_histograms(histograms, diseases)
     for m in METRICS:
         for disease in diseases:

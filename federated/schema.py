@@ -111,3 +111,25 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow U
 
 def registered_model_name(task: str) -> str:
     return f"fedauc-{task}"
+
+
+# --- MLflow names the pipelines write (tests/test_docs.py: no MLflow name is written outside this module) -----
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own: a site's run under its training's
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+CONFIG_ARTIFACT = "config.json"  # a training's whole TrainConfig as recorded
+SUPPRESSED_ARTIFACT = "suppressed_metrics.json"  # why a metric is absent: suppressed at its site
+UNDEFINED_ARTIFACT = "undefined_metrics.json"  # why a metric is NaN: undefined on the data
+ROC_ARTIFACT = "roc_test_pooled.png"  # the pooled test ROC curves
+QC_FOLDER, QC_SUMMARY_JSON, QC_SUMMARY_MD = "qc", "summary.json", "summary.md"  # a site's QC summary as it sent it
+# A champion's re-check at a training's end (pipelines/champion.py): the version it re-scored, why it was not
+# (skipped), the evaluation noise it ran with, and its score (a metric, beside the new model's own).
+CHAMPION_CHECK_VERSION_TAG, CHAMPION_CHECK_SKIPPED_TAG = "champion_check.version", "champion_check.skipped"
+CHAMPION_CHECK_NOISE_TAG = "champion_check.eval_noise_multiplier"
+CHAMPION_CHECK_METRIC, REGISTERED_MODEL_METRIC = f"champion_check/{SELECTION_METRIC}", f"registered_model/{SELECTION_METRIC}"
+# A day of PACS scoring (pipelines/hospital/drift.py): what left the hospital, and a drift above the warning line.
+SCORING_AGGREGATES_ARTIFACT = "scoring_aggregates.json"
+DRIFT_WARNING_TAG = "drift_warning"
+
+
+def drift_figure_name(site: str) -> str:
+    return f"drift_{site}.png"

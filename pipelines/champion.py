@@ -29,7 +29,15 @@ import torch
 
 from federated.data import to_model_input
 from federated.launch import Launcher, Trained
-from federated.schema import COLLAPSED_TAG, SELECTION_METRIC
+from federated.schema import (
+    CHAMPION_CHECK_METRIC,
+    CHAMPION_CHECK_NOISE_TAG,
+    CHAMPION_CHECK_SKIPPED_TAG,
+    CHAMPION_CHECK_VERSION_TAG,
+    COLLAPSED_TAG,
+    REGISTERED_MODEL_METRIC,
+    SELECTION_METRIC,
+)
 from federated.scoring import ModelToScore
 from federated.version import code_version
 from pipelines import descriptions, evaluations, registry
@@ -77,7 +85,7 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
         valid_histograms = scored.valid_histograms
         if config.bn_stats == "local":
             own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
-            mlflow.log_metric(f"registered_model/{SELECTION_METRIC}", own_score)
+            mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
     contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
@@ -85,12 +93,12 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:
-            mlflow.set_tag("champion_check.eval_noise_multiplier", str(noise))
+            mlflow.set_tag(CHAMPION_CHECK_NOISE_TAG, str(noise))
         if scorable:
             registry.record_score(federation.task, champion, evaluation, _score_champion(
                 champion, federation, input_shape, num_classes, score, launcher))
         else:  # unscored here, it keeps the alias (registry.promote_best)
-            mlflow.set_tags({"champion_check.version": champion, "champion_check.skipped": (
+            mlflow.set_tags({CHAMPION_CHECK_VERSION_TAG: champion, CHAMPION_CHECK_SKIPPED_TAG: (
                 "a DP training's sites release no exact evaluation of the champion and it has no "
                 "--eval-noise-multiplier: the champion keeps the alias")})
     version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
@@ -113,15 +121,15 @@ def _score_champion(version: str, federation: Federation, input_shape: tuple[int
                     launcher: Launcher) -> float:
     """The champion's pooled valid macro AUC on ``federation``'s sites, recorded on the training's run and as its
     own evaluation run; NaN where it cannot score them (trained on images of another size or task)."""
-    mlflow.set_tag("champion_check.version", version)
+    mlflow.set_tag(CHAMPION_CHECK_VERSION_TAG, version)
     champion = evaluations.model_to_score(federation.task, version)
     if (tuple(champion[0].input_shape), champion[0].num_classes) != (tuple(input_shape), num_classes):
-        mlflow.set_tag("champion_check.skipped", f"the champion takes input {tuple(champion[0].input_shape)} "
-                                                 f"with {champion[0].num_classes} classes, these sites give "
-                                                 f"{tuple(input_shape)} with {num_classes}")
+        mlflow.set_tag(CHAMPION_CHECK_SKIPPED_TAG, f"the champion takes input {tuple(champion[0].input_shape)} "
+                                            f"with {champion[0].num_classes} classes, these sites give "
+                                            f"{tuple(input_shape)} with {num_classes}")
         return float("nan")
     (scored,) = score([champion])
     evaluations.record(federation, scored, launcher, champion=version, purpose="champion-check")
     value = scored.evaluation.metrics.get(SELECTION_METRIC, float("nan"))
-    mlflow.log_metric(f"champion_check/{SELECTION_METRIC}", value)
+    mlflow.log_metric(CHAMPION_CHECK_METRIC, value)
     return value

@@ -28,7 +28,7 @@ from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
 from pipelines import compare, flows, run_names, tracking
 from pipelines.schedule import Job, Stopwatch, run_schedule
-from pipelines.site_params import name_here
+from pipelines.site_params import name_here, sites_env
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.synth import generate_federation, generate_site
@@ -104,6 +104,7 @@ def prepare_data(federation_yaml: str, shards: str, scale: float, seed: int) -> 
         ensure_generated(Path(federation_yaml), scale, seed)
     with watch.stage(f"onboard {federation.name}"):
         for site in federation.sites:
+            os.environ.update(sites_env(site.source))  # this task is the entry of the subflows it starts
             flows.onboard_site(name_here(site.source))
     with watch.stage(f"preprocess {federation.name}"):
         flows.preprocess_federation(federation_yaml, shards)

@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param
 from federated import TrainConfig, schema
 from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
-from federated.schema import MetricKey
+from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFACT, MetricKey
 from federated.scoring import ModelToScore
 from pipelines import descriptions, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
@@ -132,14 +132,14 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                          params=[Param(k, str(v)) for k, v in params.items()])
         # Why a metric is absent (suppressed at its site) or NaN (undefined), next to the numbers.
-        client.log_dict(run_id, scored.evaluation.suppressed, "suppressed_metrics.json")
+        client.log_dict(run_id, scored.evaluation.suppressed, SUPPRESSED_ARTIFACT)
         client.log_dict(run_id, {key: UNDEFINED[MetricKey.parse(key).scope] for key, value in metrics.items()
                                  if np.isnan(value)},
-                        "undefined_metrics.json")
+                        UNDEFINED_ARTIFACT)
         if histograms is not None and histograms.sum():
             figure = plots.roc_figure(histograms, federation.sites[0].diseases,
                                          f"{federation.name}: model v{scored.version}, pooled test ROC")
-            client.log_figure(run_id, figure, "roc_test_pooled.png")
+            client.log_figure(run_id, figure, ROC_ARTIFACT)
             plt.close(figure)
         status = "FINISHED"
     finally:
@@ -165,7 +165,6 @@ def evaluate_registered(federation: Federation, shards_root: Path | None, versio
     if eval_noise_multiplier is not None and eval_noise_multiplier <= 0:
         raise ConfigError(f"the evaluation noise multiplier must be positive, not {eval_noise_multiplier:g}",
                           fix="pass --eval-noise-multiplier S_e with S_e > 0")
-    tracking.configure()
     launcher = launcher or InProcess()
     champion = registry.champion_version(federation.task)
     versions = list(dict.fromkeys(versions)) or ([champion] if champion else [])

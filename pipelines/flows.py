@@ -113,7 +113,7 @@ def _training_cache_key(context, parameters) -> str | None:
         return None
     federation = load_federation(parameters["federation_yaml"])
     hashes = [shard_content_hash(d) for d in site_shard_dirs(federation, Path(parameters["shards_root"]))]
-    payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.configure(),
+    payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.tracking_uri(),
                           "name": parameters.get("run_name"), "launcher": where.model_dump(mode="json")},
                          sort_keys=True, default=str)
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
@@ -123,6 +123,7 @@ def _training_cache_key(context, parameters) -> str | None:
       retry_condition_fn=_transient, cache_key_fn=_training_cache_key, persist_result=True)
 def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                launcher: dict | None = None) -> dict:
+    tracking.configure()  # the entry of the process it runs in (the demo's trainings: a process pool's)
     federation = load_federation(federation_yaml)
     logger = get_run_logger()
     logger.info("training %s on federation %s (%d sites), %s rounds", config.get("algorithm"), federation.name,
@@ -172,6 +173,7 @@ def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
       retry_delay_seconds=5, retry_condition_fn=_transient)
 def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions: list[str] | None,
                   launcher: dict | None, eval_noise_multiplier: float | None = None) -> list[dict]:
+    tracking.configure()  # the entry of the process it runs in
     return evaluations.evaluate_registered(load_federation(federation_yaml),
                                            None if shards_root is None else Path(shards_root), model_versions or (),
                                            launch.launcher(launcher), eval_noise_multiplier)

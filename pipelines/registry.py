@@ -5,14 +5,16 @@ promotion only compares."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import json
 import math
 
 import mlflow
 import numpy as np
 import torch
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
 from federated.schema import (
     CHAMPION_ALIAS,
@@ -22,6 +24,22 @@ from federated.schema import (
     SELECTION_METRIC_TAG,
     registered_model_name,
 )
+
+
+def _new_version(client: MlflowClient, name: str, model_id: str) -> str:
+    """Register the logged model ``model_id`` as a new version of ``name`` as MLflow's ``registered_model_name=``
+    does, without its lines on stderr ("Successfully registered model ...": fedauc says it itself); the
+    version, also named on the logged model (its link in MLflow's UI)."""
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+    version = client.create_model_version(name, source=f"models:/{model_id}", model_id=model_id).version
+    linked = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+    client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+        [*linked, {"name": name, "version": version}])})
+    return str(version)
 
 
 def register_model(
@@ -56,19 +74,15 @@ def register_model(
     name = registered_model_name(task)
     # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    # MLflow prints "Successfully registered model ... Created version ..." to stderr: fedauc says it itself.
-    with contextlib.redirect_stderr(io.StringIO()):
-        if contract is not None:
-            from pipelines.model_package.flavor import log_model
+    if contract is not None:
+        from pipelines.model_package.flavor import log_model
 
-            info = log_model(model, contract, input_example, requirements, name)
-        else:
-            info = mlflow.pytorch.log_model(
-                model, name="model", input_example=input_example, registered_model_name=name,
-                serialization_format="pt2", pip_requirements=requirements,
-            )
-    version = str(info.registered_model_version)
+        info = log_model(model, contract, input_example, requirements)
+    else:
+        info = mlflow.pytorch.log_model(model, name="model", input_example=input_example,
+                                        serialization_format="pt2", pip_requirements=requirements)
     client = MlflowClient()
+    version = _new_version(client, name, info.model_id)
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
     if collapsed:
         client.set_model_version_tag(name, version, COLLAPSED_TAG, ",".join(collapsed))

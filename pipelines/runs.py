@@ -30,17 +30,24 @@ from mlflow.entities import Metric
 from federated import TrainConfig, get_algorithm
 from federated.launch import InProcess, Launcher
 from federated.schema import (
+    CONFIG_ARTIFACT,
     CONTINUES_TAG,
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    PARENT_RUN_TAG,
     PRIVACY_BUDGET_CHANGE_TAG,
     PRIVACY_METRICS,
     PRIVACY_PREFIX,
+    QC_FOLDER,
+    QC_SUMMARY_JSON,
+    QC_SUMMARY_MD,
+    ROC_ARTIFACT,
     ROLE_TAG,
     SELECTION_METRIC,
     SITE,
     SITE_ROLE,
     SITE_TAG,
+    SUPPRESSED_ARTIFACT,
     TRAINING_ROLE,
     MetricKey,
 )
@@ -50,7 +57,8 @@ from pipelines import descriptions, plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
-from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed, suppressed_label_counts
+from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed_label_counts
+from preprocessing.small_counts import released
 
 
 @dataclass
@@ -165,7 +173,7 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
                           tags={ROLE_TAG: TRAINING_ROLE, FEDERATION_TAG: federation, **owner}) as parent:
         child_ids = [
             client.create_run(experiment, run_name=f"{run_name}/{site}",
-                              tags={"mlflow.parentRunId": parent.info.run_id, ROLE_TAG: SITE_ROLE, SITE_TAG: site,
+                              tags={PARENT_RUN_TAG: parent.info.run_id, ROLE_TAG: SITE_ROLE, SITE_TAG: site,
                                     **owner}).info.run_id
             for site in sites
         ]
@@ -200,7 +208,6 @@ def train_tracked(
     launcher.check_algorithm(config["algorithm"])
     config = federation_config(federation, shards_root, config, read_shards=launcher.reads_shards_here)
     pooled = launcher.pools(config.algorithm)
-    tracking.configure()
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)
     started = time.perf_counter()
@@ -216,7 +223,7 @@ def train_tracked(
         if continued:
             mlflow.set_tag(CONTINUES_TAG, ",".join(continued))
         mlflow.log_params(params)
-        mlflow.log_dict(json.loads(recorded.model_dump_json()), "config.json")
+        mlflow.log_dict(json.loads(recorded.model_dump_json()), CONFIG_ARTIFACT)
         # A pooled training (centralized: one site holding every site's data) has no per-site rounds: its
         # one site's records go to the parent only.
         logger = RoundLogger(client, parent.info.run_id, [] if pooled else child_ids)
@@ -226,7 +233,7 @@ def train_tracked(
         log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
         _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
         final = result.history[-1].get("metrics", {})
-        mlflow.log_dict(named_sites(result.history[-1].get("suppressed", {}), names), "suppressed_metrics.json")
+        mlflow.log_dict(named_sites(result.history[-1].get("suppressed", {}), names), SUPPRESSED_ARTIFACT)
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
                                                else None, launcher)
         descriptions.describe_training(parent.info.run_id, version, promoted)
@@ -239,9 +246,9 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
     on the parent: the pooled test ROC curves, drawn from the histograms the sites' last evaluation summed."""
     for report, run_id in zip(reports, child_ids):
         summary = report["qc"]
-        for target, folder in ((run_id, "qc"), (mlflow.active_run().info.run_id, f"qc/{report['site']}")):
-            client.log_dict(target, summary, f"{folder}/summary.json")
-            client.log_text(target, render_central_markdown(summary), f"{folder}/summary.md")
+        for target, folder in ((run_id, QC_FOLDER), (mlflow.active_run().info.run_id, f"{QC_FOLDER}/{report['site']}")):
+            client.log_dict(target, summary, f"{folder}/{QC_SUMMARY_JSON}")
+            client.log_text(target, render_central_markdown(summary), f"{folder}/{QC_SUMMARY_MD}")
             if report["qc_grid"] is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     grid = Path(tmp) / SAMPLE_GRID_FILE
@@ -250,7 +257,7 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
     if test_histograms is not None and test_histograms.sum():
         figure = plots.roc_figure(test_histograms, federation.sites[0].diseases,
                                      f"{federation.name}: pooled test ROC")
-        mlflow.log_figure(figure, "roc_test_pooled.png")
+        mlflow.log_figure(figure, ROC_ARTIFACT)
         plt.close(figure)
 
 
@@ -293,7 +300,7 @@ def label_report_markdown(report: dict, min_count: int = 10) -> str:
     rows = [{"split": split, "disease": disease,
              **suppressed_label_counts(counts["positives"], counts["negatives"], min_count)}
             for split, part in report["splits"].items() for disease, counts in part["labels"].items()]
-    reasons = {reason: suppressed(count, min_count) for reason, count in report["quarantine_by_reason"].items()}
+    reasons = {reason: released(count, min_count) for reason, count in report["quarantine_by_reason"].items()}
     head = (f"input rows = kept + quarantined: {'balanced' if report['balanced'] else 'NOT balanced'}; quarantined "
             f"rows by reason: {reasons or 'none'} (counts below {min_count} shown as \"<{min_count}\")\n\n")
     return head + markdown_table(pd.DataFrame(rows))

@@ -45,7 +45,7 @@ def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str
     """name -> (command, URL) for both UIs."""
     bin_dir = Path(sys.executable).parent
     return {
-        "MLflow": ([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", tracking.configure(),
+        "MLflow": ([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", tracking.tracking_uri(),
                     "--app-name", MLFLOW_UI_APP, "--workers", MLFLOW_UI_WORKERS,
                     "--host", "127.0.0.1", "--port", str(mlflow_port)], f"http://127.0.0.1:{mlflow_port}"),
         "Prefect": ([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],

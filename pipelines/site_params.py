@@ -52,7 +52,11 @@ def site_shards(shards: str | None = None) -> Path:
 
 def name_here(config_path: str | Path) -> str:
     """For a flow run started at the site itself (``fedauc preprocess``, the demo): the name to pass for the
-    site YAML ``config_path``, whose folder becomes this process's $FEDAUC_SITES."""
-    path = Path(config_path).resolve()
-    os.environ[SITES_ENV] = str(path.parent)
-    return path.stem
+    site YAML ``config_path``; the command's entry sets ``sites_env(config_path)`` first."""
+    return Path(config_path).stem
+
+
+def sites_env(config_path: str | Path) -> dict[str, str]:
+    """The environment a flow run started here needs to find the site YAML ``config_path`` by its name
+    (``$FEDAUC_SITES``: its folder), as a hospital's worker has it; the command's entry sets it, nothing below."""
+    return {SITES_ENV: str(Path(config_path).resolve().parent)}

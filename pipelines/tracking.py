@@ -17,19 +17,21 @@ import time
 from pathlib import Path
 
 import mlflow
-import psutil
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
 from federated.schema import (
     DESCRIPTION_TAG,
     END_REASON_TAG,
+    EXPERIMENT_KIND_TAG,
     FAILED_SITE_TAG,
     FAILURE_TAG,
+    MODEL_TRAINING_KIND,
     OWNER_HOST_TAG,
     OWNER_PID_TAG,
     OWNER_STARTED_TAG,
 )
+from preprocessing.lifetime import start_time
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -38,9 +40,16 @@ def default_tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
     return f"sqlite:///{(Path(project_dir) / 'mlruns.db').resolve()}"
 
 
+def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
+    """Where this process records: MLFLOW_TRACKING_URI, else the project's embedded SQLite store. Read only."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+
+
 def configure(project_dir: Path = PROJECT_DIR) -> str:
-    """Point MLflow at MLFLOW_TRACKING_URI, or at the project's embedded SQLite store; return the URI."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+    """Point this process's MLflow at ``tracking_uri()``; return the URI. Process-wide, so called once at a
+    command's entry only: a CLI command, a flow or a task that runs in a process of its own, a script's main
+    (tests/test_side_effects.py names the modules); everything below reads MLflow's URI as the entry set it."""
+    uri = tracking_uri(project_dir)
     mlflow.set_tracking_uri(uri)
     return uri
 
@@ -49,7 +58,7 @@ def run_outputs_dir(project_dir: Path = PROJECT_DIR) -> Path:
     """Where a training's files other than MLflow's go (``checkpoints/<run>/``): beside the embedded SQLite
     store, so that one folder holds the runs and what resumes them; with an MLflow server, the project folder.
     Never the folder a command runs in (a checkout would show them in ``git status``)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
+    uri = tracking_uri(project_dir)
     if uri.startswith("sqlite:///"):
         return Path(uri.removeprefix("sqlite:///")).parent
     return Path(project_dir)
@@ -71,14 +80,13 @@ def experiment_id(name: str) -> str:
     # view from ?workflowType= or the browser's stored choice instead, which `fedauc ui`'s server sets
     # (pipelines/mlflow_ui.py).
     return client.create_experiment(name, artifact_location=artifact_location,
-                                    tags={"mlflow.experimentKind": "custom_model_development"})
+                                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
 
 
 def owner_tags() -> dict[str, str]:
     """Tags naming this process as the owner of a run it starts."""
-    process = psutil.Process()
-    return {OWNER_HOST_TAG: socket.gethostname(), OWNER_PID_TAG: str(process.pid),
-            OWNER_STARTED_TAG: repr(process.create_time())}
+    return {OWNER_HOST_TAG: socket.gethostname(), OWNER_PID_TAG: str(os.getpid()),
+            OWNER_STARTED_TAG: repr(start_time(os.getpid()))}
 
 
 def _owner_gone(tags: dict[str, str]) -> bool:
@@ -86,9 +94,8 @@ def _owner_gone(tags: dict[str, str]) -> bool:
     belongs to a process started later). A run owned elsewhere, or without owner tags, is not judged."""
     if tags.get(OWNER_HOST_TAG) != socket.gethostname() or OWNER_PID_TAG not in tags:
         return False
-    try:
-        started = psutil.Process(int(tags[OWNER_PID_TAG])).create_time()
-    except psutil.NoSuchProcess:
+    started = start_time(int(tags[OWNER_PID_TAG]))
+    if started is None:
         return True
     return abs(started - float(tags[OWNER_STARTED_TAG])) > 1e-3
 

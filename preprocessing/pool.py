@@ -18,7 +18,6 @@ parent handles by stopping them. ``workers=0`` decodes in this process, without 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -32,22 +31,9 @@ from multiprocessing.connection import Connection, wait
 
 import numpy as np
 
+from preprocessing.lifetime import die_with_parent
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk, ChunkResult, TransformSettings, failed_outcome, process_chunk, process_file
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
-
-    Checked against ``parent_pid`` afterwards: a parent that died before the call would go unnoticed.
-    Elsewhere a worker still exits, once its current file is done, when its pipe to the parent closes.
-    """
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from preprocessing.shard_format import (
     manifest_path,
     read_shard_info,
 )
+from preprocessing.small_counts import is_suppressed, released
 
 
 class AccountingError(RuntimeError):
@@ -92,18 +93,12 @@ CENTRAL_SUMMARY_FILE = "central.json"
 WITHHELD = "withheld"
 
 
-def suppressed(count: int, min_count: int) -> int | str:
-    """A count as it may leave a site: below ``min_count`` it is the string ``"<min_count"`` (small cells can
-    single out a patient)."""
-    return int(count) if count >= min_count else f"<{min_count}"
-
-
 def suppressed_label_counts(positives: int, negatives: int, min_count: int) -> dict[str, int | str]:
     """Positives and negatives of one disease as they may leave a site: each below ``min_count`` suppressed,
     and its partner withheld (the two often add up to a count shown elsewhere)."""
-    cells = {"positives": suppressed(positives, min_count), "negatives": suppressed(negatives, min_count)}
-    if isinstance(cells["positives"], str) != isinstance(cells["negatives"], str):
-        cells = {key: WITHHELD if isinstance(value, int) else value for key, value in cells.items()}
+    cells = {"positives": released(positives, min_count), "negatives": released(negatives, min_count)}
+    if is_suppressed(cells["positives"]) != is_suppressed(cells["negatives"]):
+        cells = {key: value if is_suppressed(value) else WITHHELD for key, value in cells.items()}
     return cells
 
 
@@ -122,10 +117,10 @@ def central_summary(report: dict, min_count: int = 10, qc_grid: bool = False) ->
         "image_size": report["image_size"],
         "min_count": min_count,
         "accounting_holds": bool(report["accounting"]["holds"]),
-        "kept_per_split": {split: suppressed(count, min_count) for split, count in report["counts"].items()},
+        "kept_per_split": {split: released(count, min_count) for split, count in report["counts"].items()},
         "labels": labels,
         "quarantine_per_reason": [
-            {"stage": row["stage"], "reason": row["reason"], "count": suppressed(row["count"], min_count)}
+            {"stage": row["stage"], "reason": row["reason"], "count": released(row["count"], min_count)}
             for row in report["quarantine"]["by_stage_and_reason"]
         ],
         "qc_grid_shared": bool(qc_grid),

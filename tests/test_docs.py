@@ -1,8 +1,10 @@
 """The repository stands alone: every cited document and section exists in it, every Markdown link
-resolves, and the algorithm lists of README.md and federated/README.md match the registry."""
+resolves, and the algorithm lists of README.md and federated/README.md match the registry; every MLflow name
+used in code comes from federated/schema.py."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import re
@@ -228,3 +230,77 @@ def undocumented_modules(package: str) -> list[str]:
 def test_every_module_is_in_its_packages_readme():
     missing = [m for package in ("federated", "pipelines") for m in undocumented_modules(package)]
     assert not missing, f"modules their package's README.md does not list: {missing}"
+
+
+# --- MLflow's names come from federated/schema.py ---------------------------------------------------------------
+# Where each MLflow call takes the name it records under: the positional index (a fluent ``mlflow.`` call, a client
+# call taking the run, or the model's name and version, first) or keyword; ``*`` a dict whose keys are the names.
+_FLUENT_KEY = {"log_metric": 0, "log_param": 0, "set_tag": 0, "delete_tag": 0, "log_metrics": "*0", "log_params": "*0",
+               "set_tags": "*0", "log_dict": 1, "log_text": 1, "log_figure": 1, "log_image": 1, "log_table": 1}
+_CLIENT_KEY = {"log_metric": 1, "log_param": 1, "set_tag": 1, "delete_tag": 1, "log_dict": 2, "log_text": 2,
+               "log_figure": 2, "log_image": 2, "log_table": 2, "set_model_version_tag": 2,
+               "set_registered_model_tag": 1, "set_experiment_tag": 1, "Metric": 0, "Param": 0, "RunTag": 0}
+_KEYWORD_KEY = {"key": "", "artifact_file": "", "artifact_path": "", "tags": "*"}
+_KEYED_CALLS = set(_FLUENT_KEY) | set(_CLIENT_KEY) | {"start_run", "create_run", "create_experiment", "log_artifact",
+                                                      "log_artifacts", "log_model"}
+
+
+def _literal_parts(node: ast.AST) -> list[str]:
+    """The string literals in ``node``, but a "/" joining a folder and a name (both from the schema)."""
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and n.value.strip("/")]
+
+
+def _named(node: ast.AST, how: str) -> list[ast.AST]:
+    if not how.startswith("*"):
+        return [node]
+    return [key for key in node.keys if key is not None] if isinstance(node, ast.Dict) else (
+        [node.key] if isinstance(node, ast.DictComp) else [])
+
+
+def literal_mlflow_names(source: str) -> list[tuple[int, str]]:
+    """(line, literal) for each string literal (or literal part of an f-string or a sum) in the name an MLflow
+    call records under: a metric, param or tag key, an artifact's file or folder."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if name not in _KEYED_CALLS:
+            continue
+        fluent = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "mlflow"
+        position = (_FLUENT_KEY if fluent else _CLIENT_KEY).get(name)
+        named = []
+        if position is not None:
+            index = int(str(position).lstrip("*"))
+            if index < len(node.args) and not isinstance(node.args[index], ast.Starred):
+                named += _named(node.args[index], str(position))
+        named += [part for keyword in node.keywords if keyword.arg in _KEYWORD_KEY
+                  for part in _named(keyword.value, _KEYWORD_KEY[keyword.arg])]
+        found += [(node.lineno, literal) for part in named for literal in _literal_parts(part)]
+    return found
+
+
+def test_every_mlflow_name_in_code_comes_from_the_schema():
+    """A metric, param or tag key, or an artifact's name, written in a module is a name the next reader
+    (the comparison table, the privacy allow-list, docs/privacy.md) cannot find: they live in federated/schema.py."""
+    found = [f"{path.relative_to(REPO)}:{line}: {literal!r}"
+             for package in ("federated", "pipelines", "preprocessing", "models")
+             for path in sorted((REPO / package).rglob("*.py")) if path != REPO / "federated" / "schema.py"
+             for line, literal in literal_mlflow_names(path.read_text())]
+    assert not found, "MLflow names written outside federated/schema.py:\n" + "\n".join(found)
+
+
+def test_the_mlflow_name_scan_finds_keys_artifacts_and_tag_dicts():
+    source = ("mlflow.log_metric('loss', 1.0)\n"
+              "mlflow.set_tag(ROLE_TAG, 'training')\n"
+              "client.log_metric(run_id, f'site/{site}/auc', 0.5)\n"
+              "client.log_dict(run_id, summary, FOLDER + '/summary.json')\n"
+              "mlflow.log_metrics({'a': 1.0, KEY: 2.0, **more})\n"
+              "mlflow.start_run(run_name='free text', tags={ROLE_TAG: 'x', 'mlflow.parentRunId': run})\n"
+              "client.set_model_version_tag(name, version, SCORE_TAG_PREFIX + evaluation, 'free value')\n"
+              "mlflow.log_figure(figure, artifact_file='roc.png')\n"
+              "Param(k, 'value')\n")
+    assert literal_mlflow_names(source) == [(1, "loss"), (3, "site/"), (3, "/auc"), (4, "/summary.json"), (5, "a"),
+                                            (6, "mlflow.parentRunId"), (8, "roc.png")]

@@ -31,7 +31,6 @@ import federated
 from federated.checkpoint import committed_rounds
 from federated.flare.centre.operate import consortium_status
 from federated.flare.centre.poc import LocalConsortium, connected_sites
-from federated.flare.processes import family
 from federated.flare.site.resume import CHECKPOINTS
 from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import SiteBudget
@@ -39,6 +38,7 @@ from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from federated.sites import federation_config
 from pipelines.cli import app
 from preprocessing.federation import load_federation
+from preprocessing.lifetime import family
 
 pytestmark = pytest.mark.slow
 

@@ -30,10 +30,10 @@ from typer.testing import CliRunner
 
 from federated.flare.centre.operate import consortium_status
 from federated.flare.centre.poc import LocalConsortium, connected_sites
-from federated.flare.processes import family, signal_family
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
 from preprocessing.federation import load_federation
+from preprocessing.lifetime import family, signal_all
 
 pytestmark = pytest.mark.slow
 
@@ -194,10 +194,10 @@ def test_stop_server_waits_for_no_live_hospital_and_drops_a_silent_one(consortiu
 
     # vienna's machine dies (its client gets no chance to log out); barcelona stops cleanly.
     vienna = consortium.processes.pop("vienna")
-    signal_family(family(vienna.pid), signal.SIGKILL)
+    signal_all(family(vienna.pid), signal.SIGKILL)
     vienna.wait()
     barcelona = consortium.processes.pop("barcelona")
-    signal_family(family(barcelona.pid), signal.SIGTERM)
+    signal_all(family(barcelona.pid), signal.SIGTERM)
     barcelona.wait(60)
     last_stopped = time.monotonic()
     assert connected_sites(consortium.kits.admin) == ["vienna"]  # barcelona logged out; vienna is still listed

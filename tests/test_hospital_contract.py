@@ -196,8 +196,8 @@ def test_drift_leaves_once_per_site_and_day(tmp_path):
     (closed,) = days.add("m/1", tuesday, drift.tally([], reference, ["A"]))
     assert closed[:2] == ("m/1", "2026-03-02")
     sent = drift.release(closed[2], SharingPolicy(min_count=5))
-    assert sent["scored"] == 13 and sent["refused"] == {"wrong_body_part": 0}
-    assert sent["histograms"]["A"] == [6, 0, 0, 0, 7] and sent["suppressed"] == ["refused/wrong_body_part"]
+    assert sent["scored"] == 13 and sent["refused"] == {"wrong_body_part": "<5"}
+    assert sent["histograms"]["A"] == [6, "<5", "<5", "<5", 7]
     # Until the centre has it, the day stays (a centre out of reach loses no day); then it goes.
     assert [c[:2] for c in days.add("m/1", tuesday, drift.tally([], reference, ["A"]))] == [("m/1", "2026-03-02")]
     days.sent("m/1", "2026-03-02")
@@ -208,7 +208,7 @@ def test_drift_leaves_once_per_site_and_day(tmp_path):
     # A new reference (the site's shards written again) mid-day: its bins, the day's counts.
     (closed,) = days.add("m/1", wednesday, drift.tally([], reference, ["A"]))
     day = drift.release(closed[2], SharingPolicy(min_count=5))
-    assert day["scored"] == 6 and day["histograms"]["A"] == [0, 0, 6, 0, 0]
+    assert day["scored"] == 6 and day["histograms"]["A"] == ["<5", "<5", 6, "<5", "<5"]
     rebinned = drift.merge(closed[2], drift.tally(_rows([0.5]), reference[:50], ["A"]))
     assert rebinned["scored"] == 7 and sum(rebinned["histograms"]["A"]) == 1
     assert rebinned["edges"] == drift.tally(_rows([0.5]), reference[:50], ["A"])["edges"]

@@ -10,12 +10,13 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 from hostile_files import big_png
 from PIL import Image
 
-from pipelines.lifeline import descendants, running
+from preprocessing.lifetime import alive, descendants
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the guardian reads /proc (Linux)")
 
@@ -38,12 +39,12 @@ def _command(pid: int) -> str:
         return ""
 
 
-def _wait_gone(processes: dict[int, int], seconds: float) -> list[int]:
+def _wait_gone(processes: list[psutil.Process], seconds: float) -> list[int]:
     """The pids still running after ``seconds``; those are killed, so that a failed test leaves nothing behind."""
     deadline = time.monotonic() + seconds
-    while running(processes) and time.monotonic() < deadline:
+    while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.2)
-    survivors = list(running(processes))
+    survivors = [process.pid for process in alive(processes)]
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     return survivors
@@ -55,7 +56,7 @@ def test_kill_9_of_the_parent_ends_its_children_and_grandchildren():
     assert parent.stdout.readline().strip() == "started"
     time.sleep(1.5)  # the guardian notes the tree twice a second
     tree = descendants([parent.pid], exclude=-1)
-    commands = [_command(pid) for pid in tree]
+    commands = [_command(process.pid) for process in tree]
     assert sum("sleep 30" in c for c in commands) == 3 and any("pipelines.lifeline" in c for c in commands)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
@@ -87,10 +88,10 @@ def test_kill_9_of_preprocess_ends_the_prefect_server_and_the_decode_workers(tmp
     parent = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
-        tree: dict[int, int] = {}
+        tree: list[psutil.Process] = []
         while time.monotonic() < deadline and parent.poll() is None:
             tree = descendants([parent.pid], exclude=-1)
-            commands = [_command(pid) for pid in tree]
+            commands = [_command(process.pid) for process in tree]
             if any("uvicorn" in c and "prefect" in c for c in commands) and sum("spawn_main" in c for c in commands) == 2:
                 break
             time.sleep(0.2)

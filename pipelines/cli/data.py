@@ -87,11 +87,12 @@ def preprocess(
     configure_prefect_env()
     from pipelines.onboarding import SHARDS_ENV
     from pipelines.preprocess_flow import preprocess_site
-    from pipelines.site_params import name_here
+    from pipelines.site_params import name_here, sites_env
 
     quiet_prefect_user_errors()
 
-    os.environ[SHARDS_ENV] = str(out.resolve())  # the flow run carries names only (pipelines.site_params)
+    # The flow run carries names only (pipelines.site_params): where they point, this command's entry says.
+    os.environ.update({**sites_env(site_yaml), SHARDS_ENV: str(out.resolve())})
     summary = preprocess_site(name_here(site_yaml), workers=workers, raise_budget=raise_budget)
     state = "unchanged, nothing to do" if summary["reused"] else "written"
     typer.echo(f"{summary['site']}: shards {state} in {out / summary['site_dir']}")

@@ -10,8 +10,8 @@ however often the job runs (every 15 minutes: a record per run would be 35,000 r
 differences of a day's running totals would give away each run's small counts). A closed day stays in the
 file until the centre has its record (``DayTallies.sent``), and ``record`` skips a day the centre already
 has: a centre that cannot be reached loses no day, and a run that stops between the two sends none twice. What leaves is under the site's ``sharing:``
-policy: a count below ``min_count`` leaves as 0 and is named in ``suppressed`` (the centre sees that a bin was
-small, never how small); with fewer than ``min_count`` images scored, or a reference of fewer than ``BINS`` x
+policy: a count below ``min_count`` leaves as ``"<min_count"`` (``preprocessing.small_counts``, the one rule:
+the centre sees that a bin was small, never how small, and counts it as 0); with fewer than ``min_count`` images scored, or a reference of fewer than ``BINS`` x
 ``min_count`` images, no histogram leaves at all. At a site with a ``privacy:`` budget no edge or histogram
 leaves (``withheld``): the edges are exact quantiles of its validation scores and the reference exact counts
 of its records, which its budget does not pay for; its counts still do. Nothing per image, no path, no UID.
@@ -44,8 +44,15 @@ import numpy as np
 from mlflow import MlflowClient
 
 from federated.flare.lockdown import write_owner_only
-from federated.schema import ROLE_TAG, SCORING_ROLE
+from federated.schema import (
+    DRIFT_WARNING_TAG,
+    ROLE_TAG,
+    SCORING_AGGREGATES_ARTIFACT,
+    SCORING_ROLE,
+    drift_figure_name,
+)
 from preprocessing.sites import SharingPolicy
+from preprocessing.small_counts import at_least, is_suppressed, released
 
 BINS = 5
 EPSILON = 1e-4
@@ -101,16 +108,9 @@ def merge(earlier: dict, later: dict) -> dict:
 def release(counted: dict, sharing: SharingPolicy, withhold_histograms: bool = False) -> dict:
     """What may leave the hospital of a tally (module docstring): small counts suppressed; no edge and no
     histogram with ``withhold_histograms`` (a site with a privacy budget)."""
-    minimum, suppressed = sharing.min_count, []
-
-    def small(name: str, count: int) -> int:
-        if 0 < count < minimum:
-            suppressed.append(name)
-            return 0
-        return count
-
-    out = {"min_count": minimum, "scored": small("scored", counted["scored"]),
-           "refused": {reason: small(f"refused/{reason}", n) for reason, n in counted["refused"].items()},
+    minimum = sharing.min_count
+    out = {"min_count": minimum, "scored": released(counted["scored"], minimum),
+           "refused": {reason: released(n, minimum) for reason, n in counted["refused"].items()},
            "edges": {}, "histograms": {}, "reference": {}}
     binned = sum(next(iter(counted["histograms"].values()), []))
     in_reference = sum(next(iter(counted["reference"].values()), []))
@@ -121,8 +121,7 @@ def release(counted: dict, sharing: SharingPolicy, withhold_histograms: bool = F
         for disease, edges in counted["edges"].items():
             out["edges"][disease] = edges
             for key in ("histograms", "reference"):
-                out[key][disease] = [small(f"{key}/{disease}/{b}", n) for b, n in enumerate(counted[key][disease])]
-    out["suppressed"] = suppressed
+                out[key][disease] = [released(n, minimum) for n in counted[key][disease]]
     return out
 
 
@@ -168,7 +167,7 @@ class DayTallies:
 
 def psi(current, reference) -> float:
     """The population stability index of two histograms over the same bins (module docstring)."""
-    a, e = np.asarray(current, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    a, e = (np.asarray([at_least(n) for n in counts], dtype=np.float64) for counts in (current, reference))
     if a.sum() == 0 or e.sum() == 0:
         return float("nan")
     a, e = np.maximum(a / a.sum(), EPSILON), np.maximum(e / e.sum(), EPSILON)
@@ -187,7 +186,8 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
                                   max_results=1):
         return []
     warnings = []
-    metrics = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
+    released_counts = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
+    metrics = {key: count for key, count in released_counts.items() if not is_suppressed(count)}
     for disease, binned in summary["histograms"].items():
         value = psi(binned, summary["reference"][disease])
         metrics[f"psi/{disease}"] = value
@@ -196,12 +196,12 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
                             f"v{version}'s scores of {day} and the site's validation scores")
     with mlflow.start_run(experiment_id=experiment, run_name=f"scoring {site} {day}", tags=tags):
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        mlflow.log_dict(summary, "scoring_aggregates.json")
+        mlflow.log_dict(summary, SCORING_AGGREGATES_ARTIFACT)
         if warnings:
-            mlflow.set_tag("drift_warning", " | ".join(warnings)[:5000])
+            mlflow.set_tag(DRIFT_WARNING_TAG, " | ".join(warnings)[:5000])
         figure = drift_figure(task, site)
         if figure is not None:
-            mlflow.log_figure(figure, f"drift_{site}.png")
+            mlflow.log_figure(figure, drift_figure_name(site))
             plt.close(figure)
     return warnings
 

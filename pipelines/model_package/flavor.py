@@ -33,10 +33,10 @@ from pipelines.model_package.predict import REFUSED, Item, Scorer, probability_c
 INPUT_COLUMNS = ("path", "bytes")
 
 
-def log_model(model, contract: ModelContract, input_example: np.ndarray, pip_requirements: list[str],
-              registered_model_name: str):
-    """Log ``model`` with ``contract`` into the active run as ``model`` and register it; MLflow's ModelInfo."""
-    return Model.log(None, name="model", flavor=sys.modules[__name__], registered_model_name=registered_model_name,
+def log_model(model, contract: ModelContract, input_example: np.ndarray, pip_requirements: list[str]):
+    """Log ``model`` with ``contract`` into the active run as ``model`` (registered by
+    ``pipelines.registry.register_model``); MLflow's ModelInfo."""
+    return Model.log(None, name="model", flavor=sys.modules[__name__],
                      metadata={METADATA_KEY: contract.model_dump(mode="json")}, pytorch_model=model,
                      contract=contract, input_example=input_example, pip_requirements=pip_requirements,
                      serialization_format="pt2")

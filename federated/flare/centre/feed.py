@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federated.engine import RoundCallback
+from federated.flare.centre.session import quiet_session
 from federated.flare.protocol import LIVE_FILE
 from federated.timing import describe_slowest
 
@@ -152,10 +153,9 @@ def admin_reader(kit: Path, username: str, job_id: str) -> LiveReader:
     did not answer, failed or refused the session."""
     from nvflare.apis.fl_exception import FLCommunicationError
     from nvflare.fuel.flare_api import api_spec
-    from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     def read():
-        session = new_secure_session(username, str(kit), timeout=10.0)
+        session = quiet_session(username, kit, timeout_s=10.0)
         try:
             return session.cat_target("server", file=f"{job_id}/{LIVE_FILE}")
         finally:

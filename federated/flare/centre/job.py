@@ -15,11 +15,11 @@ same submission (federated/flare/centre/evaluate.py).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import check_flare_algorithm, check_flare_env
 from federated.flare.centre.feed import LiveFeed, admin_reader, local_reader, progress_printer
+from federated.flare.centre.session import quiet_session
 from federated.flare.installed import SERVER_MODULE, SITE_MODULE, InstalledRecipe, allow_components
 from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
 from federated.flare.spec import FlareJob
@@ -178,6 +179,57 @@ def _lost_port_race(job_dir: Path) -> bool:
 _RESULT_MARGIN_S = 120.0
 
 
+def _logged_sessions(exec_env, log: Path):
+    """``exec_env``'s (NVFlare's ``ProdEnv``) admin sessions, with the lines NVFlare's own session manager
+    prints on stdout (the job's id and meta, a dot per poll) written to ``log`` instead: this process's stdout
+    is fedauc's, and other threads print on it meanwhile."""
+    from nvflare.fuel.flare_api.api_spec import MonitorReturnCode
+    from nvflare.fuel.utils.job_secret_scanner import warn_on_potential_secrets_in_job_dir
+    from nvflare.recipe.session_mgr import SessionManager
+
+    def note(line: str) -> None:
+        with open(log, "a") as out:
+            out.write(line + "\n")
+
+    class LoggedSessions(SessionManager):
+        def _get_session(self):
+            return quiet_session(exec_env.username, exec_env.startup_kit_location, exec_env.login_timeout, note)
+
+        def submit_job(self, job) -> str:
+            with tempfile.TemporaryDirectory() as exported:
+                job.export_job(exported)
+                warn_on_potential_secrets_in_job_dir(exported, job_name=job.name)
+                session = self._get_session()
+                try:
+                    job_id = session.submit_job(str(Path(exported) / job.name))
+                finally:
+                    session.close()
+            note(f"submitted job {job.name!r} with id {job_id}")
+            return job_id
+
+        def abort_job(self, job_id: str) -> None:
+            session = self._get_session()
+            try:
+                note(f"aborted job {job_id}: {session.abort_job(job_id)}")
+            finally:
+                session.close()
+
+        def get_job_result(self, job_id: str, timeout: float = 0.0) -> str | None:
+            session = self._get_session()
+            try:
+                returned = session.monitor_job(job_id, timeout=timeout)
+                note(f"job {job_id}: monitor returned {returned}")
+                if returned == MonitorReturnCode.JOB_FINISHED:
+                    return session.download_job_result(job_id)
+                if returned in (MonitorReturnCode.TIMEOUT, MonitorReturnCode.ENDED_BY_CB):
+                    return None
+                raise RuntimeError(f"NVFlare's job monitor returned {returned}")
+            finally:
+                session.close()
+
+    return LoggedSessions({})
+
+
 def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_files: Sequence[Path] = (),
                          feed: LiveFeed | None = None) -> Path:
     """Submit ``job`` with an admin's kit (``exec_env``: NVFlare's ``ProdEnv``) and wait for it; the folder of
@@ -188,22 +240,22 @@ def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_f
     r = recipe(job, name, server_files)
     log.parent.mkdir(parents=True, exist_ok=True)
     feed = feed or LiveFeed()
-    with open(log, "a") as chatter, contextlib.redirect_stdout(chatter):
-        try:
-            run = r.run(exec_env)
-        except (RuntimeError, ValueError, ConnectionError) as err:
-            raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
-                                 fix="check the admin kit and that the consortium's server runs") from None
-        job_id = run.get_job_id()
+    exec_env._session_manager = _logged_sessions(exec_env, log)
+    try:
+        run = r.run(exec_env)
+    except (RuntimeError, ValueError, ConnectionError) as err:
+        raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
+                             fix="check the admin kit and that the consortium's server runs") from None
+    job_id = run.get_job_id()
 
-        def stop(reason: str, site: str | None) -> None:  # the job cannot finish: say so now, end it
-            print(f"the NVFlare job {job_id} stops: {reason}", file=sys.stderr, flush=True)
-            exec_env.abort_job(job_id)
+    def stop(reason: str, site: str | None) -> None:  # the job cannot finish: say so now, end it
+        print(f"the NVFlare job {job_id} stops: {reason}", file=sys.stderr, flush=True)
+        exec_env.abort_job(job_id)
 
-        feed.on_failure = stop
-        with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
-            folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
-            status = run.get_status()
+    feed.on_failure = stop
+    with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
+        folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
+        status = run.get_status()
     if feed.failure is not None:
         reason, site = feed.failure
         raise FlareJobFailed(f"the NVFlare job {job_id} failed: {reason}", site=site,

@@ -11,7 +11,6 @@ Nothing is asked of a hospital's machine.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import re
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from federated.flare.centre.feed import parse
+from federated.flare.centre.session import quiet_session
 from federated.flare.protocol import LIVE_FILE, SITES_FILE
 from federated.timing import describe_slowest
 from preprocessing.errors import ConfigError
@@ -29,8 +29,6 @@ _JOINED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*New client (\S+?)@\S* 
 
 def admin_session(kit: str | Path, timeout_s: float = 30.0):
     """A session with the consortium's server as the admin whose startup kit is ``kit``."""
-    from nvflare.fuel.flare_api.flare_api import new_secure_session
-
     kit = Path(kit).resolve()
     config = kit / "startup" / "fed_admin.json"
     if not config.is_file():
@@ -39,7 +37,7 @@ def admin_session(kit: str | Path, timeout_s: float = 30.0):
     username = json.loads(config.read_text())["admin"]["username"]
     try:
         with _quiet():
-            return new_secure_session(username, str(kit), timeout=timeout_s)
+            return quiet_session(username, kit, timeout_s)
     except Exception as err:  # NVFlare's NoConnection, timeouts, refused logins
         raise ConfigError(f"cannot reach the consortium's server with the admin kit {kit}: {err}",
                           fix="check that the server runs and that this machine can reach its port") from None
@@ -216,15 +214,13 @@ def _drop_silent_clients(session, deadline: float, silent_s: float, fix: str) ->
 
 @contextlib.contextmanager
 def _quiet():
-    """NVIDIA FLARE's connector errors (its admin connection losing a server that stops on purpose) and its
-    prints stay out of fedauc's output."""
-    loggers = [logging.getLogger(name) for name in ("nvflare", "")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL + 1)
+    """NVIDIA FLARE's connector errors (its admin connection losing a server that stops on purpose) stay out
+    of fedauc's output: its loggers (``nvflare.*``) above CRITICAL meanwhile; every other logger, and this
+    process's stdout, as they are."""
+    nvflare = logging.getLogger("nvflare")
+    level = nvflare.level
+    nvflare.setLevel(logging.CRITICAL + 1)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
+        yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        nvflare.setLevel(level)

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 from federated.flare.centre.provision import Kits, project, provision
-from federated.flare.processes import family, signal_family, start_command, start_env
+from federated.flare.centre.session import quiet_session
+from federated.flare.processes import start_command, start_env
 from federated.flare.server.start import prepare_server
 from federated.flare.site.start import check_server_reachable, client_command, prepare_site
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
+from preprocessing.lifetime import family, signal_all
 
 ADMIN = "admin@fedauc.org"
 
@@ -35,9 +37,7 @@ def free_port() -> int:
 
 
 def admin_session(kit: Path, timeout_s: float = 30.0):
-    from nvflare.fuel.flare_api.flare_api import new_secure_session
-
-    return new_secure_session(ADMIN, str(kit), timeout=timeout_s)
+    return quiet_session(ADMIN, kit, timeout_s)
 
 
 def connected_sites(admin_kit: Path) -> list[str]:
@@ -108,7 +108,7 @@ class LocalConsortium:
         """SIGKILL participant ``name`` and its job processes (NVFlare starts each in a session of its own):
         what a crashed machine looks like to the others."""
         process = self.processes.pop(name)
-        signal_family(family(process.pid), signal.SIGKILL)
+        signal_all(family(process.pid), signal.SIGKILL)
         process.wait()
 
     def stop(self) -> None:

@@ -16,7 +16,6 @@ parent). ``claim`` keeps one caller per folder: a pid file, owner-only, naming t
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from federated.flare.processes import family, signal_family
+from preprocessing.lifetime import family, parent_death_preexec, signal_all, start_time, terminate, wait_ended
 
 
 def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
@@ -36,35 +35,9 @@ def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:
     members = family(pid)
     # The root first: a hospital's client logs out before its job processes end (federated.flare.site.leave), so
     # the server hears that the hospital left before the other sites fail for want of it.
-    signal_family(members[-1:], signal.SIGTERM)
-    psutil.wait_procs(members[-1:], timeout=grace_s)
-    signal_family(members, signal.SIGTERM)
-    _, alive = psutil.wait_procs(members, timeout=grace_s)
-    signal_family(alive, signal.SIGKILL)
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
-    return alive
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int):
-    """A ``preexec_fn``: SIGTERM to the child when ``parent`` (the thread that starts it) ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
-
-
-def _start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
+    signal_all(members[-1:], signal.SIGTERM)
+    wait_ended(members[-1:], grace_s)
+    return terminate(members, grace_s)
 
 
 def claimed_by(pid_file: Path) -> int | None:
@@ -73,14 +46,14 @@ def claimed_by(pid_file: Path) -> int | None:
         record = json.loads(pid_file.read_text())
     except (OSError, ValueError):
         return None
-    return record["pid"] if _start_time(record["pid"]) == record["started"] else None
+    return record["pid"] if start_time(record["pid"]) == record["started"] else None
 
 
 def claim(pid_file: Path) -> None:
     """Name this process in ``pid_file`` (owner-only); the caller checked ``claimed_by`` first."""
     fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump({"pid": os.getpid(), "started": _start_time(os.getpid())}, out)
+        json.dump({"pid": os.getpid(), "started": start_time(os.getpid())}, out)
     pid_file.chmod(0o600)
 
 
@@ -92,7 +65,7 @@ def run_until_stopped(command: list[str], env: dict[str, str], cwd: Path, grace_
     # stays in this process group, so that whatever stops the group stops it too.
     catch = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=catch,
-                               preexec_fn=_die_with_parent(os.getpid()))
+                               preexec_fn=parent_death_preexec(signal.SIGTERM))
     asked = threading.Event()
     handlers = ({signum: signal.signal(signum, lambda *_: asked.set()) for signum in (signal.SIGTERM, signal.SIGINT)}
                 if catch else {})

@@ -1,0 +1,32 @@
+"""The admin's session with a consortium's server, as NVIDIA FLARE's ``new_secure_session`` opens it, but quiet:
+NVFlare's admin client prints its progress ("Connecting to FLARE ...") on this process's stdout, which is
+fedauc's own (a command's output, what other threads print meanwhile). Its lines go to ``note`` instead (the
+job's log), or nowhere; the session object alone is changed, never ``sys.stdout``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+
+def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callable[[str], None] | None = None):
+    """An NVFlare ``Session`` logged in as ``username`` with the startup kit ``kit`` (NVFlare's errors as
+    ``new_secure_session`` raises them)."""
+    from nvflare.fuel.flare_api.flare_api import Session
+
+    session = _quieted(Session(username=username, startup_path=str(kit), secure_mode=True), note)
+    try:
+        session.try_connect(timeout_s)
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+def _quieted(session, note: Callable[[str], None] | None):
+    """``session`` with its admin client's prints (its one way out: ``_print_hci``) sent to ``note``, and so each
+    session it opens itself (``shutdown`` polls the stopping server with sessions of their own)."""
+    session.api._print_hci = note or (lambda line: None)
+    opens = session._new_poll_session
+    session._new_poll_session = lambda: _quieted(opens(), note)
+    return session
