@@ -39,16 +39,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from federated.config import ShardSite, TrainConfig
-from federated.data import load_shard
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
 from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
-from federated.scoring import ModelToScore, Scores, score_site
+from federated.scoring import ModelToScore, Scores
 from federated.sites import check_site_reports, site_report, site_shard_dirs
 from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
-from preprocessing.shard_format import shard_content_hash
 
 
 @dataclass
@@ -92,10 +90,9 @@ class _Launcher(BaseModel):
         labels = [model.label for model in models]
         releases = [admit_evaluation(site.name, d, labels, eval_noise_multiplier)
                     for site, d in zip(federation.sites, dirs)]
-        per_site = [release.release(score_site(site.name, models, states, load_shard(d), bins, min_count,
-                                               torch.device("cpu")))
-                    for site, d, release in zip(federation.sites, dirs, releases)]
-        return (per_site, {site.name: shard_content_hash(d) for site, d in zip(federation.sites, dirs)},
+        per_site, hashes = zip(*(release.scored(d, models, states, bins, min_count)
+                                 for d, release in zip(dirs, releases)))
+        return (list(per_site), dict(zip([site.name for site in federation.sites], hashes)),
                 {site.name: release.privacy for site, release in zip(federation.sites, releases)})
 
 

@@ -18,10 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from federated.data import load_shard
 from federated.privacy.budget import declared_budget
 from federated.privacy.ledger import Entry, admit, epsilon, ledger_path, locked, site_ledger
 from federated.privacy.policy import DPConfig, SiteBudget, refuse_release
 from federated.privacy.site import noised_summary, site_seed
+from federated.scoring import ModelToScore, score_site
+from preprocessing.shard_format import shard_content_hash
 
 # The delta a site without a budget reports its spend at (a site with one uses its own), as a DP training does.
 DEFAULT_DELTA: float = DPConfig.model_fields["delta"].default
@@ -54,6 +57,14 @@ class EvaluationRelease:
                 ledger.save()
         return [{split: noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
                  for split, (report, histograms) in summary.items()} for summary in summaries]
+
+    def scored(self, shard_dir: Path, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], bins: int,
+               min_count: int) -> tuple[list[dict[str, tuple[np.ndarray, np.ndarray]]], str]:
+        """The site's own shards scored by ``models`` (``federated.scoring.score_site``, on the CPU) as they leave
+        it, with the hash of the shards scored: the one sequence a site runs for an evaluation job, in process
+        and over NVIDIA FLARE alike."""
+        summaries = score_site(self.site, models, states, load_shard(shard_dir), bins, min_count, torch.device("cpu"))
+        return self.release(summaries), shard_content_hash(shard_dir)
 
 
 def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],

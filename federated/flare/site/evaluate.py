@@ -1,7 +1,7 @@
 """An evaluation job at the hospital (``site.job.evaluate`` calls it): score the models the job names, with the
 weights the server sent in the call, on this site's own valid and test splits.
 
-The site-local evaluation training uses (``federated.scoring.score_site``), so what leaves is exactly what
+The site-local evaluation training uses (``EvaluationRelease.scored``: ``federated.scoring.score_site``), so what leaves is exactly what
 a training's evaluation exchanges: per model and split its fixed-size report (metrics with small counts
 suppressed here) and score histograms, plus the shard hash (which data was scored). With the job's
 evaluation noise multiplier the site releases noised histograms only and what the job spent of its budget
@@ -15,11 +15,8 @@ from pathlib import Path
 
 import torch
 
-from federated.data import load_shard
 from federated.flare.spec import FlareJob
 from federated.privacy.evaluation import admit_evaluation
-from federated.scoring import score_site
-from preprocessing.shard_format import shard_content_hash
 
 
 def score_here(spec: FlareJob, name: str, shard_dir: Path, weights: list[dict[str, torch.Tensor]]) -> dict:
@@ -28,8 +25,7 @@ def score_here(spec: FlareJob, name: str, shard_dir: Path, weights: list[dict[st
     request = spec.evaluation
     release = admit_evaluation(name, shard_dir, [model.label for model in request.models],
                                request.eval_noise_multiplier)
-    summaries = release.release(score_site(name, request.models, weights, load_shard(shard_dir), request.bins,
-                                           request.min_count, torch.device("cpu")))
-    return {"shard_hash": shard_content_hash(shard_dir), "privacy": release.privacy,
+    summaries, shard_hash = release.scored(shard_dir, request.models, weights, request.bins, request.min_count)
+    return {"shard_hash": shard_hash, "privacy": release.privacy,
             "summaries": [{split: {"report": report, "histograms": histograms}
                            for split, (report, histograms) in summary.items()} for summary in summaries]}
