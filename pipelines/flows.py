@@ -24,7 +24,7 @@ from prefect.deployments import run_deployment
 from federated import launch
 from federated.backends import SiteFailure
 from federated.sites import site_shard_dirs
-from pipelines import evaluations, runs, tracking
+from pipelines import evaluations, retention, runs, tracking
 from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, preprocess
 from pipelines.site_params import site_yaml
@@ -196,3 +196,16 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
     create_markdown_artifact(key="compare", markdown=markdown_table(fold_intervals(table)),
                              description="runs of the experiment, best first")
     return summaries
+
+
+# --- retention ----------------------------------------------------------------------------------------
+@flow(name="prune")
+def prune(older_than_days: int = retention.RETENTION_DAYS, dry_run: bool = False) -> list[str]:
+    """The centre's stores pruned to its retention policy (pipelines/retention.py): what went, one per line."""
+    uri = tracking.configure()
+    planned = retention.plan(older_than_days, tracking.run_outputs_dir() / "checkpoints",
+                             prefect=bool(os.environ.get("PREFECT_API_URL")))
+    notes = [] if dry_run else retention.apply(planned, uri if uri.startswith("sqlite:///") else None)
+    create_markdown_artifact(key="prune", markdown="\n".join(f"- {line}" for line in planned.lines() + notes),
+                             description=f"{'would remove' if dry_run else 'removed'} (retention policy)")
+    return planned.lines() + notes

@@ -80,7 +80,7 @@ def test_deploy_registers_one_role_paused_then_every_deployment(prefect_server):
     centre = {d["name"] for d in declared if d["work_pool"]["name"] == "fedauc-central" and "demo-only" not in d.get("tags", [])}
     assert pools == {"site-vienna", "fedauc-central"} and set(deployments) == centre | {
         "onboard-vienna", "preprocess-vienna", "client-vienna"}
-    assert centre == {"consortium-chest-codasca", "consortium-melanoma-codasca"}
+    assert centre == {"consortium-chest-codasca", "consortium-melanoma-codasca", "prune-centre"}
     assert all(not s.active for name in centre for s in deployments[name].schedules) and deployments[
         "consortium-chest-codasca"].schedules
     assert "not edited yet" in result.stdout and "consortium-chest-codasca" in result.stdout

@@ -43,12 +43,23 @@ def test_the_centres_production_deployments_hold_no_demo_path():
     federation, kit or shards; the in-process ones that read every hospital's shards are marked demo-only."""
     centre = [d for d in DEPLOYMENTS if d["work_pool"]["name"] == "fedauc-central"]
     production = [d for d in centre if "demo-only" not in d.get("tags", [])]
-    assert {d["name"] for d in production} == {"consortium-chest-codasca", "consortium-melanoma-codasca"}
+    assert {d["name"] for d in production} == {"consortium-chest-codasca", "consortium-melanoma-codasca",
+                                               "prune-centre"}
+    production = [d for d in production if d["name"] != "prune-centre"]  # it takes no federation
     for deployment in production:
         assert "demo" not in yaml.safe_dump(deployment["parameters"]), deployment["name"]
         assert deployment["parameters"]["federation_yaml"].startswith("EDIT-ME/")
         assert deployment["parameters"]["launcher"]["kit"].startswith("EDIT-ME/")
-    assert all(d["parameters"].get("launcher", {}).get("kind") != "flare" for d in centre if d not in production)
+    assert all((d.get("parameters") or {}).get("launcher", {}).get("kind") != "flare" for d in centre
+               if d not in production)
+
+
+def test_the_centre_prunes_nightly_to_the_one_retention_default():
+    """The retention period is the flow's default (pipelines/retention.py), not a second number here."""
+    prune = next(d for d in DEPLOYMENTS if d["name"] == "prune-centre")
+    assert prune["work_pool"]["name"] == "fedauc-central" and prune["concurrency_limit"] == 1
+    assert prune["schedules"][0]["cron"] == "0 5 * * *"
+    assert "older_than_days" not in (prune.get("parameters") or {})
 
 
 def test_each_demo_site_preprocesses_in_its_own_pool():

@@ -4,7 +4,7 @@ into a package. Each module here holds one group of commands; this one puts them
 
 from __future__ import annotations
 
-from pipelines.cli import consortium, data, evaluation, hospital, operations, sites, training
+from pipelines.cli import consortium, data, evaluation, hospital, operations, retention, sites, training
 from pipelines.cli.application import app
 
 app.command()(data.inspect)
@@ -19,6 +19,7 @@ app.command("thresholds")(hospital.thresholds_command)
 app.command("pacs")(hospital.pacs_command)
 app.command()(operations.ui)
 app.command()(operations.deploy)
+app.command("prune")(retention.prune_command)
 app.add_typer(sites.sites_app, name="sites")
 app.add_typer(sites.federation_app, name="federation")
 app.add_typer(consortium.consortium_app, name="consortium")

@@ -1,0 +1,40 @@
+"""``fedauc prune``: the centre's stores pruned to its retention policy (pipelines/retention.py)."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+
+def prune_command(
+    # Its default is read when the command runs: importing pipelines.retention (MLflow, torch) here would slow
+    # every fedauc command's start.
+    older_than_days: int = typer.Option(None, "--older-than-days", min=1,
+                                        show_default="pipelines/retention.py RETENTION_DAYS",
+                                        help="Remove the detail older than this (docs/consortium.md, Retention)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would go; change nothing."),
+    backend_store_uri: str = typer.Option(None, "--backend-store-uri",
+                                          help="The MLflow database, for `mlflow gc` (default: the embedded "
+                                               "SQLite store; with a tracking server, its database)."),
+) -> None:
+    """Remove evaluation and PACS-scoring runs, Prefect's finished flow runs (when PREFECT_API_URL names a
+    server) and finished trainings' checkpoint rounds but the final, older than --older-than-days. Trainings,
+    registered models, the champion's history and privacy records are kept."""
+    from pipelines.prefect_env import configure_prefect_env
+
+    configure_prefect_env()
+    from pipelines import retention, tracking
+
+    uri = tracking.configure()
+    backend_store_uri = backend_store_uri or (uri if uri.startswith("sqlite:///") else None)
+    planned = retention.plan(older_than_days or retention.RETENTION_DAYS, tracking.run_outputs_dir() / "checkpoints",
+                             prefect=bool(os.environ.get("PREFECT_API_URL")))
+    for line in planned.lines():
+        typer.echo(line)
+    if dry_run:
+        typer.echo("dry run: nothing was removed")
+        return
+    for note in retention.apply(planned, backend_store_uri):
+        typer.echo(note)
+    typer.echo("pruned")

@@ -1,0 +1,181 @@
+"""What a centre keeps for ever and what ``fedauc prune`` removes after ``older_than_days`` (docs/consortium.md
+"Running for a year", "Retention").
+
+Kept for ever: trainings' parent runs and their site runs (the privacy spending is logged there), the
+registered models, their versions' tags and the champion alias (the champion's history), and any run that
+records privacy spending (a noised evaluation's ``privacy.<site>.*`` parameters). Pruned after the retention
+period: the detail of evaluation and PACS-scoring runs (their metrics and figures; each day's scoring was
+already read into the drift figure of the days after it), Prefect's finished flow runs, and in each
+checkpoint folder of a training that ended, every round but the one ``LATEST`` names (what a resume or an
+audit of the final model needs).
+
+Each store is pruned through its own mechanism: MLflow runs are deleted through its client and then purged
+with ``mlflow gc`` (runs, metrics and artifacts), SQLite's file then compacted with ``VACUUM``; Prefect flow
+runs through its API; checkpoint rounds are fedauc's own files. Logs are rotated by journald (the systemd
+units) and NVIDIA FLARE's rotating log handler, not here. A plan names runs by id and name, flow runs by
+name, checkpoints by their folder under ``checkpoints/``: nothing that identifies a patient.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities import ViewType
+
+from federated.checkpoint import LATEST
+from federated.schema import EVALUATION_ROLE, PRIVACY_PREFIX, ROLE_TAG, SCORING_ROLE
+
+# One quarter: a quarter's drift and evaluations stay in MLflow for the quarterly review (and the drift
+# figure, redrawn each day from the days before, shows them); a year of 8 sites' detail would otherwise be
+# most of the MLflow store (docs/consortium.md "Retention").
+RETENTION_DAYS = 90
+PRUNED_ROLES = (EVALUATION_ROLE, SCORING_ROLE)
+GC_BATCH = 500  # run ids per `mlflow gc` call: a command line well under any system's limit
+PAGE = 5_000
+
+
+@dataclass
+class Plan:
+    """What a prune removes; printed by ``--dry-run`` and done by :func:`apply`."""
+
+    older_than_days: int
+    runs: list[tuple[str, str, str]] = field(default_factory=list)  # (run id, role, run name)
+    kept_for_privacy: int = 0
+    flow_runs: list[tuple[str, str]] = field(default_factory=list)  # (flow run id, flow run name)
+    checkpoint_rounds: list[Path] = field(default_factory=list)
+    checkpoints_root: Path | None = None
+
+    def lines(self) -> list[str]:
+        """What would go, one line per item, after a line of counts."""
+        freed = sum(_size(path) for path in self.checkpoint_rounds)
+        head = (f"older than {self.older_than_days} days: {len(self.runs)} MLflow evaluation/scoring run(s), "
+                f"{len(self.flow_runs)} Prefect flow run(s), {len(self.checkpoint_rounds)} checkpoint round(s) "
+                f"({freed / 1e6:.1f} MB); kept: trainings, registered models, the champion's history"
+                + (f", {self.kept_for_privacy} run(s) recording privacy spending" if self.kept_for_privacy else ""))
+        lines = [head]
+        lines += [f"mlflow run {run_id} ({role}) {name}" for run_id, role, name in self.runs]
+        lines += [f"prefect flow run {name}" for _, name in self.flow_runs]
+        lines += [f"checkpoint {path.relative_to(self.checkpoints_root.parent)}" for path in self.checkpoint_rounds]
+        return lines
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def records_privacy(run) -> bool:
+    """A run that says what a job spent of a site's privacy budget: kept, whatever its age."""
+    return (any(key.startswith(PRIVACY_PREFIX) for key in run.data.metrics)
+            or any(key.startswith("privacy.") or key == "eval_noise_multiplier" for key in run.data.params)
+            or any(key.startswith("privacy.") for key in run.data.tags))
+
+
+def old_runs(client: MlflowClient, cutoff_ms: int) -> tuple[list[tuple[str, str, str]], int]:
+    """Evaluation and scoring runs of every experiment started before ``cutoff_ms``, but those recording
+    privacy spending (their count returned beside them). Filtered by role and time in the store's query."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found, kept = [], 0
+    for role in PRUNED_ROLES:
+        token = None
+        while experiments:
+            page = client.search_runs(experiments, f"tags.{ROLE_TAG} = '{role}' and attributes.start_time < {cutoff_ms}",
+                                      run_view_type=ViewType.ACTIVE_ONLY, max_results=PAGE, page_token=token)
+            for run in page:
+                if records_privacy(run):
+                    kept += 1
+                else:
+                    found.append((run.info.run_id, role, run.info.run_name or ""))
+            token = page.token
+            if not token:
+                break
+    return found, kept
+
+
+def old_checkpoint_rounds(checkpoints_root: Path, cutoff_s: float) -> list[Path]:
+    """In each training's checkpoint folder whose ``LATEST`` was last written before ``cutoff_s`` (the
+    training ended, or stopped long ago), every round folder but the one ``LATEST`` names."""
+    rounds = []
+    for folder in sorted(p for p in Path(checkpoints_root).glob("*") if (p / LATEST).is_file()):
+        pointer = folder / LATEST
+        if pointer.stat().st_mtime >= cutoff_s:
+            continue
+        final = pointer.read_text().strip()
+        rounds += sorted(p for p in folder.glob("round_*") if p.is_dir() and p.name != final)
+    return rounds
+
+
+def old_flow_runs(cutoff_s: float) -> list[tuple[str, str]]:
+    """Prefect's flow runs in a final state that started before ``cutoff_s`` (the server PREFECT_API_URL names)."""
+    from datetime import datetime, timezone
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    final = [StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]
+    query = FlowRunFilter(start_time=FlowRunFilterStartTime(before_=datetime.fromtimestamp(cutoff_s, timezone.utc)),
+                          state=FlowRunFilterState(type=FlowRunFilterStateType(any_=final)))
+    found = []
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_flow_runs(flow_run_filter=query, limit=200, offset=len(found))
+            found += [(str(run.id), run.name) for run in page]
+            if len(page) < 200:
+                return found
+
+
+def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = None, prefect: bool = True,
+         now: float | None = None) -> Plan:
+    """What a prune of the store MLflow is configured for (and Prefect's server, and ``checkpoints_root``)
+    would remove; changes nothing."""
+    if older_than_days < 1:
+        raise ValueError(f"--older-than-days must be at least 1, not {older_than_days}")
+    cutoff_s = (time.time() if now is None else now) - older_than_days * 86_400
+    runs, kept = old_runs(MlflowClient(), int(cutoff_s * 1000))
+    result = Plan(older_than_days, runs, kept, checkpoints_root=checkpoints_root)
+    if prefect:
+        result.flow_runs = old_flow_runs(cutoff_s)
+    if checkpoints_root is not None and Path(checkpoints_root).is_dir():
+        result.checkpoint_rounds = old_checkpoint_rounds(Path(checkpoints_root), cutoff_s)
+    return result
+
+
+def apply(planned: Plan, backend_store_uri: str | None) -> list[str]:
+    """Remove what ``planned`` lists; ``backend_store_uri`` (the tracking database) lets ``mlflow gc`` purge
+    the deleted runs here, else they wait in MLflow's trash for a gc at the tracking server. Returns notes."""
+    notes = []
+    client = MlflowClient()
+    ids = [run_id for run_id, _, _ in planned.runs]
+    for run_id in ids:
+        client.delete_run(run_id)
+    if ids and backend_store_uri:
+        for start in range(0, len(ids), GC_BATCH):
+            subprocess.run([sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", backend_store_uri,
+                            "--run-ids", ",".join(ids[start:start + GC_BATCH])], check=True, capture_output=True)
+        if backend_store_uri.startswith("sqlite:///"):
+            with sqlite3.connect(backend_store_uri.removeprefix("sqlite:///"), isolation_level=None) as db:
+                db.execute("VACUUM")  # SQLite keeps freed pages in its file until compacted
+    elif ids:
+        notes.append(f"{len(ids)} MLflow run(s) deleted; `mlflow gc --backend-store-uri <its database>` at the "
+                     "tracking server frees their rows and artifacts")
+    if planned.flow_runs:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as prefect_client:
+            for flow_run_id, _ in planned.flow_runs:
+                prefect_client.delete_flow_run(flow_run_id)
+    for round_dir in planned.checkpoint_rounds:
+        shutil.rmtree(round_dir)
+    return notes
