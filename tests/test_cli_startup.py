@@ -1,8 +1,8 @@
-"""What a daily command loads before it answers (issue 45: every daily command answers in under 2 s): `fedauc
---help`, `fedauc compare` and the champion's lookup import neither torch nor the training stack, and the
-command line's choice names, defined in light modules, agree with what they name. Each check runs in a fresh
-interpreter, since this test session has long imported everything; what it checks is which modules are loaded,
-not how long they take (benchmarks/cli_startup.py measures that)."""
+"""What a daily command loads before it answers (issue 45: every daily command answers in under 2 s):
+`fedauc --help`, `fedauc compare`, `fedauc consortium status` and the champion's lookup import neither torch
+nor the training stack, and the command line's choice names, defined in light modules, agree with what they
+name. Each check runs in a fresh interpreter, since this test session has long imported everything; what it
+checks is which modules are loaded, not how long they take (benchmarks/cli_startup.py measures that)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,16 @@ def test_compare_loads_mlflow_only():
     loaded = loaded_by_fedauc("compare", "--experiment", "no-such-experiment")
     assert "mlflow" in loaded
     assert not loaded & TRAINING_STACK
+
+
+def test_consortium_status_loads_no_torch(tmp_path):
+    """`fedauc consortium status` reads the server through NVFlare's admin API and the jobs' live files
+    (federated/flare/centre/operate.py and feed.py): no engine. A folder that is no kit ends it before any
+    connection; everything the command imports is imported by then."""
+    loaded = loaded_by_fedauc("consortium", "status", "--kit", str(tmp_path))
+    assert "nvflare" in loaded
+    assert not loaded & (TRAINING_STACK - {"nvflare"})
+    assert not loaded_after("import federated.flare.centre.operate") & {"torch", "prefect", "mlflow"}
 
 
 def test_champion_lookup_loads_no_torch():
