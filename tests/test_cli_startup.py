@@ -33,7 +33,8 @@ TRAINING_STACK = {"torch", "torchvision", "prefect", "nvflare", "opacus"}
 
 def loaded_after(body: str) -> set[str]:
     done = subprocess.run([sys.executable, "-c", _LOADED_AFTER.format(body=body)], capture_output=True, text=True,
-                          timeout=300, check=True)
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
