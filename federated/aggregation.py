@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from federated.settings import RULES
 from preprocessing.errors import ConfigError
-
-RULES = ("mean", "trimmed-mean", "median")
 
 
 @dataclass(frozen=True)

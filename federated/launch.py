@@ -19,8 +19,9 @@ down; nothing downstream branches on where the sites are. A launcher owns what d
   relative to each hospital's own working directory);
 - ``params()``: what MLflow records about the place (``backend``, and FLARE's environment).
 
-``LAUNCHERS`` lists the kinds; the command line's ``--backend`` choices are its keys. Adding a launcher:
-README.md "Adding a launcher or a transport".
+``LAUNCHERS`` lists the kinds; its keys are ``federated.settings.LAUNCHER_KINDS``, the command line's ``--backend``
+choices, which load no torch (tests/test_cli_startup.py checks they agree). Adding a launcher: README.md "Adding a
+launcher or a transport".
 """
 
 from __future__ import annotations

@@ -79,12 +79,3 @@ def record_times(per_site: torch.Tensor, site_names: list[str]) -> dict:
     held_up = compute[slowest] - compute[order[1]] if len(order) > 1 else 0.0
     return {"site_compute_s": compute, "site_wait_s": wait,
             "slowest": {"site": site_names[slowest], "compute_s": compute[slowest], "held_up_s": held_up}}
-
-
-def describe_slowest(record: dict) -> str | None:
-    """One phrase naming the round's slowest site and its delay, or None for a record without timings."""
-    slowest = record.get("slowest")
-    if not slowest:
-        return None
-    return (f"slowest site {slowest['site']!r} ({slowest['compute_s']:.1f} s, held the round up "
-            f"{slowest['held_up_s']:.1f} s)")

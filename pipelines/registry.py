@@ -10,7 +10,6 @@ import math
 
 import mlflow
 import numpy as np
-import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
@@ -68,6 +67,8 @@ def register_model(
     statistics when the registered model is loaded; the example batch has two rows because torch.export
     freezes a batch dimension of size one.
     """
+    import torch  # here: the champion's lookup, a daily command, imports this module and needs no torch
+
     if input_example.shape[0] < 2:
         raise ValueError("input_example needs at least 2 rows: torch.export treats a batch of 1 as static")
     model.eval()

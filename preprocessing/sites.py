@@ -35,6 +35,7 @@ from preprocessing.adapters.base import AdapterOptions, MetadataError, read_meta
 from preprocessing.decode import DecodeLimits
 from preprocessing.errors import ConfigError
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
+from preprocessing.privacy_budget import PrivacyBudget
 from preprocessing.records import TASK_DISEASES, VIEWS
 
 
@@ -80,18 +81,6 @@ class SharingPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
     qc_grid: bool = False
     min_count: int = Field(10, ge=1)
-
-
-class PrivacyBudget(BaseModel):
-    """``privacy: {epsilon, delta}``: what every training on this site's records together may spend (the site's
-    ledger, in its state directory, composes them; federated/privacy/ledger.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-    epsilon: float = Field(gt=0)
-    delta: float = Field(gt=0, lt=1)
-    # How the site composes its releases into its spend (federated/privacy/accounting.py): the site's choice, not
-    # a job's. RDP (Mironov 2017) or PRV (Gopi et al. 2021), both Opacus's.
-    accountant: Literal["rdp", "prv"] = "rdp"
 
 
 class PacsSettings(BaseModel):

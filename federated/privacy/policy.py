@@ -10,13 +10,15 @@ al., "Differentially Private SGDA for Minimax Problems", UAI 2022), composed by 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from torch import nn
 
 from preprocessing.errors import ConfigError
-from preprocessing.sites import PrivacyBudget
+from preprocessing.privacy_budget import PrivacyBudget
+
+if TYPE_CHECKING:  # the settings (federated/settings.py) import this module without torch
+    from torch import nn
 
 
 def dp_methods() -> dict[str, str]:
@@ -91,6 +93,8 @@ def check_dp_job(algorithm: str, dp: DPConfig | dict | None, guarantee_positives
 
 
 def batch_norm_layers(model: nn.Module) -> list[str]:
+    from torch import nn
+
     return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 

@@ -4,18 +4,21 @@ FLARE job) and tabulate the trainings (``fedauc evaluate``: pipelines/cli/evalua
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import typer
 
-from federated.aggregation import RULES
 from federated.flare.centre.environments import FLARE_ENVS
-from federated.launch import LAUNCHERS, Launcher
+from federated.settings import LAUNCHER_KINDS, RULES
 from pipelines.cli.application import flows
 from preprocessing.errors import ConfigError
 
-# The command line's choices, derived from the one definition of each (federated/launch.py LAUNCHERS,
-# federated/aggregation.py RULES, federated/flare/centre/environments.py FLARE_ENVS).
-TrainBackend = Enum("TrainBackend", {kind: kind for kind in LAUNCHERS}, type=str)
+if TYPE_CHECKING:
+    from federated.launch import Launcher
+
+# The command line's choices, derived from the one definition of each (federated/settings.py LAUNCHER_KINDS and
+# RULES, federated/flare/centre/environments.py FLARE_ENVS), which load no torch: `fedauc --help` stays quick.
+TrainBackend = Enum("TrainBackend", {kind: kind for kind in LAUNCHER_KINDS}, type=str)
 Aggregation = Enum("Aggregation", {rule: rule for rule in RULES}, type=str)
 FlareEnv = Enum("FlareEnv", {env: env for env in FLARE_ENVS}, type=str)
 
@@ -23,6 +26,8 @@ FlareEnv = Enum("FlareEnv", {env: env for env in FLARE_ENVS}, type=str)
 def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_workspace: str, kit: str | None) -> Launcher:
     """The launcher the options name, checked (a wrong combination is one line with its fix)."""
     from pathlib import Path
+
+    from federated.launch import LAUNCHERS
 
     if backend.value != "flare" and kit is not None:
         raise ConfigError("--kit (the admin's startup kit) goes with --backend flare --flare-env prod",
@@ -37,8 +42,8 @@ def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_work
 def bound(setting: str) -> str:
     """The bound the training's settings hold ``setting`` to (a TrainSettings field, ``dp.`` a DPConfig one), as
     --help shows it: pydantic checks it, once, and names the option of a value outside it."""
-    from federated.config import TrainSettings
     from federated.privacy.policy import DPConfig
+    from federated.settings import TrainSettings
 
     model = DPConfig if setting.startswith("dp.") else TrainSettings
     marks = [f"{sign} {getattr(limit, attribute)}" for limit in model.model_fields[setting.removeprefix("dp.")].metadata

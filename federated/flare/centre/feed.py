@@ -21,11 +21,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from federated.engine import RoundCallback
 from federated.flare.centre.session import quiet_session
 from federated.flare.protocol import LIVE_FILE
-from federated.timing import describe_slowest
+
+if TYPE_CHECKING:  # `fedauc consortium status` reads the live file through this module without loading torch
+    from federated.reporting import RoundCallback
 
 
 def parse(text: str) -> list[dict]:
@@ -162,6 +164,16 @@ def admin_reader(kit: Path, username: str, job_id: str) -> LiveReader:
             session.close()
     return LiveReader(read, (OSError, FLCommunicationError, api_spec.SessionClosed, api_spec.NoReply,
                              api_spec.InternalError, api_spec.AuthenticationError, api_spec.AuthorizationError))
+
+
+def describe_slowest(record: dict) -> str | None:
+    """One phrase naming the round's slowest site and its delay (the record's ``slowest``: federated/timing.py), or
+    None for a record without timings."""
+    slowest = record.get("slowest")
+    if not slowest:
+        return None
+    return (f"slowest site {slowest['site']!r} ({slowest['compute_s']:.1f} s, held the round up "
+            f"{slowest['held_up_s']:.1f} s)")
 
 
 VALID_AUC = "valid/pooled/auc_macro"
