@@ -91,7 +91,7 @@ def run_fedauc(job: dict) -> dict:
     """fedauc in-process (``flare``: over NVIDIA FLARE's simulator, one process per site) from this process."""
     import torch
 
-    from federated.engine import train
+    from federated.training import train
     from federated.sites import federation_config
     from preprocessing.federation import load_federation
 
