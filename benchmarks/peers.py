@@ -91,8 +91,8 @@ def run_fedauc(job: dict) -> dict:
     """fedauc in-process (``flare``: over NVIDIA FLARE's simulator, one process per site) from this process."""
     import torch
 
-    from federated.training import train
     from federated.sites import federation_config
+    from federated.training import train
     from preprocessing.federation import load_federation
 
     torch.set_num_threads(1)
