@@ -34,6 +34,7 @@ async def _one_run(client, flow_id, deployment_id, name: str, when: dt.datetime,
 
 async def _deployments(client, sites: list[str]) -> dict[str, tuple]:
     from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
 
     out = {}
     for flow_name, deployment, pool in ([("score_pacs", f"pacs-scoring-{s}", f"site-{s}") for s in sites]
@@ -41,7 +42,7 @@ async def _deployments(client, sites: list[str]) -> dict[str, tuple]:
                                            ("train_federated", "consortium-chest-codasca", "fedauc-central")]):
         try:
             await client.read_work_pool(pool)
-        except Exception:  # not there yet
+        except ObjectNotFound:  # not there yet
             await client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         flow_id = await client.create_flow_from_name(flow_name)
         out[deployment] = (flow_id, await client.create_deployment(flow_id, deployment, work_pool_name=pool,

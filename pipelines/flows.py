@@ -219,10 +219,7 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
 @flow(name="prune")
 def prune(older_than_days: int = retention.RETENTION_DAYS, dry_run: bool = False) -> list[str]:
     """The centre's stores pruned to its retention policy (pipelines/retention.py): what went, one per line."""
-    uri = tracking.configure()
-    planned = retention.plan(older_than_days, tracking.run_outputs_dir() / "checkpoints",
-                             prefect=bool(os.environ.get("PREFECT_API_URL")))
-    notes = [] if dry_run else retention.apply(planned, uri if uri.startswith("sqlite:///") else None)
-    create_markdown_artifact(key="prune", markdown="\n".join(f"- {line}" for line in planned.lines() + notes),
+    lines = retention.prune_centre(tracking.configure(), older_than_days, dry_run)
+    create_markdown_artifact(key="prune", markdown="\n".join(f"- {line}" for line in lines),
                              description=f"{'would remove' if dry_run else 'removed'} (retention policy)")
-    return planned.lines() + notes
+    return lines

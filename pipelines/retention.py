@@ -18,6 +18,7 @@ name, checkpoints by their folder under ``checkpoints/``: nothing that identifie
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -150,6 +151,20 @@ def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = 
     if checkpoints_root is not None and Path(checkpoints_root).is_dir():
         result.checkpoint_rounds = old_checkpoint_rounds(Path(checkpoints_root), cutoff_s)
     return result
+
+
+def prune_centre(tracking_uri: str, older_than_days: int = RETENTION_DAYS, dry_run: bool = False,
+                 backend_store_uri: str | None = None) -> list[str]:
+    """The prune ``fedauc prune`` and the ``prune`` flow run: the store at ``tracking_uri`` (purged by ``mlflow
+    gc`` where it is the embedded SQLite file or ``backend_store_uri`` names the database), Prefect's server
+    where ``PREFECT_API_URL`` names one, and the run outputs' checkpoints. What went (or would), one per line."""
+    from pipelines.tracking import run_outputs_dir
+
+    planned = plan(older_than_days, run_outputs_dir() / "checkpoints", prefect=bool(os.environ.get("PREFECT_API_URL")))
+    if dry_run:
+        return planned.lines()
+    store = backend_store_uri or (tracking_uri if tracking_uri.startswith("sqlite:///") else None)
+    return planned.lines() + apply(planned, store)
 
 
 def apply(planned: Plan, backend_store_uri: str | None) -> list[str]:

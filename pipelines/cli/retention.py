@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 
@@ -26,15 +24,8 @@ def prune_command(
     configure_prefect_env()
     from pipelines import retention, tracking
 
-    uri = tracking.configure()
-    backend_store_uri = backend_store_uri or (uri if uri.startswith("sqlite:///") else None)
-    planned = retention.plan(older_than_days or retention.RETENTION_DAYS, tracking.run_outputs_dir() / "checkpoints",
-                             prefect=bool(os.environ.get("PREFECT_API_URL")))
-    for line in planned.lines():
+    lines = retention.prune_centre(tracking.configure(), older_than_days or retention.RETENTION_DAYS, dry_run,
+                                   backend_store_uri)
+    for line in lines:
         typer.echo(line)
-    if dry_run:
-        typer.echo("dry run: nothing was removed")
-        return
-    for note in retention.apply(planned, backend_store_uri):
-        typer.echo(note)
-    typer.echo("pruned")
+    typer.echo("dry run: nothing was removed" if dry_run else "pruned")
