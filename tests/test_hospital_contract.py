@@ -218,6 +218,23 @@ def test_drift_leaves_once_per_site_and_day(tmp_path):
     assert "privacy budget" in private["withheld"]
 
 
+
+def test_the_drift_figure_shows_the_last_days_in_day_order():
+    # Drawn again with each day's record: over every day so far a year's figures would grow with the square
+    # of the days, and MLflow's first page of runs (1,000) would freeze the figure after three years.
+    reference = np.linspace(0, 1, 60)[:, None]
+    day_one = dt.date(2026, 3, 1)
+    # Recorded out of order, as a centre out of reach for a while receives its days.
+    for offset in (0, 4, 1, 3, 2, 5):
+        scores = [0.1 + 0.15 * offset] * 10
+        summary = drift.release(drift.tally(_rows(scores), reference, ["A"]), SharingPolicy(min_count=1))
+        drift.record("melanoma", "drift-window-clinic", MODEL, "1", summary, (day_one + dt.timedelta(days=offset)).isoformat())
+    figure = drift.drift_figure("melanoma", "drift-window-clinic", days=3)
+    (line,) = [line for line in figure.axes[0].lines if line.get_label() == "A"]
+    assert list(line.get_xdata()) == [day_one + dt.timedelta(days=d) for d in (3, 4, 5)]
+    assert list(line.get_ydata()) == sorted(line.get_ydata())  # the later days drifted further
+
+
 @pytest.mark.slow
 def test_fedauc_pacs_refuses_a_synthetic_model_unless_told_and_reports_once_a_day(tmp_path, monkeypatch):
     store = register_chest_model(tmp_path / "store", synthetic_sites=("stanford", "hanoi"))

@@ -25,7 +25,7 @@ stability index
 between the day's proportions ``a`` and the validation split's ``e`` (both floored at ``EPSILON``, so that an
 empty or suppressed bin counts as rare, not impossible). Above ``PSI_WARNING`` (0.25, the usual "major
 shift" line; 0.1 - 0.25 is read as moderate) ``record`` returns a one-line warning. ``drift_figure`` draws
-a site's PSI per disease over its days.
+a site's PSI per disease over its last ``FIGURE_DAYS`` days.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import os
 from pathlib import Path
 
 import matplotlib
+import matplotlib.dates
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -57,6 +58,8 @@ from preprocessing.small_counts import at_least, is_suppressed, released
 BINS = 5
 EPSILON = 1e-4
 PSI_WARNING = 0.25
+# A quarter of daily records: readable on one figure, and what the centre keeps of scoring detail by default.
+FIGURE_DAYS = 90
 
 
 def quantile_edges(reference: np.ndarray) -> np.ndarray:
@@ -206,27 +209,30 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
     return warnings
 
 
-def drift_figure(task: str, site: str):
-    """PSI per disease over the site's scoring runs (all model versions, oldest first); None before any."""
+def drift_figure(task: str, site: str, days: int = FIGURE_DAYS):
+    """PSI per disease over the site's last ``days`` scoring records (every model version), in the order of
+    their days; None before any. A fixed window: the figure is drawn again with every day's record, and a
+    figure of all the days so far would make a year's figures grow with the square of the days."""
     from pipelines import tracking
 
-    client = MlflowClient()
-    runs = client.search_runs([tracking.experiment_id(task)],
-                              f"tags.{ROLE_TAG} = '{SCORING_ROLE}' and tags.site = '{site}'", order_by=["attributes.start_time ASC"])
-    series: dict[str, list[tuple[str, float]]] = {}
+    runs = MlflowClient().search_runs([tracking.experiment_id(task)],
+                                      f"tags.{ROLE_TAG} = '{SCORING_ROLE}' and tags.site = '{site}'",
+                                      max_results=days, order_by=["tags.day DESC"])
+    series: dict[str, list[tuple[dt.date, float]]] = {}
     for run in runs:
+        day = dt.date.fromisoformat(run.data.tags["day"])
         for key, value in run.data.metrics.items():
             if key.startswith("psi/"):
-                series.setdefault(key.removeprefix("psi/"), []).append((run.data.tags.get("day", "?"), value))
+                series.setdefault(key.removeprefix("psi/"), []).append((day, value))
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for disease, points in sorted(series.items()):
-        days, values = zip(*points)
-        ax.plot(days, values, marker="o", label=disease)
+        when, values = zip(*sorted(points))
+        ax.plot(when, values, marker="o", ms=3, label=disease)
     ax.axhline(PSI_WARNING, color="tab:red", ls="--", lw=1, label=f"warning ({PSI_WARNING})")
-    ax.set(ylabel="PSI vs validation", title=f"{task} at {site}: drift of the scores")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.set(ylabel="PSI vs validation", title=f"{task} at {site}: drift of the scores, last {days} records")
+    ax.xaxis.set_major_formatter(matplotlib.dates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
