@@ -36,7 +36,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from federated.checkpoint import LATEST
-from federated.flare.centre.prune import FinishedJob, delete_jobs, old_jobs
+from federated.flare.centre.prune import FinishedJob, delete_jobs, old_jobs, old_local_runs, remove_local_runs
 from federated.schema import EVALUATION_ROLE, PRIVACY_PREFIX, ROLE_TAG, SCORING_ROLE
 
 # One quarter: a quarter's drift and evaluations stay in MLflow for the quarterly review (and the drift
@@ -59,13 +59,15 @@ class Plan:
     checkpoint_rounds: list[Path] = field(default_factory=list)
     checkpoints_root: Path | None = None
     flare_jobs: dict[Path, list[FinishedJob]] = field(default_factory=dict)  # per consortium (its admin kit)
+    flare_local_runs: dict[Path, list[Path]] = field(default_factory=dict)  # per --flare-workspace
 
     def lines(self) -> list[str]:
         """What would go, one line per item, after a line of counts."""
         freed = sum(_size(path) for path in self.checkpoint_rounds)
         head = (f"older than {self.older_than_days} days: {len(self.runs)} MLflow evaluation/scoring run(s), "
                 f"{len(self.flow_runs)} Prefect flow run(s), {len(self.checkpoint_rounds)} checkpoint round(s) "
-                f"({freed / 1e6:.1f} MB), {sum(map(len, self.flare_jobs.values()))} finished NVIDIA FLARE job(s); "
+                f"({freed / 1e6:.1f} MB), {sum(map(len, self.flare_jobs.values()))} finished NVIDIA FLARE job(s), "
+                f"{sum(map(len, self.flare_local_runs.values()))} NVIDIA FLARE simulator/POC workspace(s); "
                 "kept: trainings, registered models, the champion's history"
                 + (f", {self.kept_for_privacy} run(s) recording privacy spending" if self.kept_for_privacy else ""))
         lines = [head]
@@ -74,6 +76,8 @@ class Plan:
         lines += [f"checkpoint {path.relative_to(self.checkpoints_root.parent)}" for path in self.checkpoint_rounds]
         lines += [f"nvflare job {job.job_id} ({job.status}) {job.name}" for jobs in self.flare_jobs.values()
                   for job in jobs]
+        lines += [f"nvflare workspace {workspace.name}/{run.relative_to(workspace)}"
+                  for workspace, runs in self.flare_local_runs.items() for run in runs]
         return lines
 
 
@@ -153,9 +157,10 @@ def old_flow_runs(cutoff_s: float) -> list[tuple[str, str]]:
 
 
 def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = None, prefect: bool = True,
-         now: float | None = None, kits: Sequence[Path] = ()) -> Plan:
-    """What a prune of the store MLflow is configured for (and Prefect's server, ``checkpoints_root`` and the
-    consortia the admin kits ``kits`` reach) would remove; changes nothing."""
+         now: float | None = None, kits: Sequence[Path] = (), flare_workspaces: Sequence[Path] = ()) -> Plan:
+    """What a prune of the store MLflow is configured for (and Prefect's server, ``checkpoints_root``, the
+    consortia the admin kits ``kits`` reach and the jobs run here in ``flare_workspaces``) would remove;
+    changes nothing."""
     if older_than_days < 1:
         raise ValueError(f"--older-than-days must be at least 1, not {older_than_days}")
     cutoff_s = (time.time() if now is None else now) - older_than_days * 86_400
@@ -166,19 +171,22 @@ def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = 
     if checkpoints_root is not None and Path(checkpoints_root).is_dir():
         result.checkpoint_rounds = old_checkpoint_rounds(Path(checkpoints_root), cutoff_s)
     result.flare_jobs = {Path(kit): old_jobs(kit, cutoff_s) for kit in kits}
+    result.flare_local_runs = {Path(w).resolve(): old_local_runs(Path(w).resolve(), cutoff_s) for w in flare_workspaces}
     return result
 
 
 def prune_centre(tracking_uri: str, older_than_days: int = RETENTION_DAYS, dry_run: bool = False,
-                 backend_store_uri: str | None = None, kits: Sequence[Path] = ()) -> list[str]:
+                 backend_store_uri: str | None = None, kits: Sequence[Path] = (),
+                 flare_workspaces: Sequence[Path] = ()) -> list[str]:
     """The prune ``fedauc prune`` and the ``prune`` flow run: the store at ``tracking_uri`` (purged by ``mlflow
     gc`` where it is the embedded SQLite file or ``backend_store_uri`` names the database), Prefect's server
     where ``PREFECT_API_URL`` names one, the run outputs' checkpoints, and the job store of each consortium whose
-    admin kit is in ``kits``. What went (or would), one per line."""
+    admin kit is in ``kits`` and the simulator and POC runs left in ``flare_workspaces``. What went (or would),
+    one per line."""
     from pipelines.tracking import run_outputs_dir
 
     planned = plan(older_than_days, run_outputs_dir() / "checkpoints", prefect=bool(os.environ.get("PREFECT_API_URL")),
-                   kits=kits)
+                   kits=kits, flare_workspaces=flare_workspaces)
     if dry_run:
         return planned.lines()
     store = backend_store_uri or (tracking_uri if tracking_uri.startswith("sqlite:///") else None)
@@ -217,4 +225,6 @@ def apply(planned: Plan, backend_store_uri: str | None) -> list[str]:
     for kit, jobs in planned.flare_jobs.items():
         if jobs:
             delete_jobs(kit, [job.job_id for job in jobs])
+    for runs in planned.flare_local_runs.values():
+        remove_local_runs(runs)
     return notes

@@ -20,10 +20,14 @@ def prune_command(
     kit: list[str] = typer.Option(None, "--kit",
                                   help="The admin's startup kit of a consortium the centre runs (repeat for each): "
                                        "its server's finished NVIDIA FLARE jobs are pruned too."),
+    flare_workspace: list[str] = typer.Option(None, "--flare-workspace",
+                                              help="A --flare-workspace of trainings run here (repeat for each): its "
+                                                   "old simulator job folders and POC consortia are removed too."),
 ) -> None:
     """Remove evaluation and PACS-scoring runs, Prefect's finished flow runs (when PREFECT_API_URL names a
-    server), finished trainings' checkpoint rounds but the final and the finished NVIDIA FLARE jobs of each
-    --kit's consortium, older than --older-than-days. Trainings, registered models, the champion's history
+    server), finished trainings' checkpoint rounds but the final, the finished NVIDIA FLARE jobs of each
+    --kit's consortium and the simulator and POC runs left in each --flare-workspace, older than
+    --older-than-days. Trainings, registered models, the champion's history
     and privacy records are kept."""
     from pathlib import Path
 
@@ -35,7 +39,8 @@ def prune_command(
 
     try:
         lines = retention.prune_centre(tracking.configure(), older_than_days or retention.RETENTION_DAYS, dry_run,
-                                       backend_store_uri, [Path(k) for k in kit or ()])
+                                       backend_store_uri, [Path(k) for k in kit or ()],
+                                       [Path(w) for w in flare_workspace or ()])
     except FedaucError as err:
         fail(err)
     for line in lines:

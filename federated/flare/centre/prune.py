@@ -12,16 +12,26 @@ stays whatever its age. A job's age is its submission time: a fedauc job ends wi
 the champion's training too: what is kept for ever of a training lives in MLflow (its parent run and its
 sites' runs with their privacy spending, the registered model), and each hospital's spending in its own
 ledger; the job store holds the job's definition and logs, which nothing of fedauc reads after the job.
+
+The jobs fedauc runs on the centre's own machine leave folders of its own in their ``--flare-workspace``: each
+simulator job its workspace (``<workspace>/<job name>/``: the server's and every site's logs and the result,
+kept for reading after a failure), each POC run its provisioned consortium (``<workspace>/poc/kits/<project>/
+prod_NN/``: kits, the server's job store, the sites' run folders). They are no store's, so fedauc removes them
+itself, once nothing in them was written for the retention period; the newest POC consortium stays (a POC
+running now uses it), as do the provisioning's state and project file beside them.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from preprocessing.errors import ConfigError
 
 FINISHED = "FINISHED"  # NVIDIA FLARE's RunStatus values of an ended job all start so ("FINISHED:COMPLETED", ...)
+# What NVIDIA FLARE's simulator makes in a job's workspace (startup/ and local/ for the run, server/ its server's).
+SIMULATOR_FOLDERS = ("startup", "local", "server")
 
 
 @dataclass(frozen=True)
@@ -69,3 +79,25 @@ def delete_jobs(kit: str | Path, job_ids: list[str]) -> None:
                                       "current policy, then prune again") from None
     finally:
         session.close()
+
+
+def old_local_runs(workspace: str | Path, cutoff_s: float) -> list[Path]:
+    """In a ``--flare-workspace``, the simulator jobs' workspaces and the POC consortia but the newest, nothing
+    in them written since ``cutoff_s``."""
+    workspace = Path(workspace)
+    if not workspace.is_dir():
+        return []
+    found = [p for p in workspace.iterdir()
+             if p.is_dir() and all((p / name).is_dir() for name in SIMULATOR_FOLDERS)]
+    for project in (workspace / "poc" / "kits").glob("*"):
+        found += sorted(p for p in project.glob("prod_*") if p.is_dir())[:-1]
+    return sorted(p for p in found if _last_written(p) < cutoff_s)
+
+
+def _last_written(folder: Path) -> float:
+    return max((p.lstat().st_mtime for p in [folder, *folder.rglob("*")]), default=0.0)
+
+
+def remove_local_runs(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder)
