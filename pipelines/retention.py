@@ -12,7 +12,7 @@ audit of the final model needs), and the finished jobs in the job store of each 
 
 Each store is pruned through its own mechanism: MLflow runs are deleted through its client and then purged
 with ``mlflow gc`` (runs, metrics and artifacts), SQLite's file then compacted with ``VACUUM``; Prefect flow
-runs through its API; checkpoint rounds are fedauc's own files; NVIDIA FLARE jobs through its admin command
+runs (with their logs and artifacts) through its API; checkpoint rounds are fedauc's own files; NVIDIA FLARE jobs through its admin command
 ``delete_job`` with the consortium's admin kit. Logs are rotated by journald (the systemd
 units) and NVIDIA FLARE's rotating log handler, not here. A plan names runs by id and name, flow runs by
 name, checkpoints by their folder under ``checkpoints/``, NVIDIA FLARE jobs by id and name: nothing that
@@ -46,6 +46,7 @@ RETENTION_DAYS = 90
 PRUNED_ROLES = (EVALUATION_ROLE, SCORING_ROLE)
 GC_BATCH = 500  # run ids per `mlflow gc` call: a command line well under any system's limit
 PAGE = 5_000
+PREFECT_BATCH = 200  # flow runs per request to Prefect's API
 
 
 @dataclass
@@ -149,11 +150,34 @@ def old_flow_runs(cutoff_s: float) -> list[tuple[str, str]]:
     found = []
     with get_client(sync_client=True) as client:
         while True:
-            page = client.read_flow_runs(flow_run_filter=query, sort=FlowRunSort.ID_DESC, limit=200,
+            page = client.read_flow_runs(flow_run_filter=query, sort=FlowRunSort.ID_DESC, limit=PREFECT_BATCH,
                                          offset=len(found))
             found += [(str(run.id), run.name) for run in page]
-            if len(page) < 200:
+            if len(page) < PREFECT_BATCH:
                 return found
+
+
+def delete_flow_runs(flow_run_ids: list[str]) -> None:
+    """Delete the flow runs with their artifacts through Prefect's API. Prefect drops a deleted run's logs
+    itself (a task of its server), not its artifacts (the evaluations' tables, the prune's own list): those
+    would stay in its database, orphaned, for ever."""
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for start in range(0, len(flow_run_ids), PREFECT_BATCH):
+            batch = [UUID(i) for i in flow_run_ids[start:start + PREFECT_BATCH]]
+            query = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=batch))
+            while artifacts := client.read_artifacts(artifact_filter=query, limit=PREFECT_BATCH):
+                for artifact in artifacts:
+                    client.delete_artifact(artifact.id)
+            for flow_run_id in batch:
+                # One deleted since the plan (a prune from the command line meanwhile) is passed over.
+                with contextlib.suppress(ObjectNotFound):
+                    client.delete_flow_run(flow_run_id)
 
 
 def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = None, prefect: bool = True,
@@ -212,14 +236,7 @@ def apply(planned: Plan, backend_store_uri: str | None) -> list[str]:
         notes.append(f"{len(ids)} MLflow run(s) deleted; `mlflow gc --backend-store-uri <its database>` at the "
                      "tracking server frees their rows and artifacts")
     if planned.flow_runs:
-        from prefect import get_client
-        from prefect.exceptions import ObjectNotFound
-
-        with get_client(sync_client=True) as prefect_client:
-            for flow_run_id, _ in planned.flow_runs:
-                # One deleted since the plan (a prune from the command line meanwhile) is passed over.
-                with contextlib.suppress(ObjectNotFound):
-                    prefect_client.delete_flow_run(flow_run_id)
+        delete_flow_runs([flow_run_id for flow_run_id, _ in planned.flow_runs])
     for round_dir in planned.checkpoint_rounds:
         shutil.rmtree(round_dir)
     for kit, jobs in planned.flare_jobs.items():
