@@ -12,9 +12,10 @@ audit of the final model needs), and the finished jobs in the job store of each 
 
 Each store is pruned through its own mechanism: MLflow runs are deleted through its client and then purged
 with ``mlflow gc`` (runs, metrics and artifacts), SQLite's file then compacted with ``VACUUM``; Prefect flow
-runs (with their logs and artifacts) through its API; checkpoint rounds are fedauc's own files; NVIDIA FLARE jobs through its admin command
-``delete_job`` with the consortium's admin kit. Logs are rotated by journald (the systemd
-units) and NVIDIA FLARE's rotating log handler, not here. A plan names runs by id and name, flow runs by
+runs (with their logs and artifacts) through its API; checkpoint rounds are fedauc's own files; NVIDIA FLARE
+jobs through its admin command ``delete_job`` with the consortium's admin kit. Logs are rotated by journald
+(the systemd units), NVIDIA FLARE's rotating log handlers and, for ``fedauc ui``'s servers,
+``pipelines.servers.UI_LOG_LIMIT``, not here. A plan names runs by id and name, flow runs by
 name, checkpoints by their folder under ``checkpoints/``, NVIDIA FLARE jobs by id and name: nothing that
 identifies a patient.
 """
@@ -129,9 +130,8 @@ def old_checkpoint_rounds(checkpoints_root: Path, cutoff_s: float) -> list[Path]
 
 def old_flow_runs(cutoff_s: float) -> list[tuple[str, str]]:
     """Prefect's flow runs that entered a final state before ``cutoff_s`` (the server PREFECT_API_URL names).
-    By their end, not their start: a run cancelled or crashed before it ever ran (a paused deployment's
-    late runs, a worker that could not start one) has no start time, and a long run is kept for the whole
-    period after it ended."""
+    By their end, not their start: a run that started (or was due, and waited late) before the period and
+    ended within it is kept for the whole period after its end, like any run that ended then."""
     from datetime import datetime, timezone
 
     from prefect import get_client
