@@ -217,9 +217,13 @@ def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithm
 
 # --- retention ----------------------------------------------------------------------------------------
 @flow(name="prune")
-def prune(older_than_days: int = retention.RETENTION_DAYS, dry_run: bool = False) -> list[str]:
-    """The centre's stores pruned to its retention policy (pipelines/retention.py): what went, one per line."""
-    lines = retention.prune_centre(tracking.configure(), older_than_days, dry_run)
+def prune(older_than_days: int = retention.RETENTION_DAYS, dry_run: bool = False,
+          kits: list[str] | None = None, flare_workspaces: list[str] | None = None) -> list[str]:
+    """The centre's stores pruned to its retention policy (pipelines/retention.py), the job stores of the
+    consortia whose admin kits ``kits`` names and the simulator and POC runs left in ``flare_workspaces``: what
+    went, one per line."""
+    lines = retention.prune_centre(tracking.configure(), older_than_days, dry_run, kits=[Path(k) for k in kits or ()],
+                                   flare_workspaces=[Path(w) for w in flare_workspaces or ()])
     create_markdown_artifact(key="prune", markdown="\n".join(f"- {line}" for line in lines),
                              description=f"{'would remove' if dry_run else 'removed'} (retention policy)")
     return lines

@@ -3,18 +3,21 @@
 Also the one way fedauc starts a server process (the UIs, and the central services a test stands up): the
 port is checked first (a taken port is an error naming it, not a silent success against whatever already
 answers there), the output goes to a log file that is named, and a server that exits early is reported
-with the end of its log.
+with the end of its log. The UIs' logs rotate (``UI_LOG_LIMIT``): ``fedauc ui`` runs for as long as the
+operator keeps it, and its servers log every request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging.handlers
 import os
 import pwd
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -26,6 +29,9 @@ from pipelines.ui_views import links_text, task_links
 from preprocessing.errors import ConfigError, FedaucError
 
 DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
+# Bytes per log file and rotated files kept, per UI server: NVIDIA FLARE's own handlers' size (20 MB), half
+# their count; 120 MB for a UI however long it runs.
+UI_LOG_LIMIT = (20 * 1024 * 1024, 5)
 # The MLflow UI's own server: MLflow's app opening experiments on their training runs (pipelines/mlflow_ui.py), one
 # worker (MLflow's default four took about 2 GB beside Prefect, for one user's browser).
 MLFLOW_UI_APP, MLFLOW_UI_WORKERS = "fedauc", "1"
@@ -101,22 +107,27 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120.0, log_
 
 def start_server(name: str, command: list[str], url: str, port: int, log_path: Path,
                  env: dict[str, str] | None = None, timeout_s: float = 120.0,
-                 answers: Callable[[], bool] | None = None, user: str | None = None) -> subprocess.Popen:
+                 answers: Callable[[], bool] | None = None, user: str | None = None,
+                 log_limit: tuple[int, int] | None = None) -> subprocess.Popen:
     """Start ``command`` (which serves ``url`` on ``port``) with its output appended to ``log_path``, and
     return once it answers (``answers``: as in ``wait_for``). ``user``: the account it runs as, with that
-    account's group only (PostgreSQL refuses to run as root). A taken port or a server that dies is a
-    FedaucError naming the port or log."""
+    account's group only (PostgreSQL refuses to run as root). ``log_limit``: (bytes, backups) to rotate the
+    log at, as ``logging.handlers.RotatingFileHandler`` does (``log_path.1`` the newest backup); the output
+    then passes through this process. A taken port or a server that dies is a FedaucError naming the port or
+    log."""
     if port_in_use(port):
         raise ConfigError(f"{name}: port {port} on 127.0.0.1 is already in use (another `fedauc ui` or server?)",
                           fix=f"stop what listens there (e.g. `lsof -i :{port}`) or choose another port")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") if log_limit is None else contextlib.nullcontext(subprocess.PIPE) as log:
         # Own process group: the servers fork workers, and stopping must reach them too.
         account = {} if user is None else {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
         process = subprocess.Popen(command, env=env if env is not None else os.environ.copy(), stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                    **account)
+    if log_limit is not None:
+        threading.Thread(target=copy_rotating, args=(process.stdout, log_path, *log_limit), daemon=True).start()
     try:
         wait_for(url, process, timeout_s, log_path, answers)
     except (RuntimeError, TimeoutError) as err:
@@ -126,6 +137,15 @@ def start_server(name: str, command: list[str], url: str, port: int, log_path: P
         stop_server(process)
         raise
     return process
+
+
+def copy_rotating(stream, log_path: Path, max_bytes: int, backups: int) -> None:
+    """Every line of ``stream`` into ``log_path``, rotated by the standard library's handler, until it ends."""
+    handler = logging.handlers.RotatingFileHandler(log_path, maxBytes=max_bytes, backupCount=backups)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    with stream, contextlib.closing(handler):
+        for line in iter(stream.readline, b""):
+            handler.emit(logging.makeLogRecord({"msg": line.decode(errors="replace").rstrip("\n")}))
 
 
 def stop_server(process: subprocess.Popen, timeout_s: float = 20.0) -> None:
@@ -158,7 +178,8 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     try:
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name))
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name),
+                                           log_limit=UI_LOG_LIMIT)
             echo(f"{name} UI: {url}  (log: {log_path})")
         echo(links_text(task_links(commands["MLflow"][1], commands["Prefect"][1])))
         echo("Ctrl-C stops both.")

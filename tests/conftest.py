@@ -5,6 +5,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -180,6 +181,33 @@ def generic_csv_site_yaml(name, root):
                     "patient_column": "mrn_hash", "view_column": "projection",
                     "label_columns": {"Cardiomegaly": "cardiomegaly", "Pleural Effusion": "effusion"}},
     }
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A Prefect server of its own (home, database, port), its scheduler looping every second; PREFECT_API_URL
+    (and Prefect's settings in this process) name it for the module. A module that uses it calls
+    ``configure_prefect_env()`` before it imports Prefect."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pipelines.servers import free_port, start_server, stop_server
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
+                           port, home / "server.log", env=env, timeout_s=180)
+    api = f"http://127.0.0.1:{port}/api"
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PREFECT_API_URL", api)
+    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
+    with temporary_settings({PREFECT_API_URL: api}):
+        yield {"api": api, "log": home / "server.log"}
+    patch.undo()
+    stop_server(process)
 
 
 @pytest.fixture(scope="module")

@@ -20,34 +20,12 @@ from prefect import get_client  # noqa: E402
 from prefect.client.schemas.actions import DeploymentScheduleCreate  # noqa: E402
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId  # noqa: E402
 from prefect.client.schemas.schedules import IntervalSchedule  # noqa: E402
-from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
 
-from pipelines.servers import free_port, start_server, stop_server  # noqa: E402
+from pipelines.servers import stop_server  # noqa: E402
 from preprocessing.synth import generate_site  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PREFECT_FILE = PROJECT_ROOT / "infra" / "prefect.yaml"
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """A Prefect server of its own (home, database, port), its scheduler looping every second."""
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "PREFECT_UI_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
-                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
-                           port, home / "server.log", env=env, timeout_s=180)
-    api = f"http://127.0.0.1:{port}/api"
-    patch = pytest.MonkeyPatch()
-    patch.setenv("PREFECT_API_URL", api)
-    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
-    with temporary_settings({PREFECT_API_URL: api}):
-        yield {"api": api, "log": home / "server.log"}
-    patch.undo()
-    stop_server(process)
 
 
 # The centre's checkout, which no hospital shares: a deployment must not send a worker there.

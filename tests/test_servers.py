@@ -1,6 +1,7 @@
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -125,3 +126,30 @@ def test_start_server_stops_the_server_when_its_probe_fails(tmp_path):
     for sleeper in sleepers:  # not left running when this fails
         sleeper.kill()
     assert sleepers == []
+
+
+def test_a_rotated_server_log_stays_within_its_limit_and_keeps_the_latest_lines(tmp_path):
+    """What `fedauc ui` starts its servers with (UI_LOG_LIMIT): a server logging every request for months
+    must not fill the disk; the standard library's rotation, with the newest lines in the log file itself."""
+    import urllib.request
+
+    from pipelines.servers import free_port, start_server, stop_server
+
+    port = free_port()
+    log = tmp_path / "logs" / "http.log"
+    process = start_server("http", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                    "-d", str(tmp_path)], f"http://127.0.0.1:{port}/", port, log, timeout_s=60,
+                           log_limit=(2048, 2))
+    try:
+        for index in range(120):  # about 60 bytes a request: 7 KB, three files' worth and more
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/?request={index}", timeout=10).close()
+        deadline = time.monotonic() + 30
+        while "request=119 " not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        stop_server(process)
+    logs = sorted(p.name for p in log.parent.iterdir())
+    assert logs == ["http.log", "http.log.1", "http.log.2"]
+    assert all((log.parent / name).stat().st_size <= 2048 for name in logs)
+    assert "request=118 " in (log.read_text() + (log.parent / "http.log.1").read_text())

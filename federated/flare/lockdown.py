@@ -33,8 +33,9 @@ ADMIN_RIGHTS = ("submit_job", "list_jobs", "get_job_meta", "abort_job", "abort",
 # What the project admin may do at the server alone: read fedauc's files in the server's own workspace (a
 # running job's round records and the sites' heartbeats, federated/flare/server/live.py; its log: when each site
 # joined), drop a hospital that stopped heartbeating from its list and stop the server
-# (federated/flare/centre/operate.py). Every hospital refuses them all.
-SERVER_RIGHTS = ("cat", "grep", "remove_client", "shutdown")
+# (federated/flare/centre/operate.py), and delete finished jobs from its job store after the retention period
+# (federated/flare/centre/prune.py). Every hospital refuses them all.
+SERVER_RIGHTS = ("cat", "grep", "remove_client", "shutdown", "delete_job")
 # What a hospital refuses whatever the server's policy says.
 SITE_REFUSES = ("shell_commands", "byoc")
 STORES = "stores"  # in the server's workspace: jobs/ and snapshots/

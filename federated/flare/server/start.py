@@ -8,11 +8,12 @@ snapshots owner-only in its own workspace, with no receiver of sites' live logs 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 from federated.flare.installed import allow_components
-from federated.flare.lockdown import check_private_key, server_stores
+from federated.flare.lockdown import centre_policy, check_private_key, server_stores, write_owner_only
 from federated.flare.processes import start_command, start_env
 from federated.flare.server.departures import COMPONENT as RECORD_DEPARTURES
 from preprocessing.errors import ConfigError
@@ -26,6 +27,9 @@ def prepare_server(kit: str | Path) -> Path:
                           fix="pass the server's folder that `fedauc consortium provision` wrote")
     check_private_key(root / "startup" / "server.key")
     allow_components(root / "local", RECORD_DEPARTURES)  # a running job names a hospital that left at once
+    # The current policy, not the one of the fedauc that provisioned the kit: a server provisioned before the
+    # retention's `delete_job` gets it at its next start.
+    write_owner_only(root / "local" / "authorization.json.default", json.dumps(centre_policy(server=True), indent=2))
     server_stores(root)
     return root
 
