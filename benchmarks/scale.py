@@ -228,7 +228,7 @@ def run_flare(job: dict, federation: Path) -> dict:
             "mlflow_s": mlflow_seconds(history, [s.name for s in fed.sites], Path(job["store"]))}
 
 
-SITE_MB = 310  # a simulated site's own pages at its peak (USS 306 MB at K = 16 and 32; torch's libraries are shared)
+SITE_MB = 275  # a simulated site's own pages at its peak (USS, measured: docs/performance.md; torch's libraries are shared)
 SERVER_MB = 1500  # the simulator's server and this submitting process
 
 
