@@ -228,8 +228,8 @@ def run_flare(job: dict, federation: Path) -> dict:
             "mlflow_s": mlflow_seconds(history, [s.name for s in fed.sites], Path(job["store"]))}
 
 
-SITE_MB = 310  # a simulated site's own pages at its peak (USS 306 MB at K = 16 and 32; torch's libraries are shared)
-SERVER_MB = 1500  # the simulator's server and this submitting process
+SITE_MB = 280  # a simulated site's own pages at its peak (USS 272-277 MB at K = 16-64; torch's libraries are shared)
+SERVER_MB = 1800  # the simulator's server and this submitting process (1.7 GB at K = 64)
 
 
 def memory_short(K: int) -> str | None:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig, TrainSettings
-from preprocessing.errors import ConfigError, DataError
-from preprocessing.federation import Federation
-from preprocessing.qc import SAMPLE_GRID_FILE, build_report, central_summary
+from preprocessing.errors import ConfigError, DataError, problem_message
+from preprocessing.qc_counts import SAMPLE_GRID_FILE, central_summary, qc_counts
 from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, shard_content_hash
-from preprocessing.sites import SharingPolicy, problem_message
+from preprocessing.sharing import SharingPolicy
+
+if TYPE_CHECKING:  # a hospital's training process has no federation YAML to read (nor its dataset adapters)
+    from preprocessing.federation import Federation
 
 
 def check_shard(site: str, shard_dir: Path, task: str, diseases: tuple[str, ...]) -> None:
@@ -138,7 +141,7 @@ def site_report(name: str, shard_dir: Path, sharing: SharingPolicy, input_shape:
                 num_classes: int, private: bool = False) -> dict:
     """What the centre records about a site's data, computed where the shards are: their content hash,
     task and diseases, the QC summary as the site's ``sharing`` policy lets it leave (aggregate counts,
-    small ones suppressed: ``preprocessing.qc.central_summary``), the sample grid's PNG bytes only where
+    small ones suppressed: ``preprocessing.qc_counts.central_summary``), the sample grid's PNG bytes only where
     the policy opts in (``qc_grid``) and the training is not ``private`` (under DP: real training images, which no
     accountant counts), and the model input shape and class count the site trains with.
     Nothing per image. An NVIDIA FLARE site returns it with its result, so the centre needs no shards."""
@@ -149,7 +152,7 @@ def site_report(name: str, shard_dir: Path, sharing: SharingPolicy, input_shape:
         "shard_hash": shard_content_hash(shard_dir),
         "task": info.get("task"),
         "diseases": list(info.get("diseases", ())),
-        "qc": central_summary(build_report(Path(shard_dir)), sharing.min_count, sharing.qc_grid),
+        "qc": central_summary(qc_counts(Path(shard_dir)), sharing.min_count, sharing.qc_grid),
         "qc_grid": grid.read_bytes() if sharing.qc_grid and not private and grid.is_file() else None,
         "input_shape": [int(n) for n in input_shape],
         "num_classes": int(num_classes),

@@ -23,12 +23,12 @@ from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.qc import (
     build_report,
-    central_summary,
     check_accounting,
     render_central_markdown,
     write_central_summary,
     write_report,
 )
+from preprocessing.qc_counts import central_summary
 from preprocessing.scan import ScanResult, scan_site
 from preprocessing.shards import ShardSummary, shard_site
 from preprocessing.sites import SiteConfig, load_site

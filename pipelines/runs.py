@@ -57,7 +57,8 @@ from pipelines import descriptions, plots, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
-from preprocessing.qc import SAMPLE_GRID_FILE, render_central_markdown, suppressed_label_counts
+from preprocessing.qc import render_central_markdown
+from preprocessing.qc_counts import SAMPLE_GRID_FILE, suppressed_label_counts
 from preprocessing.small_counts import released
 
 

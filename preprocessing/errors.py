@@ -26,3 +26,12 @@ class ConfigError(FedaucError, ValueError):
 
 class DataError(FedaucError, ValueError):
     """Input data (a label file, an image, a shard) that cannot be read as its layout says."""
+
+
+def problem_message(error: dict) -> str:
+    """A pydantic error's message (one of ``ValidationError.errors()``) in the words a user reads."""
+    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field is missing"
+    return error["msg"].removeprefix("Value error, ")

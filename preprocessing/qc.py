@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from preprocessing.markdown import markdown_cell
+from preprocessing.qc_counts import SAMPLE_GRID_FILE, qc_counts
 from preprocessing.records import SPLITS
 from preprocessing.shard_format import (
     IMAGE_STATS_FILE,
@@ -27,7 +28,6 @@ from preprocessing.shard_format import (
     manifest_path,
     read_shard_info,
 )
-from preprocessing.small_counts import is_suppressed, released
 
 
 class AccountingError(RuntimeError):
@@ -35,31 +35,19 @@ class AccountingError(RuntimeError):
 
 
 def build_report(site_dir: Path) -> dict:
+    """The site's full QC report: its counts (``preprocessing.qc_counts.qc_counts``), the image statistics and
+    the quarantine rows."""
     site_dir = Path(site_dir)
-    info = read_shard_info(site_dir)
-    manifests = {
-        split: pd.read_parquet(manifest_path(site_dir, split)) for split in SPLITS if info["counts"][split]
-    }
+    counts = qc_counts(site_dir)
     quarantine = pd.read_parquet(site_dir / QUARANTINE_FILE)
     stats = pd.read_parquet(site_dir / IMAGE_STATS_FILE)
-
-    kept = sum(len(frame) for frame in manifests.values())
-    accounting = {
-        "input_rows": int(info["input_rows"]),
-        "kept": int(kept),
-        "quarantined": int(len(quarantine)),
-    }
-    accounting["holds"] = accounting["input_rows"] == accounting["kept"] + accounting["quarantined"]
     return {
-        "site": info["site"],
-        "task": info["task"],
-        "content_hash": info["content_hash"],
-        "image_size": info["image_size"],
-        "counts": info["counts"],
-        "accounting": accounting,
-        "labels": _label_table(manifests, info["diseases"]),
+        **{key: counts[key] for key in ("site", "task", "content_hash", "image_size", "counts", "accounting", "labels")},
         "images": _image_statistics(stats),
-        "quarantine": _quarantine_summary(quarantine),
+        "quarantine": {
+            **counts["quarantine"],
+            "rows": quarantine.astype(object).where(quarantine.notna(), None).to_dict(orient="records"),
+        },
     }
 
 
@@ -86,45 +74,7 @@ def write_report(site_dir: Path, report: dict) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-SAMPLE_GRID_FILE = "samples.png"
 CENTRAL_SUMMARY_FILE = "central.json"
-# Complementary suppression: a count hidden because its partner was below the threshold (positives +
-# negatives often equal the split size, so one shown count would give the small one away).
-WITHHELD = "withheld"
-
-
-def suppressed_label_counts(positives: int, negatives: int, min_count: int) -> dict[str, int | str]:
-    """Positives and negatives of one disease as they may leave a site: each below ``min_count`` suppressed,
-    and its partner withheld (the two often add up to a count shown elsewhere)."""
-    cells = {"positives": released(positives, min_count), "negatives": released(negatives, min_count)}
-    if is_suppressed(cells["positives"]) != is_suppressed(cells["negatives"]):
-        cells = {key: value if is_suppressed(value) else WITHHELD for key, value in cells.items()}
-    return cells
-
-
-def central_summary(report: dict, min_count: int = 10, qc_grid: bool = False) -> dict:
-    """What of a QC report leaves the site. Kept images per split, positives and negatives per split and
-    disease, quarantined rows per stage and reason, each below ``min_count`` suppressed; no totals (a total
-    beside its parts gives a suppressed part away), no rows, paths, ids or per-image values. The accounting
-    identity is checked at the site and leaves as yes / no. ``qc_grid`` records the site's consent to share
-    its sample grid (real pixels)."""
-    labels = [{"split": row["split"], "disease": row["disease"],
-               **suppressed_label_counts(row["positives"], row["negatives"], min_count)} for row in report["labels"]]
-    return {
-        "site": report["site"],
-        "task": report["task"],
-        "content_hash": report["content_hash"],
-        "image_size": report["image_size"],
-        "min_count": min_count,
-        "accounting_holds": bool(report["accounting"]["holds"]),
-        "kept_per_split": {split: released(count, min_count) for split, count in report["counts"].items()},
-        "labels": labels,
-        "quarantine_per_reason": [
-            {"stage": row["stage"], "reason": row["reason"], "count": released(row["count"], min_count)}
-            for row in report["quarantine"]["by_stage_and_reason"]
-        ],
-        "qc_grid_shared": bool(qc_grid),
-    }
 
 
 def write_central_summary(site_dir: Path, summary: dict) -> Path:
@@ -187,26 +137,6 @@ def write_sample_grid(site_dir: Path, path: Path, columns: int = 8, rows: int = 
     return path
 
 
-def _label_table(manifests: dict[str, pd.DataFrame], diseases: list[str]) -> list[dict]:
-    rows = []
-    for split, frame in manifests.items():
-        for disease in diseases:
-            labels = frame[disease]
-            positives, negatives = int((labels == 1.0).sum()), int((labels == 0.0).sum())
-            rows.append(
-                {
-                    "split": split,
-                    "disease": disease,
-                    "positives": positives,
-                    "negatives": negatives,
-                    "missing": int(labels.isna().sum()),
-                    # Prevalence among labelled images: missing labels are masked in training, not negatives.
-                    "prevalence": positives / (positives + negatives) if positives + negatives else None,
-                }
-            )
-    return rows
-
-
 def _intensity(frame: pd.DataFrame) -> dict:
     """Mean and standard deviation of 0-255 intensities over images, each image weighted equally.
 
@@ -240,17 +170,6 @@ def _image_statistics(stats: pd.DataFrame) -> dict:
 
 def _counts(column: pd.Series) -> dict[str, int]:
     return {str(key): int(value) for key, value in column.fillna("none").value_counts().sort_index().items()}
-
-
-def _quarantine_summary(quarantine: pd.DataFrame) -> dict:
-    return {
-        "count": int(len(quarantine)),
-        "by_stage_and_reason": [
-            {"stage": stage, "reason": reason, "count": int(count)}
-            for (stage, reason), count in quarantine.groupby(["stage", "reason"]).size().items()
-        ],
-        "rows": quarantine.astype(object).where(quarantine.notna(), None).to_dict(orient="records"),
-    }
 
 
 def render_markdown(report: dict) -> str:

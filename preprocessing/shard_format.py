@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TypedDict
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from preprocessing.errors import DataError
 from preprocessing.records import SPLITS  # the split directories a shard may hold
@@ -69,7 +71,7 @@ def is_finished(site_dir: str | Path) -> bool:
     return (Path(site_dir) / SHARD_FILE).is_file()
 
 
-def _rewrite_fix(site_dir: Path) -> str:
+def rewrite_fix(site_dir: Path) -> str:
     return f"re-run `fedauc preprocess <the site's yaml> --out {site_dir.parent}` to write the site's shards again"
 
 
@@ -79,17 +81,17 @@ def read_shard_info(site_dir: str | Path) -> ShardInfo:
     path = site_dir / SHARD_FILE
     if not path.is_file():
         raise DataError(f"{site_dir}: not a finished site shard (no {SHARD_FILE}; an interrupted run leaves none)",
-                        fix=_rewrite_fix(site_dir))
+                        fix=rewrite_fix(site_dir))
     try:
         info = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})", fix=_rewrite_fix(site_dir)) from None
+        raise DataError(f"{path}: not valid JSON ({err})", fix=rewrite_fix(site_dir)) from None
     if not isinstance(info, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(info).__name__}", fix=_rewrite_fix(site_dir))
+        raise DataError(f"{path}: expected a JSON object, got {type(info).__name__}", fix=rewrite_fix(site_dir))
     version = info.get("format_version")
     if version != FORMAT_VERSION:
         written = "no format version" if version is None else f"format v{version}"
-        fix = _rewrite_fix(site_dir)
+        fix = rewrite_fix(site_dir)
         if isinstance(version, int) and version > FORMAT_VERSION:
             fix = f"install the fedauc that wrote them on this machine, or {fix}"
         raise DataError(f"shards at {site_dir} were written by {written}, this fedauc reads v{FORMAT_VERSION}",
@@ -97,7 +99,7 @@ def read_shard_info(site_dir: str | Path) -> ShardInfo:
     diseases = info.get("diseases")
     if not isinstance(diseases, list) or not diseases or not all(isinstance(d, str) for d in diseases):
         raise DataError(f"{path}: field 'diseases' must be a non-empty list of label column names, got {diseases!r}",
-                        fix=_rewrite_fix(site_dir))
+                        fix=rewrite_fix(site_dir))
     return info  # type: ignore[return-value]
 
 
@@ -115,8 +117,37 @@ def shard_content_hash(site_dir: str | Path) -> str:
     info = read_shard_info(site_dir)
     if not isinstance(info.get("content_hash"), str):
         raise DataError(f"{Path(site_dir) / SHARD_FILE}: field 'content_hash' is missing",
-                        fix=_rewrite_fix(Path(site_dir)))
+                        fix=rewrite_fix(Path(site_dir)))
     return info["content_hash"]
+
+
+def read_columns(path: Path, columns: list[str] | tuple[str, ...], fix: str, what: str = "columns") -> pa.Table:
+    """``columns`` of the Parquet file ``path``; a missing column is a DataError naming the file, with ``fix``.
+
+    Read, and converted (``float_columns``, ``to_pylist``), without pandas: a hospital's training process reads
+    its manifests and has no other use for it (about 33 MB of a process's own memory, in every simulated site),
+    and pyarrow's ``read_table``, ``to_numpy`` and ``group_by`` import pandas wherever it is installed."""
+    with pq.ParquetFile(path) as file:
+        if missing := [c for c in columns if c not in file.schema_arrow.names]:
+            raise DataError(f"{path}: {what} {missing} missing", fix=fix)
+        return file.read(columns=list(columns))
+
+
+def float_columns(path: Path, columns: list[str] | tuple[str, ...], fix: str, what: str = "columns") -> np.ndarray:
+    """``columns`` of the Parquet file ``path`` as one float32 array (rows, columns), nulls as NaN (pandas writes
+    a float column's NaN as a null); a column that is not numeric is a DataError naming the file and column."""
+    table = read_columns(path, columns, fix, what)
+    out = np.empty((table.num_rows, len(columns)), LABEL_DTYPE)
+    for k, name in enumerate(columns):
+        try:
+            array = pc.cast(table.column(name), pa.float32()).combine_chunks()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise DataError(f"{path}: column {name!r} is not numeric ({err})", fix=fix) from None
+        if table.num_rows:
+            # A primitive array's values buffer (Arrow's columnar format); a null's slot holds any value.
+            out[:, k] = np.frombuffer(array.buffers()[1], LABEL_DTYPE, table.num_rows, 4 * array.offset)
+            out[np.from_dlpack(pc.cast(pc.is_null(array), pa.uint8())).astype(bool), k] = np.nan
+    return out
 
 
 def read_split(site_dir: str | Path, split: str, diseases: list[str] | tuple[str, ...]
@@ -135,23 +166,19 @@ def read_split(site_dir: str | Path, split: str, diseases: list[str] | tuple[str
         return None
     for p in (images_file, manifest_file):
         if not p.is_file():
-            raise DataError(f"{p}: missing while the other file of split {split!r} exists", fix=_rewrite_fix(site_dir))
+            raise DataError(f"{p}: missing while the other file of split {split!r} exists", fix=rewrite_fix(site_dir))
     images = np.load(images_file, mmap_mode="r")
     if images.dtype != IMAGE_DTYPE:
-        raise DataError(f"{images_file}: expected {IMAGE_DTYPE} images, got {images.dtype}", fix=_rewrite_fix(site_dir))
-    manifest = pd.read_parquet(manifest_file)
-    missing = [d for d in diseases if d not in manifest.columns]
-    if missing:
-        raise DataError(f"{manifest_file}: label columns {missing} missing (diseases from "
-                        f"{site_dir / SHARD_FILE})", fix=_rewrite_fix(site_dir))
-    labels = manifest[list(diseases)].to_numpy(dtype=LABEL_DTYPE)
+        raise DataError(f"{images_file}: expected {IMAGE_DTYPE} images, got {images.dtype}", fix=rewrite_fix(site_dir))
+    labels = float_columns(manifest_file, diseases, rewrite_fix(site_dir),
+                           what=f"label columns (the diseases of {site_dir / SHARD_FILE})")
     bad = ~(np.isnan(labels) | (labels == 0.0) | (labels == 1.0))
     if bad.any():
         row, col = map(int, np.argwhere(bad)[0])
         raise DataError(f"{manifest_file}: row {row}, column {diseases[col]!r}: label {float(labels[row, col])!r} "
-                        "is not 0, 1 or NaN", fix=_rewrite_fix(site_dir))
+                        "is not 0, 1 or NaN", fix=rewrite_fix(site_dir))
     if len(images) != len(labels):
         raise DataError(f"{images_file}: {len(images)} images but {manifest_file} has {len(labels)} rows",
-                        fix=_rewrite_fix(site_dir))
+                        fix=rewrite_fix(site_dir))
     return images, labels
 

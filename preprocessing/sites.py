@@ -33,10 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from preprocessing.adapters import ADAPTERS
 from preprocessing.adapters.base import AdapterOptions, MetadataError, read_metadata, resolve_metadata
 from preprocessing.decode import DecodeLimits
-from preprocessing.errors import ConfigError
+from preprocessing.errors import ConfigError, problem_message
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
 from preprocessing.privacy_budget import PrivacyBudget
 from preprocessing.records import TASK_DISEASES, VIEWS
+from preprocessing.sharing import SharingPolicy
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,6 @@ class SplitPolicy(BaseModel):
         if self.valid + self.test >= 1.0:
             raise ValueError(f"valid + test must be below 1 to leave patients for train (got {self.valid} + {self.test})")
         return self
-
-
-class SharingPolicy(BaseModel):
-    """What of this site's QC leaves it (README "What leaves a site"). Counts below ``min_count`` are shown
-    as "<min_count"; ``qc_grid: true`` sends the QC sample grid, real patient pixels, to the central MLflow."""
-
-    model_config = ConfigDict(extra="forbid")
-    qc_grid: bool = False
-    min_count: int = Field(10, ge=1)
 
 
 class PacsSettings(BaseModel):
@@ -210,15 +202,6 @@ class SiteConfig(BaseModel):
     def source(self) -> Path | None:
         """The YAML this config was loaded from (None when built in code)."""
         return self._path
-
-
-def problem_message(error: dict) -> str:
-    """A pydantic error's message in the words a user reads."""
-    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field is missing"
-    return error["msg"].removeprefix("Value error, ")
 
 
 def validation_problems(shown: str, err: ValidationError) -> list[Problem]:

@@ -14,13 +14,13 @@ import preprocessing.pool as pool
 from preprocessing.qc import (
     AccountingError,
     build_report,
-    central_summary,
     check_accounting,
     render_central_markdown,
     render_markdown,
     write_central_summary,
     write_report,
 )
+from preprocessing.qc_counts import central_summary
 from preprocessing.quarantine import Reason, quarantine_rows
 from preprocessing.records import CHEST_XRAY_DISEASES, RECORD_COLUMNS
 from preprocessing.shards import TransformSettings, content_hash, write_site_shards

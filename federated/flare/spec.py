@@ -15,7 +15,7 @@ from federated.sites import check_shard
 from federated.version import code_version
 from preprocessing.errors import ConfigError, DataError
 from preprocessing.formats import check as check_format
-from preprocessing.sites import SharingPolicy
+from preprocessing.sharing import SharingPolicy
 
 # Written by `fedauc consortium start-site` into the site's startup kit (local/): the site's own shard folder.
 SITE_FILE = "fedauc_site.json"

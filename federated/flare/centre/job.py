@@ -16,6 +16,7 @@ same submission (federated/flare/centre/evaluate.py).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -76,12 +77,26 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
                     threads=threads, checkpoints_here=checkpoints_here)
 
 
-def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = ()) -> InstalledRecipe:
+# NVIDIA FLARE gives every site SYNC_S to answer a job's first task (its "sync"); a site that has not by then
+# fails the job. Under the simulator every site's process starts on this machine at once, each with about
+# SITE_START_CPU_S of imports (torch, NVIDIA FLARE, fedauc) before it answers: 64 sites took 90 s on 2 cores.
+SYNC_S = 60.0
+SITE_START_CPU_S = 3.0
+
+
+def simulated_sync_s(sites: int) -> float:
+    """Seconds the simulator's sites get to start: NVIDIA FLARE's default, or twice their start-up CPU time
+    spread over this machine's cores where that is longer."""
+    return max(SYNC_S, 2 * SITE_START_CPU_S * sites / (os.cpu_count() or 1))
+
+
+def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = (), sync_s: float = SYNC_S) -> InstalledRecipe:
     """The NVFlare job: configuration only (``federated.flare.installed``), ``job`` its server's app prop;
     ``server_files``: data files (never code) the job carries in its app's ``config/`` folder for the server,
-    e.g. the weights an evaluation sends to the sites."""
+    e.g. the weights an evaluation sends to the sites; ``sync_s``: the seconds every site has to start."""
     r = InstalledRecipe(job_name=re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "fedauc",
-                        server=SERVER_MODULE, client=SITE_MODULE, min_clients=len(job.sites))
+                        server=SERVER_MODULE, client=SITE_MODULE, min_clients=len(job.sites),
+                        sync_task_timeout=sync_s)
     r.set_server_prop(JOB_PROP, job.model_dump())
     for path in server_files:
         # The recipe's own add_server_file puts files in custom/, the code folder; the job's FedJob can put
@@ -145,7 +160,7 @@ def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Se
     ``feed`` reads the server's live account while the job runs (``federated.flare.centre.feed``)."""
     from nvflare.recipe import SimEnv
 
-    r = recipe(job, name, server_files)
+    r = recipe(job, name, server_files, sync_s=simulated_sync_s(len(job.sites)))
     workspace = Path(workspace)
     feed = feed or LiveFeed()
     for attempt in range(2):

@@ -29,7 +29,7 @@ from federated.flare.site.version import check_code_version
 from federated.flare.spec import FlareJob, local_site
 from federated.network import training_device
 from federated.sites import check_model_inputs, site_report
-from preprocessing.sites import SharingPolicy
+from preprocessing.sharing import SharingPolicy
 
 # Seconds a site's collective call may take beyond the server's own timeout (it answers within that).
 _CALL_MARGIN_S = 30.0
