@@ -207,12 +207,11 @@ def compare_command(
     from rich.console import Console
 
     from pipelines.compare import compare_runs
+    from pipelines.store_uri import tracking_uri
     from pipelines.tables import fold_intervals, rich_table, write_table
-    from pipelines.tracking import configure
 
-    configure()
-    try:
-        frame = compare_runs(experiment, sort_by, include_unfinished=show_all)
+    try:  # an MLflow server is read over HTTP without importing MLflow (pipelines/compare.py)
+        frame = compare_runs(experiment, sort_by, include_unfinished=show_all, uri=tracking_uri())
     except ValueError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=1) from None
