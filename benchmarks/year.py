@@ -272,6 +272,8 @@ def remeasure(work: Path, backend: str) -> None:
         sys.exit(f"{work}: no {backend} stores of a `year.py --keep {work}` run there")
     import year_postgres
 
+    if backend == "postgresql" and year_postgres.unavailable():
+        sys.exit(f"PostgreSQL stores not measured: {year_postgres.unavailable()}")
     with contextlib.ExitStack() as stack:
         port = stack.enter_context(year_postgres.cluster(work / "postgres")) if backend == "postgresql" else None
         kept = measure_kept(work, backend, port)

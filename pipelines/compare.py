@@ -3,11 +3,12 @@
 Read from an MLflow server (MLFLOW_TRACKING_URI=http(s)://..., the centre's setup) over MLflow's REST API with
 the standard library (pipelines/mlflow_rest.py), without importing MLflow (over a second of the command's
 start); from any other store (the embedded SQLite file, a database URI) with MLflow's client. Both readers give
-the same ``TrainingRun`` records, and one function (``training_table``) makes the table of them.
+the same ``TrainingRun`` records, and one function (``training_rows``) makes the table's rows of them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from federated.schema import CONTINUES_TAG, ROLE_TAG, TRAINING_ROLE
@@ -77,20 +78,28 @@ def read_trainings(experiment: str, uri: str) -> list[TrainingRun]:
 
 def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished: bool = False,
                  uri: str | None = None) -> pd.DataFrame:
-    """``training_table`` of the experiment's trainings at ``uri`` (default: MLFLOW_TRACKING_URI, else the
-    project's embedded store: pipelines/store_uri.py)."""
-    return training_table(read_trainings(experiment, uri or tracking_uri()), sort_by, include_unfinished)
-
-
-def training_table(runs: list[TrainingRun], sort_by: str = "AUC macro", include_unfinished: bool = False) -> pd.DataFrame:
-    """The federated trainings (parent runs), best first: federation, sites and status, algorithm,
-    I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means, bytes communicated and
-    minutes (a resumed training's with the runs it continues, its ``CONTINUES_TAG``), then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals``
-    shows them inside the AUC cells). Runs that did not finish (failed, killed, still running) are left out
-    unless ``include_unfinished``, and then listed by status without AUCs (a failed run's last evaluation
-    during training is not its result); ``frame.attrs["hidden"]`` counts them."""
+    """``training_rows`` of the experiment's trainings at ``uri`` (default: MLFLOW_TRACKING_URI, else the
+    project's embedded store: pipelines/store_uri.py) as a frame; ``frame.attrs["hidden"]`` counts the
+    unfinished runs left out."""
     import pandas as pd
 
+    columns, rows, hidden = training_rows(read_trainings(experiment, uri or tracking_uri()), sort_by,
+                                          include_unfinished)
+    table = pd.DataFrame(rows, columns=columns)
+    table.attrs["hidden"] = hidden
+    return table
+
+
+def training_rows(runs: list[TrainingRun], sort_by: str = "AUC macro",
+                  include_unfinished: bool = False) -> tuple[list[str], list[dict], int]:
+    """The federated trainings (parent runs), best first by ``sort_by`` (missing values last): federation,
+    sites and status, algorithm, I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means,
+    bytes communicated and minutes (a resumed training's with the runs it continues, its ``CONTINUES_TAG``),
+    then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals`` shows
+    them inside the AUC cells). Runs that did not finish (failed, killed, still running) are left out unless
+    ``include_unfinished``, and then listed by status without AUCs (a failed run's last evaluation during
+    training is not its result). Returns the columns (every row's, in order of appearance), the rows (a
+    column a row lacks is missing from its dict) and the count of unfinished runs left out."""
     by_id = {run.run_id: run for run in runs}
     rows, hidden = [], 0
     for run in runs:
@@ -124,10 +133,13 @@ def training_table(runs: list[TrainingRun], sort_by: str = "AUC macro", include_
         row["minutes"] = sum((p.end_time or p.start_time) - p.start_time for p in parts) / 60_000 \
             if run.end_time else float("nan")
         rows.append(row)
-    table = pd.DataFrame(rows)
-    if not table.empty:
-        if sort_by not in table:
-            raise ValueError(f"cannot sort by {sort_by!r}; columns are {list(table.columns)}")
-        table = table.sort_values(sort_by, ascending=False, na_position="last").reset_index(drop=True)
-    table.attrs["hidden"] = hidden
-    return table
+    columns = list(dict.fromkeys(column for row in rows for column in row))
+    if rows and sort_by not in columns:
+        raise ValueError(f"cannot sort by {sort_by!r}; columns are {columns}")
+    present = [row for row in rows if not _missing(row.get(sort_by))]
+    ordered = sorted(present, key=lambda row: row[sort_by], reverse=True)
+    return columns, ordered + [row for row in rows if _missing(row.get(sort_by))], hidden
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

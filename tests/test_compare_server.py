@@ -92,9 +92,9 @@ def test_the_server_and_the_client_give_the_same_table(served, admin, monkeypatc
 
 
 def _fedauc(uri: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """`fedauc compare` in a fresh interpreter; its last stderr line says whether it imported MLflow."""
+    """`fedauc compare` in a fresh interpreter; its last stderr line says whether it imported MLflow, pandas."""
     script = ("import sys\nfrom pipelines.cli import app\ntry:\n    app(sys.argv[1:], prog_name='fedauc')\n"
-              "finally:\n    print('mlflow imported:', 'mlflow' in sys.modules, file=sys.stderr)")
+              "finally:\n    print('imported:', 'mlflow' in sys.modules, 'pandas' in sys.modules, file=sys.stderr)")
     return subprocess.run([sys.executable, "-c", script, "compare", "--experiment", "chest-xray", *args],
                           env={**os.environ, "MLFLOW_TRACKING_URI": uri, "COLUMNS": "240", "PYTHONPATH": str(REPO),
                                **env}, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -107,8 +107,8 @@ def test_the_command_prints_the_same_over_http_without_importing_mlflow(served):
     on_file = _fedauc(store, "--all", "--wide")
     assert over_http.returncode == on_file.returncode == 0, over_http.stderr + on_file.stderr
     assert over_http.stdout == on_file.stdout and "codasca-I4" in over_http.stdout
-    assert over_http.stderr.strip().endswith("mlflow imported: False")
-    assert on_file.stderr.strip().endswith("mlflow imported: True")
+    assert over_http.stderr.strip().endswith("imported: False False")  # neither MLflow nor pandas
+    assert on_file.stderr.strip().endswith("imported: True True")
 
 
 def test_the_servers_refusals_are_one_line(served, tmp_path, monkeypatch):
