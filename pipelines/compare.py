@@ -92,9 +92,9 @@ def compare_runs(experiment: str, sort_by: str = "AUC macro", include_unfinished
 
 def training_rows(runs: list[TrainingRun], sort_by: str = "AUC macro",
                   include_unfinished: bool = False) -> tuple[list[str], list[dict], int]:
-    """The federated trainings (parent runs), best first by ``sort_by`` (missing values last): federation,
-    sites and status, algorithm, I, per-disease pooled test AUC and pAUC (FPR <= 0.3, McClish), macro means,
-    bytes communicated and minutes (a resumed training's with the runs it continues, its ``CONTINUES_TAG``),
+    """The federated trainings (parent runs), best first by ``sort_by`` (missing values last, ties newest
+    first): federation, sites and status, algorithm, I, per-disease pooled test AUC and pAUC (FPR <= 0.3,
+    McClish), macro means, bytes communicated and minutes (a resumed training's with the runs it continues, its ``CONTINUES_TAG``),
     then the bounds of each AUC's 95 % interval (``AUC <x> low`` / ``high``; ``tables.fold_intervals`` shows
     them inside the AUC cells). Runs that did not finish (failed, killed, still running) are left out unless
     ``include_unfinished``, and then listed by status without AUCs (a failed run's last evaluation during
