@@ -8,9 +8,10 @@ mlflow/utils/rest_utils.py): MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWO
 section of ~/.mlflow/credentials) as HTTP basic auth, else MLFLOW_TRACKING_TOKEN as a bearer token;
 MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH (a CA bundle), MLFLOW_TRACKING_CLIENT_CERT_PATH
 (a PEM with the certificate and its key), MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_WORKSPACE. An auth plugin
-(MLFLOW_TRACKING_AUTH, MLFLOW_TRACKING_AWS_SIGV4) only MLflow can sign with: ``reads_over_http`` is false and
-the caller uses MLflow's client. Unlike MLflow's client this reader does not retry: a server that is down, or
-refuses, is one line at once (MLflow's retries with back-off take minutes before they say so).
+(MLFLOW_TRACKING_AUTH, MLFLOW_TRACKING_AWS_SIGV4) only MLflow can sign with, or credentials in the URI:
+``reads_over_http`` is false and the caller uses MLflow's client. Unlike MLflow's client this reader does not
+retry: a server that is down, or refuses, is one line at once (MLflow's retries with back-off take minutes
+before they say so).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ class TrackingServerError(FedaucError):
 
 
 def reads_over_http(uri: str, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``uri`` is an MLflow server this module reads (http or https, no auth plugin in the way)."""
-    return (uri.startswith(("http://", "https://")) and not environ.get("MLFLOW_TRACKING_AUTH")
-            and environ.get("MLFLOW_TRACKING_AWS_SIGV4", "").lower() not in _TRUE)
+    """Whether ``uri`` is an MLflow server this module reads: http or https, no auth plugin in the way, and no
+    credentials inside the URI (MLflow's client sends those; this module would print them in its errors)."""
+    return (uri.startswith(("http://", "https://")) and urllib.parse.urlsplit(uri).username is None
+            and not environ.get("MLFLOW_TRACKING_AUTH") and environ.get("MLFLOW_TRACKING_AWS_SIGV4", "").lower() not in _TRUE)
 
 
 def _credentials_file() -> configparser.SectionProxy | dict:

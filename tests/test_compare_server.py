@@ -150,6 +150,7 @@ def test_credentials_are_sent_as_mlflows_client_sends_them(tmp_path, monkeypatch
     # An auth plugin only MLflow can sign with: MLflow's client reads the server.
     assert mlflow_rest.reads_over_http("https://centre:5000", {})
     assert not mlflow_rest.reads_over_http("https://centre:5000", {"MLFLOW_TRACKING_AUTH": "my-plugin"})
+    assert not mlflow_rest.reads_over_http("https://u:p@centre:5000", {})  # never printed in an error
     assert not mlflow_rest.reads_over_http("sqlite:///x.db", {})
     with pytest.raises(mlflow_rest.TrackingServerError, match="set only one of them"):
         mlflow_rest.tls_context({"MLFLOW_TRACKING_INSECURE_TLS": "true", "MLFLOW_TRACKING_SERVER_CERT_PATH": "ca.pem"})
