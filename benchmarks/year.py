@@ -15,13 +15,15 @@ depends on.
 
 Measured at each mark: the MLflow database and artifact folder, the Prefect database, the checkpoints a
 finished training leaves (computed: its final two rounds, pipelines' checkpoint layout) and the latency of
-``fedauc compare`` (the command, end to end, and its query alone), the champion's lookup, the MLflow UI's
-runs page (the search its page sends, over HTTP to ``mlflow server``) and the Prefect UI's flow-runs page
-(its filter and count requests to ``prefect server``, over the flow runs written). Not measured: NVIDIA
-FLARE's server workspace and logs, and ``fedauc consortium status`` (a running consortium).
+``fedauc compare`` (the command end to end and its query alone, each on the store itself and over HTTP to an
+``mlflow server`` on it, the centre's documented setup), the champion's lookup, the MLflow UI's runs page (the
+search its page sends, over HTTP to that ``mlflow server``) and the Prefect UI's flow-runs page (its filter and
+count requests to ``prefect server``, over the flow runs written). Not measured: NVIDIA FLARE's server
+workspace and logs, and ``fedauc consortium status`` (a running consortium).
 
     python benchmarks/year.py --quick            # a month (target: 10 minutes; 12 here at load 11)
     python benchmarks/year.py [--months 1 3 6 12] [--keep DIR]
+    python benchmarks/year.py --measure DIR      # the latencies alone again, this checkout's code, on a kept DIR
 """
 
 from __future__ import annotations
@@ -99,18 +101,23 @@ def latencies(mlflow_url: str, prefect_url: str, env: dict) -> dict[str, float]:
     experiment = MlflowClient().get_experiment_by_name("chest-xray").experiment_id
     fedauc = str(Path(sys.executable).parent / "fedauc")
     command = [fedauc, "compare", "--experiment", "chest-xray"]
+    # The centre's documented setup: the command reads the MLflow server (here the one serving the same store).
+    over_http = {**env, "MLFLOW_TRACKING_URI": mlflow_url}
     # The runs page of the MLflow UI: a search of the experiment's newest 100 runs (what the page sends).
     runs_page = {"experiment_ids": [experiment], "max_results": 100, "order_by": ["attributes.start_time DESC"],
                  "run_view_type": "ACTIVE_ONLY", "filter": ""}
     flow_runs_page = {"sort": "START_TIME_DESC", "limit": 100, "offset": 0}
-    def run(argv):
-        return lambda: _timed(lambda: subprocess.run(argv, env=env, check=True, capture_output=True))
+    def run(argv, environment=env):
+        return lambda: _timed(lambda: subprocess.run(argv, env=environment, check=True, capture_output=True))
 
     return {
-        # The command end to end, and a command that reads no store (its start: Python, the imports).
+        # The command end to end on the store itself and over HTTP, and a command that reads no store (its
+        # start: Python, the imports).
         "fedauc compare (command)": best_of(run(command), repeat=2),
+        "fedauc compare over HTTP (command)": best_of(run(command, over_http), repeat=2),
         "fedauc --help (start)": best_of(run([fedauc, "--help"]), repeat=2),
         "compare query": best_of(lambda: _timed(lambda: compare.compare_runs("chest-xray"))),
+        "compare query over HTTP": best_of(lambda: _timed(lambda: compare.compare_runs("chest-xray", uri=mlflow_url))),
         "champion lookup": best_of(lambda: _timed(lambda: registry.champion_version("chest-xray"))),
         "MLflow runs page": best_of(lambda: _timed(lambda: _post(
             f"{mlflow_url}/ajax-api/2.0/mlflow/runs/search", runs_page))),
@@ -139,64 +146,94 @@ def stores(work: Path, backend: str, port: int | None) -> dict:
             "prefect_bytes": lambda: year_postgres.database_bytes(port, "prefect")}
 
 
-def run_year(work: Path, months: list[int], log, backend: str = "sqlite", port: int | None = None) -> list[dict]:
-    import year_prefect
-    import year_records
-
+@contextlib.contextmanager
+def prefect_served(work: Path, where: dict):
+    """A Prefect server on the backend's Prefect database, this process pointed at it; yields its URL."""
     from pipelines.servers import free_port, server_env, start_server, stop_server
 
-    where = stores(work, backend, port)
-    os.environ["MLFLOW_TRACKING_URI"] = where["mlflow"]
     prefect_port = free_port()
     prefect_url = f"http://127.0.0.1:{prefect_port}"
     os.environ.update({"PREFECT_API_URL": f"{prefect_url}/api", "PREFECT_HOME": str(work / ".prefect"),
                        "PREFECT_API_DATABASE_CONNECTION_URL": where["prefect"]})
-    bin_dir = Path(sys.executable).parent
-    prefect = start_server("Prefect", [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                       str(prefect_port), "--no-services"],
+    prefect = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                       "127.0.0.1", "--port", str(prefect_port), "--no-services"],
                            f"{prefect_url}/api/health", prefect_port, work / "prefect.log", env=server_env("Prefect"))
+    try:
+        yield prefect_url
+    finally:
+        stop_server(prefect)
+
+
+def served_latencies(work: Path, prefect_url: str) -> dict[str, float]:
+    """``latencies`` with an ``mlflow server`` on this process's store (the UI's page and the HTTP command)."""
+    from pipelines.servers import free_port, server_env, start_server, stop_server
+
+    mlflow_port = free_port()
+    mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+    mlflow_server = start_server(
+        "MLflow", [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                   os.environ["MLFLOW_TRACKING_URI"], "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
+        f"{mlflow_url}/health", mlflow_port, work / "mlflow.log", env=server_env("MLflow"))
+    try:
+        return latencies(mlflow_url, prefect_url, dict(os.environ))
+    finally:
+        stop_server(mlflow_server)
+
+
+def run_year(work: Path, months: list[int], log, backend: str = "sqlite", port: int | None = None) -> list[dict]:
+    where = stores(work, backend, port)
+    os.environ["MLFLOW_TRACKING_URI"] = where["mlflow"]
+    with prefect_served(work, where) as prefect_url:
+        return write_year(work, months, log, where, prefect_url)
+
+
+def measure_kept(work: Path, backend: str = "sqlite", port: int | None = None) -> dict:
+    """The daily commands' latencies alone, with this checkout's code, on the stores a ``--keep`` run left in
+    ``work`` (written by whichever fedauc ran the series), and what the MLflow store holds."""
+    from pipelines import compare
+
+    where = stores(work, backend, port)
+    os.environ["MLFLOW_TRACKING_URI"] = where["mlflow"]
+    with prefect_served(work, where) as prefect_url:
+        timings = served_latencies(work, prefect_url)
+    return {"trainings": len(compare.compare_runs("chest-xray", include_unfinished=True)),
+            "MLflow DB": where["mlflow_bytes"](), "latency_s": timings}
+
+
+def write_year(work: Path, months: list[int], log, where: dict, prefect_url: str) -> list[dict]:
+    import year_prefect
+    import year_records
+
     rng = np.random.default_rng(45)
     fed = year_records.federation(SITES)
     rows, day, trainings, written = [], 0, 0, {"mlflow_s": 0.0, "prefect_s": 0.0, "flow_runs": 0}
-    try:
-        for month in months:
-            started = time.perf_counter()
-            days = [START + dt.timedelta(days=d) for d in range(day, DAYS_AT[month])]
-            for date in days:
-                if date.weekday() == 6 or trainings == 0:  # Sundays, and a champion from the first day
-                    trainings += 1
-                    year_records.record_training(fed, f"consortium-chest-codasca-{date.isoformat()}", rng)
-                year_records.record_evaluation(fed, rng)
-                for site in SITES:
-                    year_records.record_scoring_day(fed, site, date, rng)
-            written["mlflow_s"] += time.perf_counter() - started
-            # Prefect: a sample day per mark through the API (a month's 23,000 flow runs would take hours here),
-            # its bytes per flow run extrapolated to the mark's runs (each run adds the same rows).
-            started, before = time.perf_counter(), where["prefect_bytes"]()
-            sampled = year_prefect.write_days(SITES, days[-1:], PREFECT_SAMPLE_RUNS)
-            written["prefect_s"] += time.perf_counter() - started
-            written["flow_runs"] += sampled
-            per_run = (where["prefect_bytes"]() - before) / sampled
-            day = DAYS_AT[month]
-            mlflow_port = free_port()
-            mlflow_url = f"http://127.0.0.1:{mlflow_port}"
-            mlflow_server = start_server(
-                "MLflow", [str(bin_dir / "mlflow"), "server", "--backend-store-uri", os.environ["MLFLOW_TRACKING_URI"],
-                           "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1"],
-                f"{mlflow_url}/health", mlflow_port, work / "mlflow.log", env=server_env("MLflow"))
-            try:
-                timings = latencies(mlflow_url, prefect_url, dict(os.environ))
-            finally:
-                stop_server(mlflow_server)
-            sizes = {"MLflow DB": where["mlflow_bytes"](), "MLflow artifacts": folder_bytes(where["artifacts"]),
-                     "Prefect DB (extrapolated)": int(where["prefect_bytes"]() + per_run * (
-                         year_prefect.runs_in(len(SITES), DAYS_AT[month]) - written["flow_runs"])),
-                     "checkpoints (computed)": checkpoint_bytes(trainings)}
-            rows.append({"month": month, "days": day, "trainings": trainings, "sizes": sizes, "latency_s": timings,
-                         "prefect_bytes_per_run": per_run, **written})
-            log(json.dumps(rows[-1]))
-    finally:
-        stop_server(prefect)
+    for month in months:
+        started = time.perf_counter()
+        days = [START + dt.timedelta(days=d) for d in range(day, DAYS_AT[month])]
+        for date in days:
+            if date.weekday() == 6 or trainings == 0:  # Sundays, and a champion from the first day
+                trainings += 1
+                year_records.record_training(fed, f"consortium-chest-codasca-{date.isoformat()}", rng)
+            year_records.record_evaluation(fed, rng)
+            for site in SITES:
+                year_records.record_scoring_day(fed, site, date, rng)
+        written["mlflow_s"] += time.perf_counter() - started
+        # Prefect: a sample day per mark through the API (a month's 23,000 flow runs would take hours here),
+        # its bytes per flow run extrapolated to the mark's runs (each run adds the same rows).
+        started, before = time.perf_counter(), where["prefect_bytes"]()
+        sampled = year_prefect.write_days(SITES, days[-1:], PREFECT_SAMPLE_RUNS)
+        written["prefect_s"] += time.perf_counter() - started
+        written["flow_runs"] += sampled
+        per_run = (where["prefect_bytes"]() - before) / sampled
+        day = DAYS_AT[month]
+        timings = served_latencies(work, prefect_url)
+        sizes = {"MLflow DB": where["mlflow_bytes"](), "MLflow artifacts": folder_bytes(where["artifacts"]),
+                 "Prefect DB (extrapolated)": int(where["prefect_bytes"]() + per_run * (
+                     year_prefect.runs_in(len(SITES), DAYS_AT[month]) - written["flow_runs"])),
+                 "checkpoints (computed)": checkpoint_bytes(trainings)}
+        rows.append({"month": month, "days": day, "trainings": trainings, "sizes": sizes, "latency_s": timings,
+                     "prefect_bytes_per_run": per_run, **written})
+        log(json.dumps(rows[-1]))
     return rows
 
 
@@ -230,6 +267,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def remeasure(work: Path, backend: str) -> None:
+    if not (work / ("mlruns.db" if backend == "sqlite" else "postgres")).exists():
+        sys.exit(f"{work}: no {backend} stores of a `year.py --keep {work}` run there")
+    import year_postgres
+
+    if backend == "postgresql" and year_postgres.unavailable():
+        sys.exit(f"PostgreSQL stores not measured: {year_postgres.unavailable()}")
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(year_postgres.cluster(work / "postgres")) if backend == "postgresql" else None
+        kept = measure_kept(work, backend, port)
+    print(f"backend {backend}, stores in {work}: {kept['trainings']} trainings, MLflow DB "
+          f"{kept['MLflow DB'] / 1e6:.1f} MB; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for name, seconds in kept["latency_s"].items():
+        print(f"{name}: {seconds:.2f} s: {'PASS' if seconds < LATENCY_S else 'FAIL'} (< {LATENCY_S:.0f} s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="One month (the 1-month mark only).")
@@ -237,7 +290,13 @@ def main() -> None:
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
                         help="The embedded default (SQLite files) or the centre's PostgreSQL (a cluster started here).")
     parser.add_argument("--keep", type=Path, help="Write the stores here and keep them (default: a temp folder).")
+    parser.add_argument("--measure", type=Path, metavar="DIR",
+                        help="Write nothing: time the daily commands again on the stores a --keep DIR run left "
+                             "(the same --backend), with this checkout's code.")
     args = parser.parse_args()
+    if args.measure:
+        remeasure(args.measure.resolve(), args.backend)
+        return
     months = [1] if args.quick else sorted(args.months)
     work = (args.keep or Path(tempfile.mkdtemp(prefix="fedauc-year-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)

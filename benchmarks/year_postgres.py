@@ -43,15 +43,18 @@ def _as_account(command: list, **options) -> subprocess.CompletedProcess:
 @contextlib.contextmanager
 def cluster(folder: Path):
     """A running cluster with databases ``mlflow`` and ``prefect`` (trust authentication on 127.0.0.1
-    only); yields its port. Stopped and removed on leaving."""
+    only), the one a kept ``folder`` holds (``year.py --measure``) or a new one; yields its port. Stopped on
+    leaving."""
     bin_dir, data, port = server_bin(), Path(folder) / "pgdata", free_port()
+    fresh = not data.exists()
     folder.mkdir(parents=True, exist_ok=True)
     shutil.chown(folder, ACCOUNT)
-    _as_account([bin_dir / "initdb", "-D", data, "-U", ACCOUNT, "--auth=trust", "-E", "UTF8"])
+    if fresh:
+        _as_account([bin_dir / "initdb", "-D", data, "-U", ACCOUNT, "--auth=trust", "-E", "UTF8"])
     _as_account([bin_dir / "pg_ctl", "-D", data, "-l", folder / "postgres.log", "-w", "start", "-o",
                  f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"])
     try:
-        for database in ("mlflow", "prefect"):
+        for database in ("mlflow", "prefect") if fresh else ():
             _as_account([bin_dir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", ACCOUNT, database])
         yield port
     finally:

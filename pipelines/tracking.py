@@ -31,18 +31,12 @@ from federated.schema import (
     OWNER_PID_TAG,
     OWNER_STARTED_TAG,
 )
+
+# Where the store is, read without MLflow (pipelines/store_uri.py); exported here too, where callers look for it.
+from pipelines.store_uri import PROJECT_DIR as PROJECT_DIR
+from pipelines.store_uri import default_tracking_uri as default_tracking_uri
+from pipelines.store_uri import tracking_uri as tracking_uri
 from preprocessing.lifetime import start_time
-
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-
-
-def default_tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
-    return f"sqlite:///{(Path(project_dir) / 'mlruns.db').resolve()}"
-
-
-def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
-    """Where this process records: MLFLOW_TRACKING_URI, else the project's embedded SQLite store. Read only."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)
 
 
 def configure(project_dir: Path = PROJECT_DIR) -> str:

@@ -206,27 +206,27 @@ def compare_command(
     Unfinished runs are hidden unless --all."""
     from rich.console import Console
 
-    from pipelines.compare import compare_runs
-    from pipelines.tables import fold_intervals, rich_table, write_table
-    from pipelines.tracking import configure
+    from pipelines.compare import read_trainings, training_rows
+    from pipelines.store_uri import tracking_uri
+    from pipelines.tables import fold_interval_rows, rich_table, write_table
 
-    configure()
-    try:
-        frame = compare_runs(experiment, sort_by, include_unfinished=show_all)
+    try:  # an MLflow server is read over HTTP without importing MLflow (pipelines/compare.py), nor pandas here
+        columns, rows, hidden = training_rows(read_trainings(experiment, tracking_uri()), sort_by, show_all)
     except ValueError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(code=1) from None
-    hidden = frame.attrs["hidden"]
-    if federation is not None and not frame.empty:
-        frame = frame[frame["federation"] == federation].reset_index(drop=True)
+    if federation is not None:
+        rows = [row for row in rows if row["federation"] == federation]
     title = f"{experiment}{f' / {federation}' if federation else ''}: pooled test metrics, best first"
-    shown = fold_intervals(frame)
+    shown, cells = fold_interval_rows(columns, rows)
     if not wide:  # readable in a 100-column terminal; the rest in --wide, --csv, --html and MLflow
-        shown = shown[[c for c in COMPARE_SUMMARY if c in shown]]
+        shown = [c for c in COMPARE_SUMMARY if c in shown]
     Console(width=240 if wide else 100).print(
-        rich_table(shown, title, keep_whole=("run", "federation", "sites") if wide else ()))
+        rich_table(shown, cells, title, keep_whole=("run", "federation", "sites") if wide else ()))
     if hidden:
         typer.echo(f"{hidden} unfinished training(s) hidden (failed, killed or running); --all lists them")
     for path in filter(None, (csv_path, html_path)):
-        write_table(frame, path, title)
+        import pandas as pd
+
+        write_table(pd.DataFrame(rows, columns=columns), path, title)
         typer.echo(f"wrote {path}")
