@@ -7,9 +7,10 @@ Each configuration runs in a fresh process (its peak RSS is its own). Per K it p
 engine's per-site compute seconds, federated/timing.py: their sum in-process, where sites run one after
 another; their maximum over FLARE, where they run at once), the overhead (round minus compute), the peak RSS
 of the process(es) that are not a site (in-process: the one process; FLARE: the simulator's server and this
-submitting process) and the median peak RSS and USS (its own pages) of a site process (FLARE); in-process also
-the overhead in CPU seconds (the round's process time minus the sites' local steps' thread time), which the
-machine's load does not stretch and which the in-process verdict fits; the bytes all sites send and receive in
+submitting process) and the median peak RSS and USS (its own pages) of a site process (FLARE); the overhead in
+CPU seconds, which the machine's load stretches less and which the verdicts fit: in-process the round's process
+time minus the sites' local steps' thread time, over FLARE every process of the job's CPU for the round minus
+the sites' local steps' (benchmarks/scale_flare.py says how, and what it includes); the bytes all sites send and receive in
 a round, the in-process evaluation's seconds (one ``Engine.evaluate``, every site's valid and test splits; over
 FLARE the last round's extra seconds, where the training's evaluation runs), and the MLflow logging seconds of
 one round's record (``pipelines.runs.RoundLogger``: the parent run and K site child runs, a real sqlite store).
@@ -33,7 +34,6 @@ the reason (``memory_short``); docs/performance.md says which K this machine hel
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import resource
@@ -41,12 +41,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_flare import memory_short, run_flare
 
 TARGET_EXPONENT = 1.1
 IMAGES = 64
@@ -174,82 +176,17 @@ def run_inprocess(job: dict, federation: Path) -> dict:
     return out
 
 
-def _watch_rss(peaks: dict, done: threading.Event) -> None:
-    """Peak RSS (MB) of this process's descendants, sites (``--client <name>``) apart from the rest."""
-    import psutil
-
-    me = psutil.Process()
-    while not done.wait(0.5):
-        total = me.memory_info().rss
-        for proc in me.children(recursive=True):
-            try:
-                cmd, rss = proc.cmdline(), proc.memory_info().rss
-            except psutil.Error:
-                continue
-            if "--client" in cmd:
-                site = cmd[cmd.index("--client") + 1]
-                peaks["sites"][site] = max(peaks["sites"].get(site, 0.0), rss / 2 ** 20)
-                if site not in peaks["uss"] or peaks["uss_at"].get(site, 0.0) < time.monotonic() - 5:
-                    # USS (the pages only this process holds; torch's libraries are shared) is dearer to read
-                    with contextlib.suppress(psutil.Error):
-                        uss = proc.memory_full_info().uss / 2 ** 20
-                        peaks["uss"][site] = max(peaks["uss"].get(site, 0.0), uss)
-                        peaks["uss_at"][site] = time.monotonic()
-            else:
-                total += rss
-        peaks["server"] = max(peaks["server"], total / 2 ** 20)
-
-
-def run_flare(job: dict, federation: Path) -> dict:
-    import torch
-
-    from federated.flare.centre.job import train_flare
-    from federated.sites import federation_config
-    from preprocessing.federation import load_federation
-
-    torch.set_num_threads(1)
-    fed = load_federation(federation)
-    config = federation_config(fed, federation.parent / "shards", settings(job))
-    peaks: dict = {"server": 0.0, "sites": {}, "uss": {}, "uss_at": {}}
-    done = threading.Event()
-    watcher = threading.Thread(target=_watch_rss, args=(peaks, done), daemon=True)
-    watcher.start()
-    with tempfile.TemporaryDirectory() as workspace:
-        history = train_flare(config, fed, federation.parent / "shards", "sim", Path(workspace)).history
-    done.set()
-    watcher.join()
-    middle = history[1:-1]
-    round_s = statistics.median(r["seconds"] for r in middle)
-    return {"round_s": round_s, "compute_s": statistics.median(max(r["site_compute_s"]) for r in middle),
-            "server_rss_mb": peaks["server"], "site_rss_mb": statistics.median(peaks["sites"].values() or [math.nan]),
-            "site_uss_mb": statistics.median(peaks["uss"].values() or [math.nan]),
-            "evaluation_s": history[-1]["seconds"] - round_s,
-            "bytes": sum(middle[0]["bytes_sent"]) + sum(middle[0]["bytes_received"]),
-            "mlflow_s": mlflow_seconds(history, [s.name for s in fed.sites], Path(job["store"]))}
-
-
-SITE_MB = 280  # a simulated site's own pages at its peak (USS 272-277 MB at K = 16-64; torch's libraries are shared)
-SERVER_MB = 1800  # the simulator's server and this submitting process (1.7 GB at K = 64)
-
-
-def memory_short(K: int) -> str | None:
-    """Why K simulated sites would not fit in this machine's available memory now, or None."""
-    import psutil
-
-    need, available = (K * SITE_MB + SERVER_MB) / 1024, psutil.virtual_memory().available / 2 ** 30
-    if need <= available:
-        return None
-    return (f"{K} site processes need about {need:.1f} GiB ({SITE_MB} MB of their own each, plus the server) "
-            f"and {available:.1f} GiB is available")
-
-
 def one(job: dict) -> None:
     """Run one configuration (in a fresh process) and print its figures as one JSON line."""
     import torch
 
     torch.set_num_threads(1)
     federation = Path(job["federation"])
-    result = run_flare(job, federation) if job["mode"] == "flare" else run_inprocess(job, federation)
+    if job["mode"] == "flare":
+        result, history, sites = run_flare(settings(job), federation)
+        result["mlflow_s"] = mlflow_seconds(history, sites, Path(job["store"]))
+    else:
+        result = run_inprocess(job, federation)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -263,7 +200,8 @@ def exponent(ks: list[int], values: list[float]) -> float:
 
 
 COLUMNS = [("round_s", "round s"), ("compute_s", "compute s"), ("overhead_s", "overhead s"),
-           ("overhead_cpu_s", "overhead CPU s"),
+           ("round_cpu_s", "round CPU s"), ("overhead_cpu_s", "overhead CPU s"), ("server_cpu_s", "no-site CPU s"),
+           ("site_idle_cpu_per_s", "site CPU/s outside steps"),
            ("server_rss_mb", "server RSS MB"), ("site_rss_mb", "site RSS MB"), ("site_uss_mb", "site USS MB"), ("bytes", "bytes/round"),
            ("evaluation_s", "eval s"), ("mlflow_s", "MLflow s/round"), ("keys_s_plus", "keys s/site"),
            ("mask_s_plus", "masks s/site/round"), ("mask_s_full", "full graph masks s/site/round")]
@@ -298,10 +236,11 @@ def growth(rows: list[dict], smallest: int = 16) -> list[str]:
         text = ", ".join(f"{label} {fits[key]:.2f}" for key, label in COLUMNS if math.isfinite(fits[key]))
         line = f"{mode} {algorithm} {'secure' if secure else 'plain'}, K = {ks[0]}..{ks[-1]}: exponents {text}"
         if not secure:
-            # In-process, the sites' CPU seconds: the wall-time exponent swings with the machine's load.
+            # On CPU seconds where measured: the wall-time exponent swings with the machine's load.
             key = "overhead_cpu_s" if math.isfinite(fits["overhead_cpu_s"]) else "overhead_s"
             verdict = "PASS" if fits[key] <= TARGET_EXPONENT else "FAIL"
-            line += f"\n  {verdict}: {dict(COLUMNS)[key]} exponent {fits[key]:.2f} (target <= {TARGET_EXPONENT})"
+            line += (f"\n  {verdict}: {dict(COLUMNS)[key]} exponent {fits[key]:.2f} (target <= {TARGET_EXPONENT}); "
+                     f"wall {fits['overhead_s']:.2f}, CPU {fits['overhead_cpu_s']:.2f}")
         out.append(line)
     return out
 

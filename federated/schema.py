@@ -32,13 +32,15 @@ class RoundRecord(TypedDict, total=False):
     loss_reference: list[float]
     site_compute_s: list[float]  # per site: its local steps' seconds this round (federated/timing.py)
     site_wait_s: list[float]  # per site: the rest of its round up to the per-site gather
+    site_compute_cpu_s: list[float]  # per site: its local steps' CPU seconds (their thread's)
+    site_process_cpu_s: list[float]  # per site: its process's CPU seconds from the round's start to the gather
     slowest: dict  # {"site", "compute_s", "held_up_s"}: the site the round waited for, and how long
     metrics: dict[str, float]  # on evaluation rounds: keys as MetricKey
     suppressed: dict  # small-count suppression (federated/evaluation.py)
 
 
 # What a record says of time, not of the computation: two runs of one training agree on everything else.
-TIMING_KEYS = ("seconds", "site_compute_s", "site_wait_s", "slowest")
+TIMING_KEYS = ("seconds", "site_compute_s", "site_wait_s", "site_compute_cpu_s", "site_process_cpu_s", "slowest")
 # The MLflow metrics logged from them (pipelines/runs.py RoundLogger).
 TIMING_METRICS = ("round_seconds", "slowest_site_held_up_seconds", "compute_seconds", "wait_seconds")
 

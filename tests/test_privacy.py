@@ -210,7 +210,8 @@ def test_with_dp_the_server_receives_no_per_site_loss_norm_or_time(tmp_path, mon
         assert all(math.isnan(v) for v in record["site_losses"]) and math.isnan(record["train_loss"])
         assert "loss_reference" not in record and record["outliers"] == []
         assert all(math.isnan(v) for v in record["update_norm"]["model"])
-        assert all(math.isnan(v) for v in record["site_compute_s"] + record["site_wait_s"] + [record["seconds"]])
+        times = ("site_compute_s", "site_wait_s", "site_compute_cpu_s", "site_process_cpu_s")
+        assert all(math.isnan(v) for key in times for v in record[key]) and math.isnan(record["seconds"])
         assert "slowest" not in record
         assert "metrics" not in record  # no evaluation is released without its own noise
     clear, records = rows_sent(_config(tmp_path / "clear", dp=None, algorithm="codasca"))

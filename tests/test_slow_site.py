@@ -1,6 +1,7 @@
-"""The slow hospital named (federated/timing.py): each site's compute and wait seconds of every round reach the
-centre with the round's record, MLflow holds them per site (the site's child run), and the live progress line
-and ``fedauc consortium status`` name the round's slowest site and how long it held the round up.
+"""The slow hospital named (federated/timing.py): each site's compute and wait seconds (and their CPU seconds) of
+every round reach the centre with the round's record, MLflow holds them per site (the site's child run), and the
+live progress line and ``fedauc consortium status`` name the round's slowest site and how long it held the round
+up.
 
 Over NVIDIA FLARE's simulator, one hospital is slowed for real: its site process (and its children) is
 stopped and continued by the test, nine tenths of the time stopped, as a machine that gives the job a tenth
@@ -44,6 +45,10 @@ def test_every_round_record_times_every_site_and_names_the_slowest():
         slowest = max(range(4), key=lambda k: compute[k])
         assert record["slowest"]["site"] == names[slowest]
         assert record["slowest"]["held_up_s"] == pytest.approx(compute[slowest] - sorted(compute)[-2])
+        # CPU seconds: each site's local steps on this one thread, inside the round's process time up to the gather.
+        compute_cpu, process_cpu = record["site_compute_cpu_s"], record["site_process_cpu_s"]
+        assert len(compute_cpu) == len(process_cpu) == 4 and min(compute_cpu) > 0
+        assert min(process_cpu) >= sum(compute_cpu)
 
 
 def _site_processes(site: str) -> list[psutil.Process]:
