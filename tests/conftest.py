@@ -57,9 +57,19 @@ def public_metadata():
 def session_tracking_store():
     """Every test starts on the session's MLflow store: ``mlflow.set_tracking_uri(None)`` (how tests and
     module fixtures leave their own store) also deletes MLFLOW_TRACKING_URI from the environment, and the
-    next test of this worker would then write into the project's mlruns.db."""
-    os.environ["MLFLOW_TRACKING_URI"] = _session_tracking_uri[0]
+    next test of this worker would then write into the project's mlruns.db. And after every test too: a command
+    a test runs in process sets MLflow's process-wide URI (``tracking.configure``) to the test's own store,
+    and the next module's fixtures, which run before this, would record there while its servers read the
+    session's store."""
+    on_session_store()
     yield
+    on_session_store()
+
+
+def on_session_store() -> None:
+    if "mlflow" in sys.modules:
+        sys.modules["mlflow"].set_tracking_uri(None)
+    os.environ["MLFLOW_TRACKING_URI"] = _session_tracking_uri[0]
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from preprocessing.sites import SharingPolicy
 
 DOC = Path(__file__).resolve().parents[1] / "docs/privacy.md"
 ROUND_ROW = ["index", "bytes_sent", "bytes_received", "loss_mean", "loss_first"]  # then norms, then timings
-TIMINGS = ["compute_seconds", "wait_seconds"]
+TIMINGS = ["compute_seconds", "wait_seconds", "compute_cpu_seconds", "process_cpu_seconds"]
 
 
 def allow_list() -> dict[str, str]:
