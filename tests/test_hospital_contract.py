@@ -104,8 +104,10 @@ def test_a_leg_is_refused_wrong_body_part_by_predict_the_pyfunc_and_the_pacs_pat
 
 
 
-def test_a_model_registered_under_the_old_loader_name_still_serves(chest_store, tmp_path):
+def test_a_model_registered_under_the_old_loader_name_still_serves(chest_store, tmp_path, monkeypatch):
     """Models registered before the package split name ``pipelines.hospital.flavor`` as their pyfunc loader."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", chest_store)
+    mlflow.set_tracking_uri(chest_store)
     folder = Path(mlflow.artifacts.download_artifacts(MODEL, dst_path=str(tmp_path / "old")))
     mlmodel = folder / "MLmodel"
     spec = yaml.safe_load(mlmodel.read_text())
