@@ -100,7 +100,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     }
 
 
-@flow(name="preprocess_site", flow_run_name=run_names.site_step("preprocess", "site"))
+@flow(name="preprocess_site", flow_run_name=run_names.of_flow(run_names.site_step("preprocess", "site")))
 def preprocess_site(site: str, shards: str | None = None, workers: int = 2, raise_budget: bool = False) -> dict:
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""

@@ -24,11 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines import tracking
-from pipelines.prefect_env import PROJECT_ROOT
+from pipelines.store_uri import fedauc_home
 from pipelines.ui_views import links_text, task_links
 from preprocessing.errors import ConfigError, FedaucError
 
-DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
 # Bytes per log file and rotated files kept, per UI server: NVIDIA FLARE's own handlers' size (20 MB), half
 # their count; 120 MB for a UI however long it runs.
 UI_LOG_LIMIT = (20 * 1024 * 1024, 5)
@@ -163,9 +162,11 @@ def _interrupt(signum, frame):
 
 
 def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] = print,
-              log_dir: Path = DEFAULT_LOG_DIR) -> None:
+              log_dir: Path | None = None) -> None:
     """Start both UIs, print their URLs and log files, and stop them on Ctrl-C or SIGTERM. Both ports are
-    checked before either server starts; a server that exits is reported with its log."""
+    checked before either server starts; a server that exits is reported with its log (in ``log_dir``, default
+    the fedauc folder's ``logs/``)."""
+    log_dir = Path(log_dir or fedauc_home() / "logs")
     signal.signal(signal.SIGTERM, _interrupt)
     commands = ui_commands(mlflow_port, prefect_port)
     ports = {"MLflow": mlflow_port, "Prefect": prefect_port}
