@@ -59,7 +59,7 @@ def test_it_prints_each_tasks_trainings_new_studies_and_the_time_profile(demo_ru
         header = next(line for line in section.splitlines() if line.startswith("| run |"))
         assert [c.strip() for c in header.strip("|").split("|")][:4] == list(SHOWN[:4])
         assert {"pAUC0.3 macro", "MB sent", "minutes", "AUC macro"} <= {c.strip() for c in header.split("|")}
-        rows = section.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+        rows = section.split(header, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
         runs = {row.split("|")[1].strip() for row in rows}
         assert runs == {name for name, federation, *_ in DEMO_TRAININGS if task.split("-")[0] in federation.stem}
         assert f"## {task}: new studies scored by the champion" in out
@@ -144,3 +144,31 @@ def test_the_links_open_the_trainings_the_champion_and_the_named_prefect_runs(ui
         driver.get(links["Prefect flow runs"])
         # Named from each run's own parameters, the evaluation a flow run of the demo flow's.
         WebDriverWait(driver, WAIT_S).until(lambda d: "evaluate chest-xray champion" in body(d))
+
+
+def _readme_block(marker: str) -> str:
+    """The part of README.md between ``<!-- marker -->`` and ``<!-- /marker -->``."""
+    text = (PROJECT_ROOT / "README.md").read_text()
+    assert f"<!-- {marker} -->" in text, f"README.md lost its {marker} markers"
+    return text.split(f"<!-- {marker} -->", 1)[1].split(f"<!-- /{marker} -->", 1)[0]
+
+
+def _sections_and_columns(text: str) -> list[str]:
+    """The headings and each table's header row, in order: what a reader of the output looks for."""
+    lines = [line.strip() for line in text.splitlines()]
+    return [line for i, line in enumerate(lines) if line.startswith("## ") or (
+        line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"))]
+
+
+def _link_forms(text: str) -> set[str]:
+    """Each printed URL line with its ports, ids and versions as N and its log folder as …"""
+    return {re.sub(r"\d+", "N", re.sub(r"\(log: \S*/logs/", "(log: …/logs/", line.strip()))
+            for line in text.splitlines() if "://127.0.0.1:" in line}
+
+
+def test_the_readme_shows_what_the_demo_printed(demo_run):
+    assert _sections_and_columns(_readme_block("demo-output")) == _sections_and_columns(demo_run["out"])
+
+
+def test_the_readme_shows_the_links_ui_printed(ui_links):
+    assert _link_forms(_readme_block("ui-output")) == _link_forms(ui_links)
