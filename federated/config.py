@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from federated import secagg_graph
-from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from federated.data import SiteData, SplitData, learned, load_shard, synthetic_site
 from federated.privacy.budget import declared_budget
 from federated.privacy.ledger import ledger_path
 from federated.privacy.policy import SiteBudget
@@ -127,9 +127,10 @@ class TensorSite(BaseModel):
 SiteSpec = Annotated[ShardSite | SyntheticSite | TensorSite, Field(discriminator="kind")]
 
 
-def load_sites(sites: list[SiteSpec], indices: list[int]) -> list[SiteData]:
-    """The data of ``sites[k]`` for each k of ``indices``; they must label the same diseases in one order."""
-    datas = [sites[k].load(k) for k in indices]
+def load_sites(sites: list[SiteSpec], indices: list[int], diseases: tuple[str, ...] | None = None) -> list[SiteData]:
+    """The data of ``sites[k]`` for each k of ``indices``, only the label columns of ``diseases`` (None: all); they
+    must label the same diseases in one order."""
+    datas = [learned(sites[k].load(k), diseases) for k in indices]
     for d in datas[1:]:
         if d.diseases != datas[0].diseases:
             raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {datas[0].name!r} has "
