@@ -179,7 +179,10 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     try:
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name),
+            # Prefect's UI calls the API where its settings say, 127.0.0.1:4200 by default: on another port it
+            # showed no run and "Can't connect to Server API" unless told its own address.
+            env = {**server_env(name), **({"PREFECT_UI_API_URL": f"{url}/api"} if name == "Prefect" else {})}
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=env,
                                            log_limit=UI_LOG_LIMIT)
             echo(f"{name} UI: {url}  (log: {log_path})")
         echo(links_text(task_links(commands["MLflow"][1], commands["Prefect"][1])))

@@ -12,13 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-HOME_ENV = "FEDAUC_HOME"
-
-
-def fedauc_home() -> Path:
-    """This machine's fedauc folder: $FEDAUC_HOME, else the checkout ``pipelines`` is imported from."""
-    return Path(os.environ.get(HOME_ENV) or PROJECT_DIR).resolve()
+from preprocessing.home import HOME_ENV as HOME_ENV
+from preprocessing.home import fedauc_home
 
 
 def default_tracking_uri(project_dir: Path | None = None) -> str:

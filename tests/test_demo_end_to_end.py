@@ -36,7 +36,8 @@ STORE_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "PREFECT_HOME",
 
 def _as_a_user(home: Path) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in STORE_VARIABLES}
-    return {**env, "FEDAUC_HOME": str(home)}
+    # The public metadata the phantoms' labels come from, fetched once per machine (the checkout's cache).
+    return {**env, "FEDAUC_HOME": str(home), "FEDAUC_CACHE": str(PROJECT_ROOT / ".cache")}
 
 
 @pytest.fixture(scope="module")
