@@ -120,13 +120,15 @@ def other_ledgers(site: str, binding_id: str | None) -> list[Path]:
 
 def check_binding(site: str, binding_id: str | None, site_yaml: str = "<the site's YAML>") -> Path:
     """Site ``site``'s ledger for the data of ``binding_id``, once it may be used (module docstring); else
-    ``PrivacyRefused`` in one line naming the ledger and the command that settles it."""
+    ``PrivacyRefused`` in one line naming the ledger and the command that settles it. By file names only: a
+    preprocess flow's refusal reaches the consortium's Prefect server, which gets no path of the hospital's."""
+    site_yaml = Path(site_yaml).name
     path = site_ledger_path(site, binding_id)
     if path.exists():
         # Shards written before bindings keep the ledger named by the site alone, as before, until preprocessed again.
         if binding_id is not None and read_binding(path) is None:
             raise PrivacyRefused(
-                f"site {site!r} refuses every job: its privacy ledger {path} has no readable record of the data it "
+                f"site {site!r} refuses every job: its privacy ledger {path.name} has no readable record of the data it "
                 f"guards ({binding_path(path).name} missing, unreadable or altered); restore it from the site's "
                 f"backup, or, if this ledger does guard this site's data, {SAY_WHICH.format(yaml=site_yaml)}")
         return path
@@ -135,7 +137,7 @@ def check_binding(site: str, binding_id: str | None, site_yaml: str = "<the site
         data = f"binding {binding_id}" if binding_id else "shards written before ledgers were bound: preprocess again"
         more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
         raise PrivacyRefused(f"site {site!r} refuses every job: its data ({data}) is not what its privacy ledger "
-                             f"{others[0]}{more} guards; {SAY_WHICH.format(yaml=site_yaml)}")
+                             f"{others[0].name}{more} guards; {SAY_WHICH.format(yaml=site_yaml)}")
     return path
 
 
