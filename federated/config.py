@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from federated import secagg_graph
 from federated.data import SiteData, SplitData, learned, load_shard, synthetic_site
+from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
-from federated.privacy.ledger import ledger_path
 from federated.privacy.policy import SiteBudget
 from federated.settings import TrainSettings
 from preprocessing.errors import DataError
@@ -39,8 +39,9 @@ class ShardSite(BaseModel):
         return shard_content_hash(self.path)
 
     def privacy_ledger(self) -> Path:
-        """The site's privacy ledger (federated/privacy/ledger.py): the site's, keyed by its name."""
-        return ledger_path(self.path)
+        """The site's privacy ledger (federated/privacy/ledger.py): the one bound to the data the shards were
+        written from; refused in one line where a ledger of the site's name guards other data (binding.py)."""
+        return guarded_ledger(self.path)
 
     def declared_privacy(self) -> SiteBudget | None:
         """The privacy budget the shards were written under (a site whose ledger is lost refuses every job)."""
