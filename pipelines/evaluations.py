@@ -45,6 +45,8 @@ UNDEFINED = {
     "site": "undefined at this site: no labelled positive or no labelled negative image in the split",
     "pooled": "undefined: no site's split holds a labelled positive or no site's a labelled negative",
     "macro_over_sites": "undefined: no site reports it (undefined or suppressed at every site)",
+    "subgroup": "undefined: the subgroup's released cells hold no positive or no negative, or too few for an interval",
+    "subgroup_gap": "undefined: fewer than two of the attribute's subgroups have an interval",
 }
 _DEFAULTS = TrainConfig.model_fields
 BINS, MIN_COUNT = _DEFAULTS["eval_bins"].default, _DEFAULTS["eval_min_count"].default
