@@ -36,7 +36,7 @@ from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
 from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFACT, MetricKey
 from federated.scoring import ModelToScore
-from pipelines import descriptions, plots, registry, tracking
+from pipelines import descriptions, model_card, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
@@ -177,6 +177,7 @@ def evaluate_registered(federation: Federation, shards_root: Path | None, versio
     results = []
     for scored in score_models(federation, models, shards_root, launcher, eval_noise_multiplier):
         run_id = record(federation, scored, launcher, champion)
+        model_card.write_card(federation.task, scored.version)  # its card now shows this evaluation
         results.append({"model_version": scored.version, "champion": scored.version == champion, "run_id": run_id,
                         "metrics": scored.evaluation.metrics})
     return results

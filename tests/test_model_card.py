@@ -1,0 +1,112 @@
+"""A registered version's model card (pipelines/model_card.py), from two real tiny trainings and an evaluation in a
+real SQLite MLflow store: its numbers are the MLflow metrics they come from, it is linked from the version's
+description, only the champion's card and training description say it is the champion, and `fedauc card` prints or
+writes it."""
+
+from __future__ import annotations
+
+import re
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from federated import schema
+from pipelines import evaluations, model_card, runs
+from pipelines.cli import app
+from preprocessing.federation import load_federation
+
+pytestmark = pytest.mark.slow
+SETTINGS = dict(algorithm="codasca", params={"T0": 4}, network="small_resnet_gn", network_kwargs={"widths": [4, 8]},
+                rounds=1, local_steps=2, batch_size=16, eval_every=1, progress=False, loader_workers=0, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def store(evaluable_melanoma, tmp_path_factory):
+    """Two trainings (versions 1 and 2) and an evaluation of the champion, in the module's own store."""
+    root, federation_yaml = evaluable_melanoma
+    uri = f"sqlite:///{tmp_path_factory.mktemp('card') / 'mlruns.db'}"
+    mlflow.set_tracking_uri(uri)
+    federation = load_federation(federation_yaml)
+    trainings = [runs.train_tracked(federation, root / "shards", {**SETTINGS, "lr": lr, "seed": seed},
+                                    run_name=f"card-{seed}") for seed, lr in ((0, 0.5), (1, 2.0))]
+    (evaluated,) = evaluations.evaluate_registered(federation, root / "shards")
+    yield uri, federation, trainings, evaluated
+    mlflow.set_tracking_uri(None)
+
+
+def _cells(markdown: str, heading: str) -> dict[str, list[str]]:
+    """The table under ``heading``: first cell -> the others."""
+    lines = markdown.split(heading + "\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i, line in enumerate(lines[start:]) if not line.startswith("|")), len(lines) - start)
+    return {row.split(" | ")[0].strip("| "): [c.strip(" |") for c in row.split(" | ")[1:]]
+            for row in lines[start + 2 : start + end]}
+
+
+def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
+    uri, federation, _, evaluated = store
+    mlflow.set_tracking_uri(uri)
+    version = evaluated["model_version"]
+    markdown, page, png = model_card.render("melanoma", version)
+    metrics = MlflowClient().get_run(evaluated["run_id"]).data.metrics
+
+    def shown(base: str) -> str:
+        return model_card.fmt((metrics[f"{base}/auc/Melanoma"], metrics[f"{base}/auc_ci95_low/Melanoma"],
+                               metrics[f"{base}/auc_ci95_high/Melanoma"]))
+
+    assert _cells(markdown, "## Performance")["pooled test"][0] == shown("test/pooled")
+    sites = _cells(markdown, "### By site")
+    assert set(sites) == {site.name for site in federation.sites}
+    for site, cells in sites.items():
+        assert cells[0] == shown(f"test/subgroup/site.{site}")
+        assert cells[1] == (f"{int(metrics[f'test/subgroup/site.{site}/n_pos/Melanoma'])}/"
+                            f"{int(metrics[f'test/subgroup/site.{site}/n_neg/Melanoma'])}")
+    sexes = _cells(markdown, "### By sex")
+    for sex, cells in sexes.items():
+        key = f"test/subgroup/sex.{sex}/auc/Melanoma"
+        assert cells[0] == (shown(f"test/subgroup/sex.{sex}") if key in metrics else "too small")
+    gap = _cells(markdown, "### Gap between the best and the worst subgroup")["site"][0]
+    assert gap.startswith(model_card.fmt((metrics["test/subgroup_gap/site/auc/Melanoma"],
+                                          metrics["test/subgroup_gap/site/auc_ci95_low/Melanoma"],
+                                          metrics["test/subgroup_gap/site/auc_ci95_high/Melanoma"])))
+    assert "## Limitations" in markdown and "synthetic images" in markdown.lower()
+    assert png.startswith(b"\x89PNG") and "data:image/png;base64," in page and "<table>" in page
+    assert evaluated["run_id"] in markdown
+
+
+def test_the_version_page_links_its_card_and_evaluation_and_only_the_champion_says_so(store):
+    uri, _, trainings, evaluated = store
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    champion = str(client.get_model_version_by_alias("fedauc-melanoma", schema.CHAMPION_ALIAS).version)
+    for training in trainings:
+        description = client.get_model_version("fedauc-melanoma", training.model_version).description
+        link = re.search(r"\(#/experiments/(\d+)/runs/(\w+)/artifactPath/(model_card/v\d+\.html)\)", description)
+        assert link and link.group(2) == training.run_id
+        artifacts = [a.path for a in client.list_artifacts(training.run_id, "model_card")]
+        assert link.group(3) in artifacts and f"model_card/v{training.model_version}.md" in artifacts
+        run_description = client.get_run(training.run_id).data.tags[schema.DESCRIPTION_TAG]
+        if training.model_version == champion:
+            assert description.startswith("**The champion.**") and "version " + champion + ": the champion" in run_description
+            assert f"/runs/{evaluated['run_id']})" in description
+            card, _, _ = model_card.render("melanoma", champion)
+            assert "**The champion.** " + model_card.descriptions.CHAMPION_RULE in card
+            assert re.search(r"margin [+-]\d\.\d{3}", card)  # both versions were scored on these sites
+        else:
+            assert description.startswith(f"**Not the champion** (the champion is version {champion})")
+            assert f"not the champion (version {champion} is)" in run_description
+
+
+def test_fedauc_card_prints_it_or_writes_it(store, tmp_path, monkeypatch):
+    uri, *_ = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    result = CliRunner().invoke(app, ["card", "melanoma"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("# Model card: fedauc-melanoma version")
+    out = tmp_path / "card.html"
+    result = CliRunner().invoke(app, ["card", "melanoma", "--version", "1", "--out", str(out)])
+    assert result.exit_code == 0 and out.read_text().startswith("<!DOCTYPE html>")
+    result = CliRunner().invoke(app, ["card", "melanoma", "--version", "9"])
+    assert result.exit_code == 1 and "has no version 9" in result.output and "Traceback" not in result.output
