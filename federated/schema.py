@@ -99,6 +99,9 @@ MODEL_URI_TAG, MODEL_VERSION_TAG = "model_uri", "model_version"
 CHAMPION_ALIAS = "champion"
 # The model-version tag with the pooled valid macro AUC its training measured; written when a version is registered.
 SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
+# Set on a version whenever it takes the champion alias: the versions that are or were champion, whose latest
+# evaluation (their model card's evidence) `fedauc prune` keeps for ever (pipelines/retention.py).
+WAS_CHAMPION_TAG = "was_champion"
 # A registered version whose scores were constant on a split (a training that ran to the end but learnt
 # nothing): recorded, never champion.
 COLLAPSED_TAG = "collapsed"

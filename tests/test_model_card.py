@@ -32,7 +32,7 @@ def store(evaluable_melanoma, tmp_path_factory):
     trainings = [runs.train_tracked(federation, root / "shards", {**SETTINGS, "lr": lr, "seed": seed},
                                     run_name=f"card-{seed}") for seed, lr in ((0, 0.5), (1, 2.0))]
     (evaluated,) = evaluations.evaluate_registered(federation, root / "shards")
-    yield uri, federation, trainings, evaluated
+    yield uri, federation, trainings, evaluated, root / "shards"
     mlflow.set_tracking_uri(None)
 
 
@@ -46,7 +46,7 @@ def _cells(markdown: str, heading: str) -> dict[str, list[str]]:
 
 
 def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
-    uri, federation, _, evaluated = store
+    uri, federation, _, evaluated, _ = store
     mlflow.set_tracking_uri(uri)
     version = evaluated["model_version"]
     markdown, page, png = model_card.render("melanoma", version)
@@ -77,7 +77,7 @@ def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
 
 
 def test_the_version_page_links_its_card_and_evaluation_and_only_the_champion_says_so(store):
-    uri, _, trainings, evaluated = store
+    uri, _, trainings, evaluated, _ = store
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
     champion = str(client.get_model_version_by_alias("fedauc-melanoma", schema.CHAMPION_ALIAS).version)
@@ -110,3 +110,43 @@ def test_fedauc_card_prints_it_or_writes_it(store, tmp_path, monkeypatch):
     assert result.exit_code == 0 and out.read_text().startswith("<!DOCTYPE html>")
     result = CliRunner().invoke(app, ["card", "melanoma", "--version", "9"])
     assert result.exit_code == 1 and "has no version 9" in result.output and "Traceback" not in result.output
+
+
+def test_prune_keeps_the_latest_evaluation_of_every_past_and_present_champion(store, monkeypatch):
+    """Issue 55's case: the store's runs dated 200 days back, `fedauc prune --older-than-days 30` deleted the
+    champions' evaluations, the only record of their per-site AUC. Now each version that is or was champion keeps
+    its latest evaluation (its card still shows its sites); every other evaluation goes. Last in this module: it
+    prunes the module's store."""
+    import sqlite3
+
+    from mlflow.entities import ViewType
+
+    from pipelines import retention
+
+    uri, federation, _, _, shards = store
+    mlflow.set_tracking_uri(uri)
+    for _ in range(2):  # two more evaluations of both versions: the older ones are detail
+        evaluations.evaluate_registered(federation, shards, ["1", "2"])
+    client = MlflowClient()
+    versions = client.search_model_versions("name = 'fedauc-melanoma'")
+    champions = {str(v.version) for v in versions if v.tags.get(schema.WAS_CHAMPION_TAG) == "true"}
+    assert "1" in champions  # the first version took the alias at its registration
+    experiment = [e.experiment_id for e in client.search_experiments()]
+    query = f"tags.{schema.ROLE_TAG} = '{schema.EVALUATION_ROLE}'"
+    before = client.search_runs(experiment, query, order_by=["attributes.start_time DESC"])
+    latest = {}
+    for run in before:
+        latest.setdefault(run.data.tags[schema.MODEL_VERSION_TAG], run.info.run_id)
+    with sqlite3.connect(uri.removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE runs SET start_time = start_time - ?, end_time = end_time - ?", (200 * 86_400_000,) * 2)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    lines = retention.prune_centre(uri, older_than_days=30)
+    assert f"the latest evaluation of each of its {len(champions)} champion(s)" in lines[0]
+    after = {r.info.run_id for r in client.search_runs(experiment, query, run_view_type=ViewType.ACTIVE_ONLY)}
+    assert after == {latest[v] for v in champions}
+    assert len(before) > len(after)
+    for version in champions:  # the card's evidence is still there
+        card, _, _ = model_card.render("melanoma", version)
+        assert latest[version] in card and "### By site" in card
+
