@@ -7,7 +7,7 @@ subgroup, one disease, one site. Each cell leaves as the evaluation's own site s
 counts and a suppression flag, and the positives' and negatives' score histograms), under one stricter rule: a
 cell with fewer than ``min_count`` positives or negatives leaves as its suppression flag and "<N" counts only,
 its histograms zeros, so that nothing of it reaches the centre. The catalogue of subgroups is fixed (every sex,
-age band and view, and manufacturer "unknown" and "other"), so which keys a site sends says nothing of its
+age band and, for a task with views, view; manufacturer "unknown" and "other"), so which keys a site sends says nothing of its
 patients; a manufacturer with fewer than ``min_count`` images of the split joins "other". Under an evaluation
 noise multiplier the cells are withheld (``federated.privacy.evaluation``): each image falls in several
 subgroups, which the one Gaussian mechanism charged per model does not cover.
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from models.metrics import histogram_auc, histogram_auc_difference, histogram_auc_interval, score_histograms
-from preprocessing.records import VIEWS
-from preprocessing.shard_format import IMAGE_STATS_FILE, manifest_path, read_columns, rewrite_fix
+from preprocessing.records import VIEW_TASKS, VIEWS
+from preprocessing.shard_format import IMAGE_STATS_FILE, manifest_path, read_columns, read_shard_info, rewrite_fix
 from preprocessing.small_counts import is_small, to_wire
 
 ATTRIBUTES = ("sex", "age", "view", "manufacturer", "site")  # "site" is formed at the centre
@@ -75,8 +75,10 @@ def split_groups(site_dir: str | Path, split: str, min_count: int) -> dict[str, 
         "view": [v if v in VIEWS else UNKNOWN for v in rows["view"]],
         "manufacturer": _manufacturers(site_dir, split, rows["record_id"], min_count),
     }
-    catalogue = {"sex": SEXES, "age": [label for *_, label in AGE_BANDS] + [UNKNOWN], "view": VIEWS,
+    catalogue = {"sex": SEXES, "age": [label for *_, label in AGE_BANDS] + [UNKNOWN],
                  "manufacturer": sorted(set(values["manufacturer"]) | {UNKNOWN, OTHER})}
+    if read_shard_info(site_dir)["task"] in VIEW_TASKS:  # a skin photograph has no projection
+        catalogue["view"] = VIEWS
     return {group_name(attribute, value): np.array([v == value for v in values[attribute]], dtype=bool)
             for attribute, names in catalogue.items() for value in names}
 

@@ -34,7 +34,11 @@ def federation_lines(src, params: dict) -> list[str]:
     for site in sites:
         try:
             qc = mlflow.artifacts.load_dict(f"runs:/{training.info.run_id}/{QC_FOLDER}/{site}/{QC_SUMMARY_JSON}")
-            counts = ", ".join(f"{split} {n}" for split, n in qc.get("counts", {}).items())
+            counts = "images " + ", ".join(f"{split} {n}" for split, n in qc.get("kept_per_split", {}).items())
+            positives: dict[str, list[str]] = {}
+            for row in qc.get("labels", []):
+                positives.setdefault(row["disease"], []).append(f"{row['split']} {row['positives']}")
+            counts += "".join(f"; {disease} positives {', '.join(n)}" for disease, n in positives.items())
         except (MlflowException, OSError):
             counts = "no QC summary recorded"
         privacy = spent.get(site)
@@ -76,14 +80,14 @@ def limitations(src, metrics: dict[str, float], diseases: list[str], groups: dic
         out.append("Trained on synthetic images: its performance on patients is unknown.")
     if src.evaluation is None:
         out.append("No evaluation of this version: no per-site or subgroup performance.")
-    too_small: dict[str, list[str]] = {}
-    for key, why in src.suppressed.items():
+    too_small: dict[str, list[str]] = {}  # disease -> its subgroups too small to report (or empty)
+    for key, why in sorted(src.suppressed.items()):
         if key.startswith("test/subgroup/") and "too small" in why:
             group, disease = key.removeprefix("test/subgroup/").split("/auc/")
-            too_small.setdefault(group, []).append(disease)
-    for group, names in sorted(too_small.items()):
-        out.append(f"Subgroup {group}: too small to report for {', '.join(names)} (fewer than the sites' "
-                   "reporting threshold of positives or negatives at every site).")
+            too_small.setdefault(disease, []).append(group)
+    for disease, names in too_small.items():
+        out.append(f"{disease}: no figure for {', '.join(names)}: too few (or no) positives or negatives at every "
+                   "site to report (the sites' small-count threshold).")
     for key, why in sorted(src.suppressed.items()):
         if key.startswith("test/subgroup/") and "/withheld_sites/" in key:
             group, disease = key.removeprefix("test/subgroup/").split("/withheld_sites/")

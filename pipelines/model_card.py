@@ -191,7 +191,9 @@ def compose(src: Sources) -> tuple[Blocks, list]:
     elif src.evaluation is not None:
         b.paragraph("No subgroup figures: the evaluation predates them, or was noised (subgroups withheld).")
     b.heading("Operating points")
-    b.bullets(descriptions.operating_point_lines(contract.operating_points) if contract else ["unknown"])
+    points = descriptions.operating_point_lines(contract.operating_points) if contract else ["Unknown."]
+    b.paragraph(points[0])
+    b.bullets([line.removeprefix("- ") for line in points[1:]])
     card_limits.calibration_and_ood(b, src.raw_contract, metrics)
     b.heading("Limitations")
     b.bullets(card_limits.limitations(src, metrics, diseases, groups))

@@ -72,6 +72,11 @@ def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
                                           metrics["test/subgroup_gap/site/auc_ci95_low/Melanoma"],
                                           metrics["test/subgroup_gap/site/auc_ci95_high/Melanoma"])))
     assert "## Limitations" in markdown and "synthetic images" in markdown.lower()
+    for site in federation.sites:  # its QC summary as the site sent it
+        qc = mlflow.artifacts.load_dict(f"runs:/{evaluated_training(store)}/qc/{site.name}/summary.json")
+        images = ", ".join(f"{split} {n}" for split, n in qc["kept_per_split"].items())
+        assert f"- `{site.name}`: images {images}; Melanoma positives train " in markdown
+    assert "### By view" not in markdown  # a skin photograph has no projection
     assert png.startswith(b"\x89PNG") and "data:image/png;base64," in page and "<table>" in page
     assert evaluated["run_id"] in markdown
 
@@ -150,3 +155,10 @@ def test_prune_keeps_the_latest_evaluation_of_every_past_and_present_champion(st
         card, _, _ = model_card.render("melanoma", version)
         assert latest[version] in card and "### By site" in card
 
+
+
+def evaluated_training(store) -> str:
+    """The training run of the version the module's evaluation scored."""
+    *_, evaluated, _ = store
+    mv = MlflowClient().get_model_version("fedauc-melanoma", evaluated["model_version"])
+    return mv.run_id
