@@ -40,6 +40,7 @@ from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from pipelines.registry import champion_version
 
 CARD_FOLDER = "model_card"
+FOREST_ARTIFACT = "forest_test_subgroups.png"  # on the evaluation run
 INTENDED_USE = ("Triage support: per disease, the probability that a radiologist's read finds it, for the images "
                 "the contract accepts (modality, view, body part). Not a diagnosis, not for other populations, "
                 "devices or body parts than those below, never without a clinician's read.")
@@ -283,6 +284,8 @@ def write_card(task: str, version: str) -> str | None:
             with tempfile.TemporaryDirectory() as tmp:
                 (Path(tmp) / Path(png_path).name).write_bytes(png)
                 client.log_artifact(training.info.run_id, str(Path(tmp) / Path(png_path).name), CARD_FOLDER)
+                (Path(tmp) / FOREST_ARTIFACT).write_bytes(png)  # beside the evaluation's ROC, which it is drawn from
+                client.log_artifact(src.evaluation.info.run_id, str(Path(tmp) / FOREST_ARTIFACT))
         experiment = training.info.experiment_id
         links.append(f"[model card](#/experiments/{experiment}/runs/{training.info.run_id}/artifactPath/{html_path})")
         if src.evaluation is not None:

@@ -86,6 +86,7 @@ def test_the_version_page_links_its_card_and_evaluation_and_only_the_champion_sa
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
     champion = str(client.get_model_version_by_alias("fedauc-melanoma", schema.CHAMPION_ALIAS).version)
+    assert model_card.FOREST_ARTIFACT in [a.path for a in client.list_artifacts(evaluated["run_id"])]
     for training in trainings:
         description = client.get_model_version("fedauc-melanoma", training.model_version).description
         link = re.search(r"\(#/experiments/(\d+)/runs/(\w+)/artifactPath/(model_card/v\d+\.html)\)", description)
