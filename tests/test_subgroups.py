@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
+from test_privacy_releases import allow_list, status, unlisted
 
 from federated.data import load_shard
 from federated.evaluation import combine_sites
@@ -16,7 +17,6 @@ from federated.scoring import ModelToScore
 from federated.subgroups import CELL, split_groups
 from preprocessing.federation import load_federation
 from preprocessing.small_counts import ON_WIRE
-from tests.test_privacy_releases import allow_list, status, unlisted
 
 SHAPE = (3, 32, 32)
 BINS = 1000
