@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from federated import subgroups
 from federated.algorithms.base import FederationContext, Site
 from federated.predict import predict_scores
 from federated.state import model_tensors, nbytes
@@ -294,10 +295,15 @@ def combine_sites(summaries: list[dict[str, tuple[np.ndarray, np.ndarray]]], sit
                   min_count: int) -> Evaluation:
     """Step 3 where the sites' summaries arrive as they are (an evaluation job's results rather than a
     training's collectives): ``summaries[k][split] = (report, histograms)`` of site ``site_ids[k]``, for
-    every split of ``SPLITS``. The same metrics, keys and suppression record as ``evaluate``; no bytes."""
+    every split of ``SPLITS``. The same metrics, keys and suppression record as ``evaluate``, and the subgroups'
+    (``federated.subgroups``: from the cells the sites sent and each site's own summary); no bytes."""
     out = Evaluation({}, {}, [], [])
     for split in SPLITS:
         reports = np.stack([np.asarray(s[split][0], dtype=np.float64) for s in summaries])
         histograms = np.sum([np.asarray(s[split][1], dtype=np.float64) for s in summaries], axis=0)
         _add_split(out, split, reports, histograms, site_ids, diseases, min_count)
+        if f"{split}/pooled/auc_macro" in out.metrics:
+            metrics, suppressed = subgroups.pooled(summaries, [str(k) for k in site_ids], split, diseases, min_count)
+            out.metrics.update({f"{split}/{k}": v for k, v in metrics.items()})
+            out.suppressed.update({f"{split}/{k}": v for k, v in suppressed.items()})
     return out

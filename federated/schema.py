@@ -48,6 +48,8 @@ TIMING_METRICS = ("round_seconds", "slowest_site_held_up_seconds", "compute_seco
 # --- metric keys -----------------------------------------------------------------------------------------
 
 POOLED, MACRO_OVER_SITES, SITE = "pooled", "macro_over_sites", "site"
+SUBGROUP, SUBGROUP_GAP = "subgroup", "subgroup_gap"  # an evaluation job's (federated/subgroups.py)
+NAMED_SCOPES = (SITE, SUBGROUP, SUBGROUP_GAP)  # a scope followed by a name: the site, group or attribute
 SELECTION_METRIC = "valid/pooled/auc_macro"  # what the champion is chosen by
 HEADLINE_METRIC = "test/pooled/auc_macro"  # what a training's summary leads with
 # The bounds of its 95 % interval (federated/evaluation.py pooled_auc_intervals), as a run's metrics.
@@ -57,22 +59,25 @@ HEADLINE_INTERVAL = ("test/pooled/auc_ci95_low_macro", "test/pooled/auc_ci95_hig
 @dataclass(frozen=True)
 class MetricKey:
     split: str  # valid | test
-    scope: str  # pooled | macro_over_sites | site
+    scope: str  # pooled | macro_over_sites | site | subgroup | subgroup_gap
     metric: str  # auc_macro, auc/<disease>, pauc_fpr0.3_mcclish/<disease>, ...
-    site: str | None = None  # with scope "site": the site's name (or index in an engine's record)
+    # With scope "site": the site's name (or index in an engine's record); "subgroup": the group
+    # (``<attribute>.<value>``, federated/subgroups.py); "subgroup_gap": the attribute.
+    site: str | None = None
 
     @classmethod
     def parse(cls, key: str) -> MetricKey:
         split, scope, rest = key.split("/", 2)
-        if scope == SITE:
+        if scope in NAMED_SCOPES:
             site, metric = rest.split("/", 1)
             return cls(split, scope, metric, site)
         return cls(split, scope, rest)
 
     @property
     def scope_name(self) -> str:
-        """``pooled``, ``macro_over_sites`` or ``site/<site>``: a table's row label."""
-        return f"{SITE}/{self.site}" if self.scope == SITE else self.scope
+        """``pooled``, ``macro_over_sites``, ``site/<site>``, ``subgroup/<group>`` or ``subgroup_gap/<attribute>``:
+        a table's row label."""
+        return f"{self.scope}/{self.site}" if self.scope in NAMED_SCOPES else self.scope
 
     def __str__(self) -> str:
         return f"{self.split}/{self.scope_name}/{self.metric}"
@@ -94,6 +99,9 @@ MODEL_URI_TAG, MODEL_VERSION_TAG = "model_uri", "model_version"
 CHAMPION_ALIAS = "champion"
 # The model-version tag with the pooled valid macro AUC its training measured; written when a version is registered.
 SELECTION_METRIC_TAG = "pooled_valid_macro_auc"
+# Set on a version whenever it takes the champion alias: the versions that are or were champion, whose latest
+# evaluation (their model card's evidence) `fedauc prune` keeps for ever (pipelines/retention.py).
+WAS_CHAMPION_TAG = "was_champion"
 # A registered version whose scores were constant on a split (a training that ran to the end but learnt
 # nothing): recorded, never champion.
 COLLAPSED_TAG = "collapsed"

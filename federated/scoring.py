@@ -7,7 +7,9 @@ weights into it. :func:`score_site` is what a site returns for them: per model, 
 ``federated.evaluation.SPLITS``, the site-local summary that training's evaluation rounds exchange
 (``evaluation.split_summary``: per-site metrics with small counts suppressed, score histograms), so an
 in-process evaluation, an evaluation at the hospitals over NVIDIA FLARE and a training's evaluation run
-the same site-local code; ``evaluation.combine_sites`` pools the summaries wherever they arrive.
+the same site-local code; ``evaluation.combine_sites`` pools the summaries wherever they arrive. An evaluation
+job's summaries also carry the site's subgroup cells (``federated.subgroups``: small cells leave as counts "<N"
+only), which a training's evaluation rounds do not exchange.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from federated.data import SiteData, learned
-from federated.evaluation import SPLITS, split_summary
+from federated.evaluation import SPLITS, absent_summary, site_summary
 from federated.network import build_named, model_input_shape
+from federated.predict import predict_scores
+from federated.subgroups import CELL, cell_summaries
 from preprocessing.errors import DataError
 
 Summary = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (report, histograms) of evaluation.site_summary
@@ -47,9 +51,12 @@ class ModelToScore(BaseModel):
 
 
 def score_site(site: str, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], data: SiteData, bins: int,
-               min_count: int, device: torch.device) -> list[Summary]:
+               min_count: int, device: torch.device, groups: dict[str, dict[str, np.ndarray]] | None = None
+               ) -> list[Summary]:
     """Site ``site``'s summaries of its own valid and test splits, one per model in ``models``' order (weights
-    ``states``). A model whose input or classes do not fit the site's shards is an error naming the site."""
+    ``states``), and with ``groups`` (split -> subgroup -> row mask, ``federated.subgroups.split_groups``) its
+    subgroup cells under ``<split>@<group>``. A model whose input or classes do not fit the site's shards is an
+    error naming the site."""
     shape = model_input_shape(data)
     summaries = []
     for spec, state in zip(models, states, strict=True):
@@ -59,6 +66,16 @@ def score_site(site: str, models: list[ModelToScore], states: list[dict[str, tor
                             f"{spec.num_classes} classes, this site's shards give {tuple(shape)} with "
                             f"{len(outputs.diseases)}", fix="evaluate a model trained on this federation's task and image size")
         model = spec.build(state).to(device)
-        summaries.append({split: split_summary(model, outputs.splits.get(split), spec.num_classes, bins, min_count, device)
-                          for split in SPLITS})
+        summary: Summary = {}
+        for split in SPLITS:
+            part = outputs.splits.get(split)
+            if part is None or len(part) == 0:
+                summary[split] = absent_summary(spec.num_classes, bins)
+                continue
+            scores = predict_scores(model, part.images, device)
+            summary[split] = site_summary(part.labels, scores, bins, min_count)
+            cells = cell_summaries(part.labels, scores, (groups or {}).get(split, {}), bins, min_count,
+                                   summary[split][0].shape[1])
+            summary.update({f"{split}{CELL}{group}": cell for group, cell in cells.items()})
+        summaries.append(summary)
     return summaries

@@ -41,7 +41,7 @@ from federated.schema import (
 from federated.scoring import ModelToScore
 from federated.sites import trained_diseases
 from federated.version import code_version
-from pipelines import descriptions, evaluations, registry
+from pipelines import descriptions, evaluations, model_card, registry
 from pipelines.model_package import thresholds
 from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
@@ -106,8 +106,9 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
                 "--eval-noise-multiplier: the champion keeps the alias")})
     version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
                                                 own_score, collapsed, evaluation, contract)
-    descriptions.describe_version(federation.task, version, contract, config.algorithm, own_score)
     descriptions.describe_registered_model(federation.task)  # the alias may have moved
+    # The new version's card and description; the old and new champions' cards and descriptions name them.
+    model_card.alias_moved(federation.task, [version, champion, registry.champion_version(federation.task)])
     return version, promoted
 
 

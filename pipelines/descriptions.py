@@ -42,24 +42,28 @@ def headline(metrics: dict[str, float]) -> str:
     return _auc(metrics.get(HEADLINE_METRIC)) + interval
 
 
-def training_description(params: dict[str, str], metrics: dict[str, float], version: str, promoted: bool) -> str:
-    """A finished training's result as its run's description."""
+def training_description(params: dict[str, str], metrics: dict[str, float], version: str, promoted: bool,
+                         champion: str | None = None) -> str:
+    """A finished training's result as its run's description; ``promoted``: its version holds the champion alias
+    now (``champion``: the version that does otherwise). Rewritten whenever the alias moves
+    (``pipelines.model_card.alias_moved``), so only the champion's training says it is one."""
     sites = params.get("sites", "").replace(",", ", ")
-    outcome = "the champion" if promoted else "not the champion"
+    outcome = ("the champion" if promoted else
+               f"not the champion (version {champion} is)" if champion else "not the champion")
     return (f"**Pooled test macro AUC {headline(metrics)}** (95 % interval), pooled validation macro AUC "
             f"{_auc(metrics.get(SELECTION_METRIC))}.\n\n"
             f"Algorithm **{params.get('algorithm', '?')}**, {params.get('rounds', '?')} rounds of "
             f"{params.get('I', '?')} local steps, network {params.get('network', '?')}; federation "
             f"{params.get('federation', '?')} of {params.get('K', '?')} sites ({sites}).\n\n"
             f"Registered as `{registered_model_name(params.get('task', '?'))}` version {version}: {outcome} "
-            "when it was registered (chosen on validation).")
+            "(chosen on validation).")
 
 
-def describe_training(run_id: str, version: str, promoted: bool) -> None:
+def describe_training(run_id: str, version: str, promoted: bool, champion: str | None = None) -> None:
     client = MlflowClient()
     run = client.get_run(run_id)
     client.set_tag(run_id, DESCRIPTION_TAG,
-                   training_description(run.data.params, run.data.metrics, version, promoted))
+                   training_description(run.data.params, run.data.metrics, version, promoted, champion))
 
 
 def version_description(contract, algorithm: str, selection_metric: float) -> str:
@@ -70,17 +74,22 @@ def version_description(contract, algorithm: str, selection_metric: float) -> st
              f"Network {contract.network}, input {'x'.join(map(str, contract.input_shape))}."]
     if contract.provenance is not None:
         lines.append(f"Provenance: {contract.provenance.describe()}; code {contract.code_version}.")
-    points = contract.operating_points
-    if points is None:
-        lines.append("Operating points: none (no defined validation score to set them from).")
-    else:
-        lines.append(f"Operating points (from {points.source}):")
-        for disease, named in points.points.items():
-            shown = "; ".join(f"{name}: threshold {p.threshold:.3f}, sensitivity {p.sensitivity:.2f}, "
-                              f"specificity {p.specificity:.2f}" for name, p in named.items())
-            lines.append(f"- {disease}: {shown}")
-        lines.extend(f"- {disease}: undefined ({why})" for disease, why in points.undefined.items())
+    lines.extend(operating_point_lines(contract.operating_points))
     return "\n".join(lines)
+
+
+def operating_point_lines(points) -> list[str]:
+    """The operating points (``thresholds.OperatingPoints`` or None) as Markdown lines: a version's description
+    and its model card."""
+    if points is None:
+        return ["Operating points: none (no defined validation score to set them from)."]
+    lines = [f"Operating points (from {points.source}):"]
+    for disease, named in points.points.items():
+        shown = "; ".join(f"{name}: threshold {p.threshold:.3f}, sensitivity {p.sensitivity:.2f}, "
+                          f"specificity {p.specificity:.2f}" for name, p in named.items())
+        lines.append(f"- {disease}: {shown}")
+    lines.extend(f"- {disease}: undefined ({why})" for disease, why in points.undefined.items())
+    return lines
 
 
 def describe_version(task: str, version: str, contract, algorithm: str, selection_metric: float) -> None:

@@ -36,7 +36,7 @@ from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
 from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFACT, MetricKey
 from federated.scoring import ModelToScore
-from pipelines import descriptions, plots, registry, tracking
+from pipelines import descriptions, model_card, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
@@ -45,6 +45,8 @@ UNDEFINED = {
     "site": "undefined at this site: no labelled positive or no labelled negative image in the split",
     "pooled": "undefined: no site's split holds a labelled positive or no site's a labelled negative",
     "macro_over_sites": "undefined: no site reports it (undefined or suppressed at every site)",
+    "subgroup": "undefined: the subgroup's released cells hold no positive or no negative, or too few for an interval",
+    "subgroup_gap": "undefined: fewer than two of the attribute's subgroups have an interval",
 }
 _DEFAULTS = TrainConfig.model_fields
 BINS, MIN_COUNT = _DEFAULTS["eval_bins"].default, _DEFAULTS["eval_min_count"].default
@@ -177,6 +179,7 @@ def evaluate_registered(federation: Federation, shards_root: Path | None, versio
     results = []
     for scored in score_models(federation, models, shards_root, launcher, eval_noise_multiplier):
         run_id = record(federation, scored, launcher, champion)
+        model_card.write_card(federation.task, scored.version)  # its card now shows this evaluation
         results.append({"model_version": scored.version, "champion": scored.version == champion, "run_id": run_id,
                         "metrics": scored.evaluation.metrics})
     return results

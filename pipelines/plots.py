@@ -1,4 +1,5 @@
-"""Plots logged with runs: ROC curves drawn from score histograms (no per-image score needed)."""
+"""Plots logged with runs: ROC curves drawn from score histograms (no per-image score needed), and the model
+card's forest plot of AUC by site and subgroup."""
 
 from __future__ import annotations
 
@@ -33,5 +34,30 @@ def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
     ax.axvspan(0, 0.3, color="tab:blue", alpha=0.06, label="pAUC region (FPR <= 0.3)")
     ax.set(xlabel="False positive rate", ylabel="True positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))
     ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def forest_figure(rows: list[tuple[str, dict[str, tuple[float, float, float]]]], diseases: list[str],
+                  pooled: dict[str, float], title: str):
+    """A forest plot: one panel per disease, one line per row (a site or a subgroup, ``(label, {disease: (AUC,
+    low, high)})``) with its 95 % interval, the pooled AUC as a dashed line; a row without the disease stays
+    empty there (too small to report)."""
+    fig, axes = plt.subplots(1, len(diseases), figsize=(2.6 * len(diseases) + 1.6, 0.28 * len(rows) + 1.4),
+                             sharey=True, squeeze=False)
+    positions = np.arange(len(rows))[::-1]
+    for ax, disease in zip(axes[0], diseases):
+        for y, (_, values) in zip(positions, rows):
+            if disease in values:
+                auc, low, high = values[disease]
+                ax.plot([low, high], [y, y], color="tab:blue", lw=1.2)
+                ax.plot([auc], [y], "s", color="tab:blue", ms=4)
+        if not np.isnan(pooled.get(disease, np.nan)):
+            ax.axvline(pooled[disease], color="grey", ls="--", lw=0.8)
+        ax.axvline(0.5, color="lightgrey", lw=0.8)
+        ax.set(xlim=(0, 1), title=disease, xlabel="AUC (95 % CI)")
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_yticks(positions, [label for label, _ in rows], fontsize=7)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -21,6 +21,7 @@ from federated.schema import (
     SCORE_TAG_PREFIX,
     SELECTION_EVALUATION_TAG,
     SELECTION_METRIC_TAG,
+    WAS_CHAMPION_TAG,
     registered_model_name,
 )
 
@@ -166,4 +167,5 @@ def promote_best(client: MlflowClient, name: str, version: str, evaluation: str 
         best = _best_version(client, name, evaluation)
         if current == best or best is None:
             return best == version
+        client.set_model_version_tag(name, best, WAS_CHAMPION_TAG, "true")  # before the alias: never a champion untagged
         client.set_registered_model_alias(name, CHAMPION_ALIAS, best)

@@ -2,7 +2,8 @@
 "Running for a year", "Retention").
 
 Kept for ever: trainings' parent runs and their site runs (the privacy spending is logged there), the
-registered models, their versions' tags and the champion alias (the champion's history), and any run that
+registered models, their versions' tags and the champion alias (the champion's history), the latest evaluation
+of every version that is or was champion (its model card's per-site and subgroup evidence), and any run that
 records privacy spending (a noised evaluation's ``privacy.<site>.*`` parameters). Pruned after the retention
 period: the detail of evaluation and PACS-scoring runs (their metrics and figures; each day's scoring was
 already read into the drift figure of the days after it), Prefect's finished flow runs, and in each
@@ -38,7 +39,15 @@ from mlflow.entities import ViewType
 
 from federated.checkpoint import LATEST
 from federated.flare.centre.prune import FinishedJob, delete_jobs, old_jobs, old_local_runs, remove_local_runs
-from federated.schema import EVALUATION_ROLE, PRIVACY_PREFIX, ROLE_TAG, SCORING_ROLE
+from federated.schema import (
+    CHAMPION_ALIAS,
+    EVALUATION_ROLE,
+    MODEL_URI_TAG,
+    PRIVACY_PREFIX,
+    ROLE_TAG,
+    SCORING_ROLE,
+    WAS_CHAMPION_TAG,
+)
 
 # One quarter: a quarter's drift and evaluations stay in MLflow for the quarterly review (and the drift
 # figure, redrawn each day from the days before, shows them); a year of 8 sites' detail would otherwise be
@@ -57,6 +66,7 @@ class Plan:
     older_than_days: int
     runs: list[tuple[str, str, str]] = field(default_factory=list)  # (run id, role, run name)
     kept_for_privacy: int = 0
+    kept_as_evidence: int = 0  # the latest evaluation of each version that is or was champion
     flow_runs: list[tuple[str, str]] = field(default_factory=list)  # (flow run id, flow run name)
     checkpoint_rounds: list[Path] = field(default_factory=list)
     checkpoints_root: Path | None = None
@@ -71,6 +81,8 @@ class Plan:
                 f"({freed / 1e6:.1f} MB), {sum(map(len, self.flare_jobs.values()))} finished NVIDIA FLARE job(s), "
                 f"{sum(map(len, self.flare_local_runs.values()))} NVIDIA FLARE simulator/POC workspace(s); "
                 "kept: trainings, registered models, the champion's history"
+                + (f" with the latest evaluation of each of its {self.kept_as_evidence} champion(s)"
+                   if self.kept_as_evidence else "")
                 + (f", {self.kept_for_privacy} run(s) recording privacy spending" if self.kept_for_privacy else ""))
         lines = [head]
         lines += [f"mlflow run {run_id} ({role}) {name}" for run_id, role, name in self.runs]
@@ -94,10 +106,40 @@ def records_privacy(run) -> bool:
             or any(key.startswith("privacy.") for key in run.data.tags))
 
 
-def old_runs(client: MlflowClient, cutoff_ms: int) -> tuple[list[tuple[str, str, str]], int]:
+def champions_evidence(client: MlflowClient, experiments: list[str]) -> set[str]:
+    """The run ids of the latest evaluation of every registered version that is or was champion: its model card's
+    per-site and subgroup figures (pipelines/model_card.py), kept for ever. A version was champion when it carries
+    ``WAS_CHAMPION_TAG`` (set as it takes the alias), holds the alias now, or was evaluated as the champion (an
+    evaluation's ``champion_at_evaluation`` tag: stores from before the version tag)."""
+    champions: set[str] = set()  # model URIs, "models:/<name>/<version>"
+    for model in client.search_registered_models():
+        if CHAMPION_ALIAS in (model.aliases or {}):
+            champions.add(f"models:/{model.name}/{model.aliases[CHAMPION_ALIAS]}")
+        champions |= {f"models:/{model.name}/{v.version}" for v in client.search_model_versions(f"name = '{model.name}'")
+                      if v.tags.get(WAS_CHAMPION_TAG) == "true"}
+    latest: dict[str, tuple[int, str]] = {}
+    token = None
+    while experiments:
+        page = client.search_runs(experiments, f"tags.{ROLE_TAG} = '{EVALUATION_ROLE}'", run_view_type=ViewType.ACTIVE_ONLY,
+                                  max_results=PAGE, page_token=token)
+        for run in page:
+            uri = run.data.tags.get(MODEL_URI_TAG, "")
+            if run.data.tags.get("champion_at_evaluation") == "true":
+                champions.add(uri)
+            if run.info.start_time >= latest.get(uri, (-1, ""))[0]:
+                latest[uri] = (run.info.start_time, run.info.run_id)
+        token = page.token
+        if not token:
+            break
+    return {run_id for uri, (_, run_id) in latest.items() if uri in champions}
+
+
+def old_runs(client: MlflowClient, cutoff_ms: int) -> tuple[list[tuple[str, str, str]], int, int]:
     """Evaluation and scoring runs of every experiment started before ``cutoff_ms``, but those recording
-    privacy spending (their count returned beside them). Filtered by role and time in the store's query."""
+    privacy spending and the champions' latest evaluations (``champions_evidence``), whose counts are returned
+    beside them. Filtered by role and time in the store's query."""
     experiments = [e.experiment_id for e in client.search_experiments()]
+    evidence = champions_evidence(client, experiments)
     found, kept = [], 0
     for role in PRUNED_ROLES:
         token = None
@@ -107,12 +149,12 @@ def old_runs(client: MlflowClient, cutoff_ms: int) -> tuple[list[tuple[str, str,
             for run in page:
                 if records_privacy(run):
                     kept += 1
-                else:
+                elif run.info.run_id not in evidence:
                     found.append((run.info.run_id, role, run.info.run_name or ""))
             token = page.token
             if not token:
                 break
-    return found, kept
+    return found, kept, len(evidence)
 
 
 def old_checkpoint_rounds(checkpoints_root: Path, cutoff_s: float) -> list[Path]:
@@ -188,8 +230,8 @@ def plan(older_than_days: int = RETENTION_DAYS, checkpoints_root: Path | None = 
     if older_than_days < 1:
         raise ValueError(f"--older-than-days must be at least 1, not {older_than_days}")
     cutoff_s = (time.time() if now is None else now) - older_than_days * 86_400
-    runs, kept = old_runs(MlflowClient(), int(cutoff_s * 1000))
-    result = Plan(older_than_days, runs, kept, checkpoints_root=checkpoints_root)
+    runs, kept, evidence = old_runs(MlflowClient(), int(cutoff_s * 1000))
+    result = Plan(older_than_days, runs, kept, evidence, checkpoints_root=checkpoints_root)
     if prefect:
         result.flow_runs = old_flow_runs(cutoff_s)
     if checkpoints_root is not None and Path(checkpoints_root).is_dir():

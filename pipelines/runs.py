@@ -53,7 +53,7 @@ from federated.schema import (
 )
 from federated.sites import federation_config, trained_diseases
 from federated.version import code_version
-from pipelines import descriptions, plots, tracking
+from pipelines import descriptions, plots, registry, tracking
 from pipelines.champion import register_candidate
 from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
@@ -237,7 +237,7 @@ def train_tracked(
         mlflow.log_dict(named_sites(result.history[-1].get("suppressed", {}), names), SUPPRESSED_ARTIFACT)
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
                                                else None, launcher)
-        descriptions.describe_training(parent.info.run_id, version, promoted)
+        descriptions.describe_training(parent.info.run_id, version, promoted, registry.champion_version(federation.task))
     return TrainingRun(parent.info.run_id, run_name, config.algorithm, config.local_steps, version, promoted, final,
                        time.perf_counter() - started)
 

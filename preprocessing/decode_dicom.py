@@ -80,6 +80,7 @@ def decode_dicom(
         inverted=inverted,
         raw_min=raw_min,
         raw_max=raw_max,
+        manufacturer=str(ds.get("Manufacturer", "") or "").strip() or None,
     )
     return np.clip(pixels, 0.0, 1.0, out=pixels), info
 

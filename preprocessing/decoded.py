@@ -37,6 +37,8 @@ class ImageInfo:
     inverted: bool  # MONOCHROME1 turned into MONOCHROME2
     raw_min: float  # stored values before any transform (8-bit decoded at the tile size: of the block means)
     raw_max: float
+    # DICOM Manufacturer (the model card's subgroups, federated/subgroups.py); None for PNG/JPEG/TIFF or no tag
+    manufacturer: str | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -38,6 +38,7 @@ DECODING_ERRORS: tuple[type[Exception], ...] = (OSError, SyntaxError, ValueError
 STAT_COLUMNS: tuple[str, ...] = (
     "format",
     "modality",
+    "manufacturer",
     "photometric",
     "bits_stored",
     "transfer_syntax",
@@ -138,6 +139,7 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
         "ok": True,
         "format": info.format,
         "modality": info.modality,
+        "manufacturer": info.manufacturer,
         "photometric": info.photometric,
         "bits_stored": info.bits_stored,
         "transfer_syntax": info.transfer_syntax,

@@ -267,6 +267,28 @@ def test_nothing_patient_level_reaches_the_centre(canary):
     assert not leaks, "patient-level data reached the centre:\n" + "\n".join(leaks)
 
 
+def test_no_subgroup_cell_below_the_threshold_reaches_the_centre(canary):
+    """The canary's test splits hold about nine images a site, so every subgroup cell (sex, age band, view,
+    manufacturer) is below the sites' threshold of 10: what the sites returned to the NVIDIA FLARE server carries
+    for each cell its flag and "<10" counts only, no histogram, and the centre's evaluation runs hold no subgroup
+    figure (federated/subgroups.py)."""
+    import sqlite3
+
+    from preprocessing.small_counts import ON_WIRE
+
+    (result,) = (canary / "flare" / "fedauc-evaluate" / "server").rglob("result.json")
+    cells = [(key, arrays) for site in json.loads(result.read_text())["sites"].values()
+             for summary in site["summaries"] for key, arrays in summary.items() if "@" in key]
+    assert {key.split("@")[1].split(".")[0] for key, _ in cells} == {"sex", "age", "view", "manufacturer"}
+    for key, arrays in cells:
+        report, histograms = np.asarray(arrays["report"]), np.asarray(arrays["histograms"])
+        assert (report[:, 2] == 1).all() and (report[:, :2] == ON_WIRE).any(axis=1).all(), key
+        assert not histograms.any() and np.isnan(report[:, 3:]).all(), key
+    with sqlite3.connect(canary / "centre" / "mlruns.db") as db:
+        keys = {key for (key,) in db.execute("SELECT DISTINCT key FROM metrics")}
+    assert not [key for key in keys if "/subgroup/" in key or "/subgroup_gap/" in key]
+
+
 @pytest.fixture(scope="module")
 def flare_canary(poc_slot, canary):
     console = run_role("flare", canary, canary / "centre")

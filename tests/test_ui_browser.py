@@ -132,3 +132,26 @@ def test_the_rest_api_returns_the_descriptions(mlflow_ui):
     for version in client.search_model_versions(f"name = '{name}'"):
         description = get("model-versions/get", name=name, version=version.version)["model_version"]["description"]
         assert "Diseases (outputs, in order): Melanoma." in description and "Provenance:" in description
+
+
+def test_the_champions_card_is_one_click_from_its_version_page(mlflow_ui, browser, evaluable_melanoma):
+    """Issue 55: after an evaluation, the champion's version page links its model card; one click shows the card
+    (MLflow's artifact viewer renders the HTML page) with its per-site rows."""
+    from pipelines.evaluations import evaluate_registered
+    from preprocessing.federation import load_federation
+
+    root, federation_yaml = evaluable_melanoma
+    (evaluated,) = evaluate_registered(load_federation(federation_yaml), root / "shards")
+    _, links = mlflow_ui
+    browser.get(links.champion)
+    link = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.PARTIAL_LINK_TEXT, "model card"))[0]
+    link.click()  # MLflow opens a description's links in a new tab
+    WebDriverWait(browser, WAIT_S).until(lambda d: len(d.window_handles) > 1 or "artifactPath" in d.current_url)
+    browser.switch_to.window(browser.window_handles[-1])
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.TAG_NAME, "iframe"))
+    browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
+    WebDriverWait(browser, WAIT_S).until(lambda d: "By site" in d.find_element(By.TAG_NAME, "body").text)
+    card = browser.find_element(By.TAG_NAME, "body").text
+    assert f"Model card: {registered_model_name(TASK)} version {evaluated['model_version']}" in card
+    assert "The champion." in card and evaluated["run_id"] in card
+    assert browser.find_elements(By.CSS_SELECTOR, "img[src^='data:image/png']")  # the forest plot

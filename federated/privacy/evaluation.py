@@ -3,7 +3,7 @@
 Without an evaluation noise multiplier the site releases its exact summaries, and a site with a budget refuses
 the job. With one (S_e), each model's valid and test score histograms leave with Gaussian noise (the training's
 noised evaluations' release, ``site.noised_summary``) and no per-site report: one Gaussian mechanism at rate 1
-per model, as a training's evaluation round is charged. A site with a budget admits the job against its ledger
+per model, as a training's evaluation round is charged; the subgroup cells (``federated.subgroups``) are withheld. A site with a budget admits the job against its ledger
 before it reads its shards and charges it once the models are scored, admitting it again under the ledger's lock
 (a training may have been charged meanwhile); a site without one only reports what the
 job spent. The noise comes from a generator the site seeds itself with fresh entropy every job (``site.site_seed``:
@@ -19,12 +19,14 @@ import numpy as np
 import torch
 
 from federated.data import load_shard
+from federated.evaluation import SPLITS
 from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
 from federated.privacy.ledger import Entry, admit, epsilon, locked, site_ledger
 from federated.privacy.policy import DPConfig, SiteBudget, refuse_release
 from federated.privacy.site import noised_summary, site_seed
 from federated.scoring import ModelToScore, score_site
+from federated.subgroups import CELL, split_groups
 from preprocessing.shard_format import shard_content_hash
 
 # The delta a site without a budget reports its spend at (a site with one uses its own), as a DP training does.
@@ -56,15 +58,19 @@ class EvaluationRelease:
                 self.privacy = {**admit(self.site, ledger, self.job, budget), "delta": budget.delta}
                 ledger.entries.extend(self.job)
                 ledger.save()
+        # Subgroup cells are withheld: an image lies in several, which the one mechanism per model does not cover.
         return [{split: noised_summary(report, histograms, self.eval_noise_multiplier, self.generator)
-                 for split, (report, histograms) in summary.items()} for summary in summaries]
+                 for split, (report, histograms) in summary.items() if CELL not in split} for summary in summaries]
 
     def scored(self, shard_dir: Path, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], bins: int,
                min_count: int) -> tuple[list[dict[str, tuple[np.ndarray, np.ndarray]]], str]:
         """The site's own shards scored by ``models`` (``federated.scoring.score_site``, on the CPU) as they leave
         it, with the hash of the shards scored: the one sequence a site runs for an evaluation job, in process
         and over NVIDIA FLARE alike."""
-        summaries = score_site(self.site, models, states, load_shard(shard_dir), bins, min_count, torch.device("cpu"))
+        data = load_shard(shard_dir)
+        groups = None if self.eval_noise_multiplier is not None else {
+            split: split_groups(shard_dir, split, min_count) for split in SPLITS if split in data.splits}
+        summaries = score_site(self.site, models, states, data, bins, min_count, torch.device("cpu"), groups)
         return self.release(summaries), shard_content_hash(shard_dir)
 
 

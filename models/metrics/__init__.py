@@ -13,7 +13,8 @@ macro mean over defined diseases as ``<name>_macro``.
 Pooled over sites without per-image scores: :func:`score_histograms` (fixed equal-width bins of
 [0, 1]) and :func:`histogram_auc`, :func:`histogram_partial_auc`, :func:`histogram_two_way_partial_auc`,
 each returning a :class:`Bounded` value with the guaranteed bound on its distance to the exact metric,
-and :func:`histogram_auc_interval`, a confidence interval for the AUC from the same histograms.
+and :func:`histogram_auc_interval`, a confidence interval for the AUC from the same histograms
+(:func:`histogram_auc_difference`: of two disjoint groups' AUCs).
 
 Modules: ``binary`` (one disease), ``multilabel`` (per disease, site and pooled), ``histograms`` (pooled
 without per-image scores), ``bootstrap`` (percentile intervals). Import the names from here.
@@ -25,6 +26,7 @@ from models.metrics.histograms import (
     Bounded,
     HistogramInterval,
     histogram_auc,
+    histogram_auc_difference,
     histogram_auc_interval,
     histogram_partial_auc,
     histogram_roc,
@@ -35,7 +37,7 @@ from models.metrics.multilabel import evaluate_multilabel, metric_names, per_sit
 
 __all__ = [
     "Bounded", "ConfidenceInterval", "HistogramInterval", "MetricResult", "bootstrap_ci", "evaluate_multilabel",
-    "histogram_auc", "histogram_auc_interval", "histogram_partial_auc", "histogram_roc",
+    "histogram_auc", "histogram_auc_difference", "histogram_auc_interval", "histogram_partial_auc", "histogram_roc",
     "histogram_two_way_partial_auc", "metric_names", "metric_reasons", "partial_roc_auc", "per_site_and_pooled",
     "roc_auc", "score_histograms", "two_way_partial_auc",
 ]

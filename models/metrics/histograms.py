@@ -108,19 +108,54 @@ def histogram_auc_interval(hist_pos, hist_neg, confidence: float = 0.95) -> Hist
     shares the bin's placement value, so the variance needs the counts alone: no per-image score. NaN
     when the AUC is undefined or a class has a single entry (no sample variance).
     """
+    z = _normal_quantile(confidence)
+    auc, variance = _delong_variance(hist_pos, hist_neg)
+    if math.isnan(variance):
+        return HistogramInterval(math.nan, math.nan, math.nan)
+    half_width = float(z * math.sqrt(variance) + auc.bound)
+    return HistogramInterval(max(0.0, auc.value - half_width), min(1.0, auc.value + half_width), half_width)
+
+
+def _normal_quantile(confidence: float) -> float:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _delong_variance(hist_pos, hist_neg) -> tuple[Bounded, float]:
+    """The histogram AUC and DeLong's variance of it (NaN where undefined or a class has a single entry)."""
     auc = histogram_auc(hist_pos, hist_neg)
     hp, hn, _ = _histogram_inputs(hist_pos, hist_neg)
     n_pos, n_neg = hp.sum(), hn.sum()
     if not auc.value.defined or n_pos < 2 or n_neg < 2:
-        return HistogramInterval(math.nan, math.nan, math.nan)
+        return auc, math.nan
     v10 = (np.cumsum(hn) - 0.5 * hn) / n_neg
     v01 = (hp.sum() - np.cumsum(hp) + 0.5 * hp) / n_pos
     variance = ((hp * (v10 - auc.value) ** 2).sum() / (n_pos - 1) / n_pos
                 + (hn * (v01 - auc.value) ** 2).sum() / (n_neg - 1) / n_neg)
-    half_width = float(NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(variance) + auc.bound)
-    return HistogramInterval(max(0.0, auc.value - half_width), min(1.0, auc.value + half_width), half_width)
+    return auc, float(variance)
+
+
+class Difference(NamedTuple):
+    """``value = AUC(a) - AUC(b)`` from histograms, and a confidence interval ``[low, high]`` for the exact
+    difference (not clipped: it lies in [-1, 1])."""
+
+    value: float
+    low: float
+    high: float
+
+
+def histogram_auc_difference(a: tuple, b: tuple, confidence: float = 0.95) -> Difference:
+    """The difference of the AUCs of two disjoint groups of images, ``a`` and ``b`` (each ``(hist_pos,
+    hist_neg)``), with its interval: the groups share no image, so their DeLong variances add; widened by
+    both histogram bounds so that it covers the exact difference. NaN where either AUC has no interval."""
+    z = _normal_quantile(confidence)
+    (auc_a, var_a), (auc_b, var_b) = _delong_variance(*a), _delong_variance(*b)
+    if math.isnan(var_a) or math.isnan(var_b):
+        return Difference(math.nan, math.nan, math.nan)
+    value = float(auc_a.value) - float(auc_b.value)
+    half_width = z * math.sqrt(var_a + var_b) + auc_a.bound + auc_b.bound
+    return Difference(value, value - half_width, value + half_width)
 
 
 def histogram_partial_auc(hist_pos, hist_neg, max_fpr: float, standardized: bool = True) -> Bounded:

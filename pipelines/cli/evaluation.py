@@ -45,3 +45,32 @@ def evaluate_command(
     if len(results) == 1:
         typer.echo("")
         typer.echo(markdown_table(pd.DataFrame(metrics_rows(results[0]["metrics"], wide)).round(3)))
+
+
+def card_command(
+    task: str = typer.Argument(..., help="The task (chest-xray, melanoma): its registered model fedauc-<task>."),
+    version: str = typer.Option(None, "--version", help="A registered version (default: the champion)."),
+    out: str = typer.Option(None, "--out", help="Write it to this file (.html: the page with its forest plot; "
+                                                "otherwise Markdown) instead of printing it."),
+) -> None:
+    """A registered version's model card (pipelines/model_card.py): intended use, training federation, algorithm,
+    performance pooled, per site and per subgroup with intervals, operating points, limitations, provenance."""
+    from pathlib import Path
+
+    from pipelines import model_card, tracking
+    from pipelines.cli.application import fail
+    from preprocessing.errors import ConfigError, FedaucError
+
+    tracking.configure()
+    try:
+        chosen = version or model_card.champion_version(task)
+        if chosen is None:
+            raise ConfigError(f"fedauc-{task} has no champion", fix="train one first, or pass --version")
+        markdown, page, _ = model_card.render(task, chosen)
+    except FedaucError as err:
+        fail(err)
+    if out is None:
+        typer.echo(markdown)
+        return
+    Path(out).write_text(page if out.lower().endswith((".html", ".htm")) else markdown)
+    typer.echo(f"model card of fedauc-{task} version {chosen}: {out}")
