@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from preprocessing.home import CHECKOUT, fedauc_home
 from preprocessing.home import HOME_ENV as HOME_ENV
-from preprocessing.home import fedauc_home
+
+PROJECT_DIR = CHECKOUT  # the checkout, where fedauc's own files are (the demo's site files among them)
 
 
 def default_tracking_uri(project_dir: Path | None = None) -> str:
