@@ -37,6 +37,9 @@ class ImageInfo:
     inverted: bool  # MONOCHROME1 turned into MONOCHROME2
     raw_min: float  # stored values before any transform (8-bit decoded at the tile size: of the block means)
     raw_max: float
+    bits_allocated: int = 0  # bits per stored sample: DICOM BitsAllocated, the Pillow mode's
+    body_part: str | None = None  # DICOM BodyPartExamined and Anatomic Region codes, "; "-joined; None: none named
+    view_position: str | None = None  # DICOM ViewPosition (PA, AP, LL...); None: not named
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
