@@ -24,17 +24,22 @@ live in the staging log only: they never reach a shard, the QC summary or the ce
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import combinations
 
 import numpy as np
 import pandas as pd
 
-from preprocessing.perceptual_hash import signature_values
+from preprocessing.perceptual_hash import same_picture_score, signature_values, structure
 from preprocessing.quarantine import Reason
 
 MAX_DISTANCE = 20  # bits of 143; docs/quarantine.md "Near-duplicates" has the measured distances
 MIN_SITE_IMAGES = 64  # signatures needed for a site median of each coefficient
 BANDS = 7
+# Correlation of the two images' band-passed rank thumbnails (perceptual_hash.structure) from which a candidate
+# is the same picture: 8-bit re-exports of the demo phantoms measured 0.974 and up, distinct phantoms that the
+# hash paired 0.947 at most (benchmarks/near_duplicates.py prints both distributions).
+MIN_SAME_PICTURE = 0.96
 
 
 def signature_bits(signatures: list[str]) -> np.ndarray:
@@ -74,9 +79,51 @@ def _flip_masks(width: int, radius: int) -> list[int]:
     return [sum(1 << bit for bit in chosen) for r in range(radius + 1) for chosen in combinations(range(width), r)]
 
 
-def quarantine_near_duplicates(splits: dict[str, pd.DataFrame], outcomes: dict[str, pd.DataFrame]) -> None:
+def candidate_pairs(bits: np.ndarray) -> np.ndarray:
+    """The pairs the images themselves are then compared on, (i, j, bits apart): those within MAX_DISTANCE bits,
+    or every pair at a site too small for a median of its own (its bits, cut at each image's own median, are
+    too coarse to rule a pair out: an 8-bit rescaled JPEG of a film came 24 bits from it)."""
+    if len(bits) >= MIN_SITE_IMAGES:
+        return matching_pairs(bits)
+    first, second = np.triu_indices(len(bits), 1)
+    return np.column_stack([first, second, (bits[first] != bits[second]).sum(axis=1)]).astype(np.int64)
+
+
+def verified_pairs(
+    pairs: np.ndarray, content: Callable[[int], np.ndarray | None]
+) -> list[tuple[int, int, int, float | None]]:
+    """The candidate ``pairs`` that show the same picture, with their correlation (``perceptual_hash.structure``).
+    ``content(i)``: image i's tile without padding, None where its staged tile is gone (a split finalized by an
+    interrupted run): such a pair is decided by the bits alone, as within MAX_DISTANCE."""
+    structures: dict[int, np.ndarray | None] = {}
+
+    def structure_of(index: int) -> np.ndarray | None:
+        if index not in structures:
+            pixels = content(index)
+            structures[index] = None if pixels is None else structure(pixels)
+        return structures[index]
+
+    same = []
+    for i, j, distance in pairs:
+        first, second = structure_of(int(i)), structure_of(int(j))
+        if first is None or second is None:
+            if distance <= MAX_DISTANCE:
+                same.append((int(i), int(j), int(distance), None))
+            continue
+        score = same_picture_score(first, second)
+        if score >= MIN_SAME_PICTURE:
+            same.append((int(i), int(j), int(distance), score))
+    return same
+
+
+def quarantine_near_duplicates(
+    splits: dict[str, pd.DataFrame],
+    outcomes: dict[str, pd.DataFrame],
+    tile: Callable[[str, int], np.ndarray | None],
+) -> None:
     """Turn the outcomes of near-duplicate kept images into NEAR_DUPLICATE failures (in place), by the policy of
-    the module docstring. Runs after the byte-identical pass, on what that pass kept."""
+    the module docstring. Runs after the byte-identical pass, on what that pass kept. ``tile(split, row)``: the
+    record's staged tile (None once gone); its outcome's ``content`` box cuts the padding off."""
     kept = []
     for name, part in splits.items():
         frame = outcomes[name]
@@ -85,6 +132,7 @@ def quarantine_near_duplicates(splits: dict[str, pd.DataFrame], outcomes: dict[s
             "split": name,
             "row": np.flatnonzero(ok),
             "dct": frame.loc[ok, "dct"].to_numpy(),
+            "content": frame.loc[ok, "content"].to_numpy(),
             "patient_id": part.loc[ok, "patient_id"].astype(str).to_numpy(),
             "image_path": part.loc[ok, "image_path"].astype(str).to_numpy(),
             "source_row": part.loc[ok, "source_row"].astype(str).to_numpy(),
@@ -92,17 +140,26 @@ def quarantine_near_duplicates(splits: dict[str, pd.DataFrame], outcomes: dict[s
     files = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
     if len(files) < 2:
         return
-    pairs = matching_pairs(signature_bits(list(files["dct"])))
+
+    def content(index: int) -> np.ndarray | None:
+        split, row, box = files.at[index, "split"], files.at[index, "row"], files.at[index, "content"]
+        pixels = tile(split, row)
+        if pixels is None or not isinstance(box, list):
+            return None
+        top, left, height, width = box
+        return np.asarray(pixels[top:top + height, left:left + width])
+
+    pairs = verified_pairs(candidate_pairs(signature_bits(list(files["dct"]))), content)
     # The same pair may be reached through several images; each quarantined image names the first match.
-    named: dict[int, tuple[int, int]] = {}
-    for i, j, distance in pairs:
+    named: dict[int, tuple[int, int, float | None]] = {}
+    for i, j, distance, score in pairs:
         first, second = files.iloc[i], files.iloc[j]
         if first["patient_id"] != second["patient_id"] or first["split"] != second["split"]:
-            named.setdefault(i, (j, distance))
-            named.setdefault(j, (i, distance))
+            named.setdefault(i, (j, distance, score))
+            named.setdefault(j, (i, distance, score))
         elif i not in named:
-            named.setdefault(j, (i, distance))  # one study or patient exported twice: the first stays
-    for index, (other, distance) in named.items():
+            named.setdefault(j, (i, distance, score))  # one study or patient exported twice: the first stays
+    for index, (other, distance, score) in named.items():
         this, that = files.iloc[index], files.iloc[other]
         leak = this["patient_id"] != that["patient_id"] or this["split"] != that["split"]
         why = ("under another patient or in another split: neither is kept" if leak
@@ -111,5 +168,6 @@ def quarantine_near_duplicates(splits: dict[str, pd.DataFrame], outcomes: dict[s
             False,
             Reason.NEAR_DUPLICATE.value,
             f"{this['image_path']} ({this['split']}) shows the same picture as {that['image_path']} "
-            f"({that['source_row']}, {that['split']}, {distance} of 143 signature bits differ), {why}",
+            f"({that['source_row']}, {that['split']}, {distance} of 143 signature bits differ"
+            f"{'' if score is None else f', structure correlation {score:.3f}'}), {why}",
         ]

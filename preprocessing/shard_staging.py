@@ -51,6 +51,12 @@ class SplitStaging:
         for outcome in self._complete_lines():
             self.done[json.loads(outcome)["i"]] = True
 
+    def tile(self, row: int) -> np.ndarray | None:
+        """Record ``row``'s staged tile (read on demand), None once finalization has moved the staging array."""
+        if not self.images.exists():
+            return None
+        return np.load(self.images, mmap_mode="r")[row]
+
     @property
     def done_count(self) -> int:
         return int(self.done.sum())
@@ -85,7 +91,7 @@ class SplitStaging:
         # A chunk redone after an interruption may log a record twice; the later line is the one whose image
         # is on disk.
         frame = frame.drop_duplicates("i", keep="last")
-        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", "dct", *STAT_COLUMNS]).sort_values("i")
+        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", "dct", "content", *STAT_COLUMNS]).sort_values("i")
         # Text columns stay object even when every record decoded (all NaN): a duplicate found later writes
         # its reason into them.
         frame[["reason", "detail"]] = frame[["reason", "detail"]].astype(object)

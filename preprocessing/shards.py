@@ -168,7 +168,7 @@ def _write_locked(
 
     outcomes = {name: stages[name].outcomes() for name in splits}
     quarantine_duplicate_content(splits, outcomes)
-    quarantine_near_duplicates(splits, outcomes)
+    quarantine_near_duplicates(splits, outcomes, lambda split, row: stages[split].tile(row))
     decode_failures, stats, counts = [], [], dict.fromkeys(SPLITS, 0)
     for name, part in splits.items():
         kept, failures, split_stats = finalize_split(part, outcomes[name], stages[name], site_dir / name, chunk_size)

@@ -153,6 +153,8 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
         "sha256": digest,
         # Site-local like the digest: the staging log holds it until the duplicate passes, nothing else does.
         "dct": dct_signature(content),
+        # Where the picture sits in the tile, for the near-duplicate check to cut the padding off.
+        "content": [int(top), int(left), int(height), int(width)],
     }
 
 
