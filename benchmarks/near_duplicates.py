@@ -2,14 +2,16 @@
 recall on re-exports, at the threshold preprocessing uses. Prints every figure of docs/quarantine.md
 "Near-duplicates" in one run.
 
-* False matches, target 0: every pair of distinct pictures among the demo phantoms (``fedauc synth``: CheXpert
-  JPEG, VinDr DICOM and SIIM-ISIC colour DICOM, ``--phantoms`` of each) and among pydicom-data's images (one
-  picture per group of files that store the same pixels in other encodings: RG1_UNCR, RG1_J2KI... are one).
-  Printed: the pairs compared, how many fall within the threshold, the smallest distance.
+* False matches, target 0: every pair of distinct pictures among the demo phantoms (``fedauc synth``: every
+  demo format, ``--phantoms`` of each) and among pydicom-data's images (one picture per group of files that
+  store the same pixels in other encodings: RG1_UNCR, RG1_J2KI... are one; so are the files that show one
+  picture under two names, found by their content: US1 and examples_jpeg2k/examples_rgb_color, mlut_18 and
+  vlut_04, the two SC JPEG files). Printed: the pairs compared, the hash's candidates among them and their
+  structure correlations (``MIN_SAME_PICTURE`` decides), the false matches left.
 * Recall, target all: re-exports made with Pillow at 8 bits (PNG; JPEG at qualities 95, 75, 50 and 30;
   windowed to the 5th-95th and 20th-80th percentiles; gamma 0.6 and 1.6; resized to 1/2 and 1/4 and saved as
   JPEG 75), and a DICOM copy with new UIDs, of pydicom-data's radiographs and CT/MR slices and of phantoms.
-  Printed: each kind's largest distance to its original and whether it is within the threshold.
+  Printed: each kind's largest distance to its original, smallest structure correlation, and how many match.
 
 Every image goes through what preprocessing does: decoded by ``decode_image`` at the tile size, tiled by
 ``resize_to_square``, hashed on the tile's image. Both tile sizes in use are measured (64: the demo; 224).
@@ -20,6 +22,7 @@ Run: ``.venv/bin/python benchmarks/near_duplicates.py [--phantoms 300]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import tempfile
 from pathlib import Path
@@ -31,8 +34,15 @@ from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
 from preprocessing.decode import DecodeError, decode_image
-from preprocessing.near_duplicates import MAX_DISTANCE, matching_pairs, signature_bits
-from preprocessing.perceptual_hash import dct_signature
+from preprocessing.near_duplicates import (
+    MAX_DISTANCE,
+    MIN_SAME_PICTURE,
+    MIN_SITE_IMAGES,
+    candidate_pairs,
+    matching_pairs,
+    signature_bits,
+)
+from preprocessing.perceptual_hash import dct_signature, same_picture_score, structure
 from preprocessing.resize import quantize, resize_to_square
 from preprocessing.synth import generate_site
 
@@ -42,7 +52,8 @@ PYDICOM_PICTURES = {
     "RG3 leg CR": ["RG3_UNCR.dcm", "RG3_UNCI.dcm", "RG3_J2KR.dcm", "RG3_J2KI.dcm"],
     "693 CT": ["693_UNCR.dcm", "693_UNCI.dcm", "693_J2KR.dcm", "693_J2KI.dcm"],
     "MR2": ["MR2_UNCR.dcm", "MR2_UNCI.dcm", "MR2_J2KR.dcm", "MR2_J2KI.dcm"],
-    "US1 colour": ["US1_UNCR.dcm", "US1_UNCI.dcm", "US1_J2KR.dcm", "US1_J2KI.dcm"],
+    "US1 colour": ["US1_UNCR.dcm", "US1_UNCI.dcm", "US1_J2KR.dcm", "US1_J2KI.dcm", "examples_jpeg2k.dcm",
+                   "examples_rgb_color.dcm"],
     "NM whole body": ["JPEG2000_UNC.dcm", "JPEG2000.dcm", "JPEG-LL.dcm"],
     "MR small": ["MR_small.dcm", "MR_small_RLE.dcm", "MR_small_bigendian.dcm", "MR_small_expb.dcm",
                  "MR_small_implicit.dcm", "MR_small_jp2klossless.dcm", "MR_small_jpeg_ls_lossless.dcm"],
@@ -57,48 +68,46 @@ PYDICOM_PICTURES = {
     "US palette": ["OBXXXX1A.dcm", "OBXXXX1A_expb.dcm", "OBXXXX1A_rle.dcm"],
     "US ALOKA": ["gdcm-US-ALOKA-16.dcm", "gdcm-US-ALOKA-16_big.dcm"],
     "US palette example": ["examples_palette.dcm"],
-    "US rgb example": ["examples_rgb_color.dcm"],
-    "US jpeg2k example": ["examples_jpeg2k.dcm"],
     "OT deflate": ["image_dfl.dcm"],
-    "OT modality LUT": ["mlut_18.dcm"],
-    "OT VOI LUT": ["vlut_04.dcm"],
+    "OT LUT": ["mlut_18.dcm", "vlut_04.dcm"],
     "SC rgb 100": ["SC_rgb.dcm", "SC_rgb_expb.dcm", "SC_rgb_rle.dcm", "SC_rgb_16bit.dcm"],
-    "SC rgb jpeg 256": ["SC_rgb_jpeg_dcmd.dcm"],
-    "SC jpeg no colour transform": ["SC_jpeg_no_color_transform.dcm"],
+    "SC rgb jpeg 256": ["SC_rgb_jpeg_dcmd.dcm", "SC_jpeg_no_color_transform.dcm"],
 }
 RE_EXPORTED = ["RG1_UNCR.dcm", "RG3_UNCR.dcm", "693_UNCR.dcm", "MR2_UNCR.dcm", "examples_overlay.dcm",
                "MR-SIEMENS-DICOM-WithOverlays.dcm"]
 
 
-def tile_hash(path: Path | bytes, size: int) -> str | None:
-    """The signature preprocessing gives the file (or PNG/JPEG bytes) at tile ``size``."""
+def tile_content(path: Path | bytes, size: int) -> np.ndarray:
+    """The tile preprocessing makes of the file (or PNG/JPEG bytes) at tile ``size``, without its padding."""
     if isinstance(path, bytes):
         with tempfile.NamedTemporaryFile(suffix=".img") as handle:
             handle.write(path)
             handle.flush()
-            return tile_hash(Path(handle.name), size)
+            return tile_content(Path(handle.name), size)
     decoded = decode_image(path, channels=1, target_size=size)
     tile = resize_to_square(decoded.pixels, size)
     top, left, height, width = tile.content
-    return dct_signature(tile.pixels[top:top + height, left:left + width])
+    return tile.pixels[top:top + height, left:left + width]
 
 
-def distinct_pairs(hashes: list[str | None], groups: list[str]) -> tuple[int, int, int, np.ndarray]:
-    """(pairs of distinct pictures compared, how many match, the smallest distance among them, the distances)."""
-    known = [(h, g) for h, g in zip(hashes, groups) if h is not None]
-    bits = signature_bits([h for h, _ in known])
-    labels = np.array([g for _, g in known])
-    distances = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
-    other = labels[:, None] != labels[None, :]
-    upper = np.triu(np.ones_like(other), 1) & other
-    pairs = int(upper.sum())
-    found = {(int(i), int(j)) for i, j, _ in matching_pairs(bits)}
-    assert found == set(zip(*np.nonzero(np.triu(distances <= MAX_DISTANCE, 1)))), "the bands missed a match"
-    false = sum(1 for i, j in found if labels[i] != labels[j])
-    lateral = sum(1 for i, j in found if labels[i] != labels[j] and "lateral" in labels[i] + labels[j])
-    if false:
-        print(f"  false matches: {false}, {lateral} of them with a lateral phantom")
-    return pairs, false, int(distances[upper].min()), distances
+def correlation(first: np.ndarray, second: np.ndarray) -> float | None:
+    a, b = structure(first), structure(second)
+    return None if a is None or b is None else same_picture_score(a, b)
+
+
+def distinct_pairs(contents: list[np.ndarray], groups: list[str]) -> tuple[int, list[float], int]:
+    """(pairs of distinct pictures, the structure correlations of those the hash made candidates, false matches)."""
+    known = [(c, g, h) for c, g in zip(contents, groups) if (h := dct_signature(c)) is not None]
+    bits = signature_bits([h for *_, h in known])
+    labels = np.array([g for _, g, _ in known])
+    pairs = int((labels[:, None] != labels[None, :]).sum() // 2)
+    if len(known) >= MIN_SITE_IMAGES:
+        distances = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
+        found = {(int(i), int(j)) for i, j, _ in matching_pairs(bits)}
+        assert found == set(zip(*np.nonzero(np.triu(distances <= MAX_DISTANCE, 1)))), "the bands missed a match"
+    scores = [correlation(known[i][0], known[j][0]) for i, j, _ in candidate_pairs(bits) if labels[i] != labels[j]]
+    scores = [score for score in scores if score is not None]
+    return pairs, scores, sum(score >= MIN_SAME_PICTURE for score in scores)
 
 
 def exports(decoded: np.ndarray) -> dict[str, bytes]:
@@ -135,27 +144,37 @@ def new_uids(path: Path, out: Path) -> Path:
     return out
 
 
-def recall(sources: list[Path], size: int, work: Path, site: list[str]) -> dict[str, list[int]]:
-    """Distance of each kind of re-export to its original, over ``sources``, with the bits cut at the medians of
-    a site made of ``site``'s signatures and the originals and copies."""
-    found: dict[str, list[tuple[int, int]]] = {}
+def recall(sources: list[Path], size: int, work: Path, site: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """(bits apart, structure correlation) of each kind of re-export and its original, over ``sources``, with the
+    bits cut at the medians of a site made of ``site``'s signatures and the originals and copies."""
+    found: dict[str, list[tuple[int, int, float]]] = {}
     signatures = list(site)
     for source in sources:
-        original = tile_hash(source, size)
+        original = tile_content(source, size)
         decoded = decode_image(source, channels=1).pixels
-        copies = {kind: tile_hash(data, size) for kind, data in exports(decoded).items()}
+        copies = {kind: tile_content(data, size) for kind, data in exports(decoded).items()}
         if source.suffix == ".dcm":
-            copies["DICOM, new UIDs, other patient"] = tile_hash(new_uids(source, work / "copy.dcm"), size)
+            copies["DICOM, new UIDs, other patient"] = tile_content(new_uids(source, work / "copy.dcm"), size)
         for kind, copy in copies.items():
-            found.setdefault(kind, []).append((len(signatures), len(signatures) + 1))
-            signatures += [original, copy]
+            found.setdefault(kind, []).append((len(signatures), len(signatures) + 1, correlation(original, copy)))
+            signatures += [dct_signature(original), dct_signature(copy)]
     bits = signature_bits(signatures)
-    return {kind: [int((bits[i] != bits[j]).sum()) for i, j in pairs] for kind, pairs in found.items()}
+    return {kind: [(int((bits[i] != bits[j]).sum()), score) for i, j, score in pairs] for kind, pairs in found.items()}
+
+
+def matched(distance: int, score: float) -> bool:
+    return distance <= MAX_DISTANCE and score >= MIN_SAME_PICTURE
+
+
+def histogram(scores: list[float]) -> str:
+    edges = [-1.0, 0.5, 0.8, 0.9, 0.93, 0.95, MIN_SAME_PICTURE, 0.97, 0.98, 0.99, 1.01]
+    counts = np.histogram(scores, bins=edges)[0]
+    return ", ".join(f"[{low:.2f}, {high:.2f}): {n}" for low, high, n in zip(edges, edges[1:], counts) if n)
 
 
 def phantom_files(work: Path, n: int) -> dict[str, list[Path]]:
     files = {}
-    for fmt in ("chexpert", "vindr-cxr", "siim-isic-2020"):
+    for fmt in ("chexpert", "vindr-cxr", "nih-cxr14", "padchest", "siim-isic-2020"):
         result = generate_site(fmt, work / fmt, n=n, seed=7, progress=False, workers=1)
         files[fmt] = sorted(p for p in result.root.rglob("*") if p.suffix.lower() in (".jpg", ".png", ".dcm", ".dicom"))
     return files
@@ -168,39 +187,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         phantoms = phantom_files(work, args.phantoms)
-        print(f"threshold: at most {MAX_DISTANCE} of 143 bits apart")
+        print(f"candidates: at most {MAX_DISTANCE} of 143 bits apart (every pair below {MIN_SITE_IMAGES} images); "
+              f"the same picture: structure correlation >= {MIN_SAME_PICTURE}")
         for size in (64, 224):
             print(f"\n== tile size {size}")
             site_signatures: list[str] = []
+            distinct_scores: list[float] = []
             for fmt, paths in phantoms.items():
-                hashes = []
+                decoded = []
                 for path in paths:
-                    try:
-                        hashes.append(tile_hash(path, size))
-                    except DecodeError:
-                        hashes.append(None)
-                pairs, false, closest, _ = distinct_pairs(hashes, [str(p) for p in paths])
-                site_signatures = site_signatures if fmt != "vindr-cxr" else [h for h in hashes if h]
-                print(f"phantoms {fmt}: {sum(h is not None for h in hashes)} of {len(paths)} hashed, {pairs:,} pairs, "
-                      f"{false} false matches, closest distinct pair {closest} bits")
+                    with contextlib.suppress(DecodeError):
+                        decoded.append((tile_content(path, size), str(path)))
+                contents = [content for content, _ in decoded]
+                pairs, scores, false = distinct_pairs(contents, [name for _, name in decoded])
+                distinct_scores += scores
+                if fmt == "vindr-cxr":
+                    site_signatures = [h for c in contents if (h := dct_signature(c))]
+                print(f"phantoms {fmt}: {len(contents)} of {len(paths)} decoded, {pairs:,} pairs, {len(scores)} "
+                      f"hash candidates (largest correlation {max(scores, default=float('nan')):.3f}), "
+                      f"{false} false matches")
             files = [(group, Path(get_testdata_file(name))) for group, names in PYDICOM_PICTURES.items() for name in names]
-            hashes = [tile_hash(path, size) for _, path in files]
-            pairs, false, closest, distances = distinct_pairs(hashes, [group for group, _ in files])
-            groups = [group for (group, _), h in zip(files, hashes) if h is not None]
-            same = [int(distances[i, j]) for i in range(len(groups)) for j in range(i + 1, len(groups))
-                    if groups[i] == groups[j]]
+            pairs, scores, false = distinct_pairs([tile_content(path, size) for _, path in files],
+                                                  [group for group, _ in files])
             print(f"pydicom-data: {len(PYDICOM_PICTURES)} pictures in {len(files)} files, {pairs:,} pairs of distinct "
-                  f"pictures, {false} false matches, closest {closest} bits; same picture in other encodings: at most "
-                  f"{max(same)} bits apart ({sum(d <= MAX_DISTANCE for d in same)} of {len(same)} pairs match)")
+                  f"pictures, all compared (under {MIN_SITE_IMAGES} images); largest correlation "
+                  f"{max(scores):.3f}, {false} false matches")
+            print(f"distinct phantoms paired by the hash, correlations: {histogram(distinct_scores)}")
             sources = [Path(get_testdata_file(name)) for name in RE_EXPORTED]
-            sources += phantoms["vindr-cxr"][:5] + phantoms["chexpert"][:5]
+            sources += phantoms["vindr-cxr"][:5] + phantoms["chexpert"][:5] + phantoms["nih-cxr14"][:3]
+            sources += phantoms["padchest"][:3]
             found = recall(sources, size, work, site_signatures)
             total = sum(len(v) for v in found.values())
-            matched = sum(d <= MAX_DISTANCE for v in found.values() for d in v)
-            print(f"recall on re-exports of {len(sources)} images: {matched} of {total}")
-            for kind, distances in found.items():
-                print(f"  {kind:>32}: largest distance {max(distances):2d}, "
-                      f"{sum(d <= MAX_DISTANCE for d in distances)} of {len(distances)} matched")
+            hits = sum(matched(*pair) for v in found.values() for pair in v)
+            print(f"recall on re-exports of {len(sources)} images: {hits} of {total}")
+            print(f"re-exports, correlations: {histogram([score for v in found.values() for _, score in v])}")
+            for kind, pairs in found.items():
+                print(f"  {kind:>32}: largest distance {max(d for d, _ in pairs):2d}, smallest correlation "
+                      f"{min(c for _, c in pairs):.3f}, {sum(matched(*pair) for pair in pairs)} of {len(pairs)} matched")
 
 
 if __name__ == "__main__":
