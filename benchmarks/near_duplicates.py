@@ -167,7 +167,7 @@ def matched(distance: int, score: float) -> bool:
 
 
 def histogram(scores: list[float]) -> str:
-    edges = [-1.0, 0.5, 0.8, 0.9, 0.93, 0.95, MIN_SAME_PICTURE, 0.97, 0.98, 0.99, 1.01]
+    edges = sorted({-1.0, 0.5, 0.8, 0.9, 0.93, 0.95, 0.96, MIN_SAME_PICTURE, 0.98, 0.99, 1.01})
     counts = np.histogram(scores, bins=edges)[0]
     return ", ".join(f"[{low:.2f}, {high:.2f}): {n}" for low, high, n in zip(edges, edges[1:], counts) if n)
 

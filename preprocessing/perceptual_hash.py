@@ -70,22 +70,39 @@ def _box_mean(image: np.ndarray, width: int) -> np.ndarray:
     return sum(padded[i:i + rows, j:j + cols] for i in range(width) for j in range(width)) / width**2
 
 
+# Gray levels (of 255): a pixel of the 64 x 64 thumbnail whose 3 x 3 neighbourhood varies less than this is flat
+# (air, a collimator's black, a window's clipped white) and left out of the comparison where either image is flat.
+FLAT = 1.0
+MIN_TEXTURED_SHARE = 0.25  # below this share of textured pixels a pair is compared on every pixel
+
+
 def structure(content: np.ndarray) -> np.ndarray | None:
-    """What ``same_picture`` compares: the image (uint8, no padding, colour as its mean) area-resized to 64 x 64,
-    its values replaced by their ranks (any increasing intensity map leaves it alone), then band-passed (a 3-pixel
-    box mean less a 9-pixel one, a difference of box filters after the difference of Gaussians of Marr and
-    Hildreth, 1980) and standardized; None where nothing is left to compare.
+    """What ``same_picture_score`` compares, a (2, 4096) float32 array: the image (uint8, no padding, colour as
+    its mean) area-resized to 64 x 64, its values replaced by their ranks (any increasing intensity map leaves
+    them alone) and band-passed (a 3-pixel box mean less a 9-pixel one: a difference of box filters after the
+    difference of Gaussians of Marr and Hildreth, 1980); and each pixel's local spread in gray levels. None where
+    nothing is left to compare.
 
     The band is where two films differ: below it every chest film shows the same anatomy (distinct phantoms
-    correlate up to 0.99 on their rank thumbnails), above it a JPEG or a 1/4 rescale has destroyed the detail."""
+    correlate up to 0.99 on their rank thumbnails), above it a JPEG or a 1/4 rescale has destroyed the detail.
+    The spread marks flat regions, where ranks turn an export's faint JPEG noise into large rank noise that the
+    original, all ties there, does not have."""
     gray = content.astype(np.float32) if content.ndim == 2 else content.astype(np.float32).mean(axis=2)
     side = (STRUCTURE_SIDE, STRUCTURE_SIDE)
-    ranks = mean_ranks(np.asarray(Image.fromarray(gray, mode="F").resize(side, Image.Resampling.BOX)))
+    thumbnail = np.asarray(Image.fromarray(gray, mode="F").resize(side, Image.Resampling.BOX), dtype=np.float64)
+    ranks = mean_ranks(thumbnail)
     band = (_box_mean(ranks, 3) - _box_mean(ranks, 9)).ravel()
-    spread = float(band.std())
-    return None if spread < 1e-6 else ((band - band.mean()) / spread).astype(np.float32)
+    spread = np.sqrt(np.maximum(_box_mean(thumbnail**2, 3) - _box_mean(thumbnail, 3) ** 2, 0.0)).ravel()
+    return None if float(band.std()) < 1e-6 else np.stack([band, spread]).astype(np.float32)
 
 
 def same_picture_score(first: np.ndarray, second: np.ndarray) -> float:
-    """The correlation of two ``structure`` vectors, in [-1, 1]: 1 for the same picture in other bytes."""
-    return float(first @ second) / first.size
+    """The correlation, in [-1, 1], of two ``structure`` bands over the pixels textured in both (every pixel when
+    fewer than MIN_TEXTURED_SHARE are): 1 for the same picture in other bytes."""
+    textured = (first[1] >= FLAT) & (second[1] >= FLAT)
+    if textured.mean() < MIN_TEXTURED_SHARE:
+        textured[:] = True
+    a, b = first[0][textured], second[0][textured]
+    a, b = a - a.mean(), b - b.mean()
+    norms = float(np.sqrt((a @ a) * (b @ b)))
+    return 0.0 if norms == 0.0 else float(a @ b) / norms

@@ -18,10 +18,12 @@ from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
 from preprocessing.decode import decode_image, inspect_file
-from preprocessing.near_duplicates import matching_pairs
+from preprocessing.near_duplicates import candidate_pairs, matching_pairs, signature_bits, verified_pairs
+from preprocessing.perceptual_hash import dct_signature
 from preprocessing.records import CHEST_XRAY_DISEASES
-from preprocessing.resize import quantize
+from preprocessing.resize import quantize, resize_to_square
 from preprocessing.shards import TransformSettings, write_site_shards
+from preprocessing.synth import generate_site
 
 LEG, CHEST = get_testdata_file("RG3_UNCR.dcm"), get_testdata_file("RG1_UNCR.dcm")
 TRANSFORM = TransformSettings(task="chest-xray", image_size=64, min_image_size=32)
@@ -63,16 +65,19 @@ def site(tmp_path_factory):
     # The study with the empty tag, exported again to an 8-bit PNG and a rescaled JPEG by the hospital.
     shown = quantize(decode_image(root / "leg-empty-tag.dcm", channels=1).pixels)
     Image.fromarray(shown).save(root / "export of S4.png")
-    small = Image.fromarray(shown).resize((shown.shape[1] // 3, shown.shape[0] // 3), Image.Resampling.LANCZOS)
-    buffer = io.BytesIO()
-    small.save(buffer, "JPEG", quality=60)
-    (root / "S4-small.jpg").write_bytes(buffer.getvalue())
+    for name, factor in (("S4-half.jpg", 2), ("S4-small.jpg", 3)):
+        small = Image.fromarray(shown).resize((shown.shape[1] // factor, shown.shape[0] // factor),
+                                              Image.Resampling.LANCZOS)
+        buffer = io.BytesIO()
+        small.save(buffer, "JPEG", quality=60)
+        (root / name).write_bytes(buffer.getvalue())
     records = _records([
         ("chest.dcm", "P1", "S1", "train"),
         ("chest-new-uids.dcm", "P2", "S2", "test"),
         ("leg.dcm", "P3", "S3", "train"),
         ("leg-empty-tag.dcm", "P4", "S4", "train"),
         ("export of S4.png", "P4", "S4", "train"),
+        ("S4-half.jpg", "P4", "S4", "train"),
         ("S4-small.jpg", "P4", "S4", "train"),
     ])
     out = tmp_path_factory.mktemp("shards")
@@ -112,11 +117,12 @@ def test_copies_across_patients_or_splits_are_both_quarantined_and_within_a_stud
     export = near.loc["export of S4.png", "detail"]
     assert "leg-empty-tag.dcm" in export and "which stays" in export
     assert set(near["stage"]) == {"dedup"}
-    # A site too small for a median of its own compares the pictures of every pair: the 1/3-size JPEG q60
-    # export, which the bits alone missed at this site, is found too.
-    small = near.loc["S4-small.jpg", "detail"]
-    assert "leg-empty-tag.dcm" in small and "which stays" in small and "structure correlation" in small
-    assert site["kept"] == {"leg-empty-tag.dcm"} and len(quarantine) == 5  # nothing lost
+    half = near.loc["S4-half.jpg", "detail"]
+    assert "leg-empty-tag.dcm" in half and "which stays" in half and "structure correlation" in half
+    # Known limit (docs/quarantine.md "Near-duplicates"): the 1/3-size JPEG is resampled out of phase with its
+    # film at a 64-pixel tile; its structure correlation, 0.955, is under the 0.97 that keeps distinct phantoms
+    # apart.
+    assert site["kept"] == {"leg-empty-tag.dcm", "S4-small.jpg"} and len(quarantine) == 5  # nothing lost
 
 
 def test_the_signatures_stay_in_the_staging_log(site):
@@ -139,3 +145,17 @@ def test_every_pair_within_the_threshold_is_found_by_the_bands():
     distances = (both[:, None, :] != both[None, :, :]).sum(axis=2)
     assert found == {(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(distances <= 20, 1)))}
     assert {(k, 3000 + k) for k in range(40)} <= found
+
+
+def test_distinct_phantoms_that_the_hash_pairs_are_told_apart_by_their_pictures(tmp_path):
+    """CheXpert phantoms are smooth blobs that differ mostly in noise: the hash alone paired distinct ones (7 of
+    150's pairs); comparing the pictures keeps every one of them."""
+    result = generate_site("chexpert", tmp_path / "chexpert", n=150, seed=7, progress=False, workers=1)
+    contents = []
+    for path in sorted(p for p in result.root.rglob("*.jpg")):
+        tile = resize_to_square(decode_image(path, channels=1, target_size=64).pixels, 64)
+        top, left, height, width = tile.content
+        contents.append(tile.pixels[top:top + height, left:left + width])
+    candidates = candidate_pairs(signature_bits([dct_signature(content) for content in contents]))
+    assert len(candidates) >= 3  # the hash's false candidates are there to be refuted
+    assert verified_pairs(candidates, lambda index: contents[index]) == []
