@@ -37,7 +37,7 @@ MAX_DISTANCE = 20  # bits of 143; docs/quarantine.md "Near-duplicates" has the m
 MIN_SITE_IMAGES = 64  # signatures needed for a site median of each coefficient
 BANDS = 7
 # Correlation of the two images' band-passed rank thumbnails (perceptual_hash.structure) from which a candidate
-# is the same picture: 8-bit re-exports of the demo phantoms measured 0.979 and up, distinct phantoms that the
+# is the same picture: 8-bit re-exports of the demo phantoms measured 0.980 and up, distinct phantoms that the
 # hash paired 0.961 at most, at tile sizes 64 and 224 (benchmarks/near_duplicates.py prints both distributions).
 MIN_SAME_PICTURE = 0.97
 
