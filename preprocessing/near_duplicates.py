@@ -6,9 +6,12 @@ The decode workers compute each image's ``preprocessing.perceptual_hash`` signat
 made (no second decode): 143 low DCT coefficients of its rank thumbnail. Here each coefficient becomes a bit,
 set where it exceeds the site's median of that coefficient, so that each bit splits the site's images in
 halves and what all films share (the anatomy) sets none; a site of fewer than ``MIN_SITE_IMAGES`` images has
-no reliable median and each image is cut at its own (Zauner's rule). Two images match when at most
-``MAX_DISTANCE`` of the 143 bits differ; the threshold is measured (``benchmarks/near_duplicates.py``,
-docs/quarantine.md "Near-duplicates").
+no reliable median, each image is cut at its own (Zauner's rule) and every pair is a candidate. Elsewhere two
+images are candidates when at most ``MAX_DISTANCE`` of the 143 bits differ. A candidate pair is the same
+picture only when the images themselves agree: their staged tiles' band-passed rank thumbnails
+(``perceptual_hash.structure``) correlate at ``MIN_SAME_PICTURE`` or more, which refutes distinct films the
+bits confuse. Both thresholds are measured (``benchmarks/near_duplicates.py``, docs/quarantine.md
+"Near-duplicates").
 
 Candidates come from multi-index hashing (Norouzi, Punjani and Fleet, "Fast Search in Hamming Space with
 Multi-Index Hashing", CVPR 2012), not from every pair: the bits are cut into ``BANDS`` bands, and two
