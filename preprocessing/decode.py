@@ -40,6 +40,7 @@ This module picks the decoder by the file's signature (``preprocessing.decode_di
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,7 @@ def decode_image(
     root: str | Path | None = None,
     limits: DecodeLimits = DEFAULT_LIMITS,
     target_size: int | None = None,
+    body_parts: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> DecodedImage:
     """Decode ``path`` to float32 in [0, 1].
 
@@ -92,6 +94,8 @@ def decode_image(
     ``limits``: what the header may declare (TOO_LARGE); ``timeout_s`` is the caller's to enforce.
     ``target_size``: the longer side the caller resizes to; the pixels may then come back smaller than
     stored but never below it (see the module docstring); None decodes at full size.
+    ``body_parts``: the task's (BodyPartExamined values, Anatomic Region codes), ``preprocessing.body_parts``; a
+    DICOM naming another body part is rejected (WRONG_BODY_PART); None accepts any.
     Raises ``DecodeError`` with the quarantine reason on any failure.
     """
     path = Path(path)
@@ -110,11 +114,11 @@ def decode_image(
 
     # "DICM" first: a DICOM preamble may hold a TIFF header (dual-personality files) and is then a DICOM.
     if head[128:132] == b"DICM":
-        pixels, info = decode_dicom(resolved, path, allowed_modalities, limits, target_size)
+        pixels, info = decode_dicom(resolved, path, allowed_modalities, limits, target_size, body_parts)
     elif head.startswith((_PNG_MAGIC, _JPEG_MAGIC, *_TIFF_MAGICS)):
         pixels, info = decode_pillow(resolved, path, limits, target_size)
     elif path.suffix.lower() in _DICOM_SUFFIXES:
-        pixels, info = decode_dicom(resolved, path, allowed_modalities, limits, target_size)
+        pixels, info = decode_dicom(resolved, path, allowed_modalities, limits, target_size, body_parts)
     else:
         raise DecodeError(
             Reason.UNREADABLE_FILE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing, get_decoder
 from pydicom.uid import JPEGBaseline8Bit
 
+from preprocessing.body_parts import body_parts_named, outside_body_parts
 from preprocessing.decode_limits import DecodeLimits, check_codestream, check_dicom_header, check_inflated_size
 from preprocessing.decode_pillow import draft_at_least
 from preprocessing.decoded import DecodeError, ImageInfo, minmax, scale_to_unit
@@ -55,12 +57,21 @@ def decode_dicom(
     allowed_modalities: frozenset[str] | None,
     limits: DecodeLimits,
     target_size: int | None,
+    body_parts: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> tuple[np.ndarray, ImageInfo]:
     """The DICOM file at ``path`` (``shown``: its name in messages, as the label file has it) as float32 pixels in
     [0, 1] and what was read from it; anything else a DecodeError whose reason says why it is quarantined. At
-    ``target_size`` an 8-bit JPEG Baseline frame is decoded at the smallest DCT scale that keeps that size."""
+    ``target_size`` an 8-bit JPEG Baseline frame is decoded at the smallest DCT scale that keeps that size.
+    ``body_parts``: the BodyPartExamined values and Anatomic Region codes accepted (``preprocessing.body_parts``);
+    a file naming another is WRONG_BODY_PART before its pixels are decoded."""
     ds = _read_dataset(path, shown, limits)
     modality = _image_modality(ds, shown, allowed_modalities)
+    if body_parts is not None and (outside := outside_body_parts(ds, *body_parts)):
+        accepted = ", ".join(body_parts[0]) or "any"
+        raise DecodeError(
+            Reason.WRONG_BODY_PART,
+            f"{shown}: {', '.join(outside)}; the task reads {accepted} (BodyPartExamined) only",
+        )
     transfer_syntax = _decodable_transfer_syntax(ds, shown)
     frames = int(ds.get("NumberOfFrames", 1) or 1)
     stored = _stored_pixels(ds, transfer_syntax, frames, shown, limits, target_size)
@@ -81,6 +92,9 @@ def decode_dicom(
         raw_min=raw_min,
         raw_max=raw_max,
         manufacturer=str(ds.get("Manufacturer", "") or "").strip() or None,
+        bits_allocated=int(ds.get("BitsAllocated", 0) or 0),
+        body_part="; ".join(part for named in body_parts_named(ds) for part in named) or None,
+        view_position=str(ds.get("ViewPosition", "") or "").strip().upper() or None,
     )
     return np.clip(pixels, 0.0, 1.0, out=pixels), info
 

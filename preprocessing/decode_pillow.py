@@ -93,6 +93,7 @@ def decode_pillow(
         inverted=False,
         raw_min=raw_min,
         raw_max=raw_max,
+        bits_allocated=bits,
     )
     return pixels, info
 

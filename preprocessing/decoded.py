@@ -39,6 +39,9 @@ class ImageInfo:
     raw_max: float
     # DICOM Manufacturer (the model card's subgroups, federated/subgroups.py); None for PNG/JPEG/TIFF or no tag
     manufacturer: str | None = None
+    bits_allocated: int = 0  # bits per stored sample: DICOM BitsAllocated, the Pillow mode's
+    body_part: str | None = None  # DICOM BodyPartExamined and Anatomic Region codes, "; "-joined; None: none named
+    view_position: str | None = None  # DICOM ViewPosition (PA, AP, LL...); None: not named
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -32,17 +32,22 @@ class Reason(str, Enum):
     NOT_AN_IMAGE = "not_an_image"  # a DICOM object without pixel data (SR, presentation state...)
     UNSUPPORTED_TRANSFER_SYNTAX = "unsupported_transfer_syntax"
     WRONG_MODALITY = "wrong_modality"
+    # a DICOM naming another body part than the task's (preprocessing.body_parts); scoring refuses it alike
+    WRONG_BODY_PART = "wrong_body_part"
     IMAGE_TOO_SMALL = "image_too_small"
     NONFINITE_VALUES = "nonfinite_values"  # NaN or infinite rescale slope/intercept, window or pixel value
     CONSTANT_IMAGE = "constant_image"  # every stored pixel has the same value
     BLANK_AFTER_WINDOW = "blank_after_window"  # stored values vary, the VOI LUT or window maps them to one
     # shard stage: across records
     DUPLICATE_CONTENT = "duplicate_content"  # byte-identical to a kept image of another patient or split
-    # scoring only (pipelines/model_package/predict.py): a DICOM of a body part the registered model does not read
-    WRONG_BODY_PART = "wrong_body_part"
+    NEAR_DUPLICATE = "near_duplicate"  # the same picture as another kept image (preprocessing.near_duplicates)
 
 
 STAGES = ("scan", "split", "decode", "dedup")
+# Part of the shard content hash: bump it whenever the same inputs can keep other records (a new gate or
+# duplicate rule), so that shards written under the old rules are not reused. 2: wrong_body_part, near_duplicate.
+SELECTION_RULES = "2"
+DEDUP_REASONS = frozenset({Reason.DUPLICATE_CONTENT.value, Reason.NEAR_DUPLICATE.value})
 
 QUARANTINE_COLUMNS: tuple[str, ...] = ("record_id", "source_row", "image_path", "stage", "reason", "detail")
 

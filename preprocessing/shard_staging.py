@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from preprocessing.locks import notice
-from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason
+from preprocessing.quarantine import DEDUP_REASONS, QUARANTINE_COLUMNS
 from preprocessing.shard_format import IMAGE_DTYPE, IMAGES_FILE, MANIFEST_FILE
 from preprocessing.tiles import STAT_COLUMNS, ChunkResult
 
@@ -51,6 +51,12 @@ class SplitStaging:
         for outcome in self._complete_lines():
             self.done[json.loads(outcome)["i"]] = True
 
+    def tile(self, row: int) -> np.ndarray | None:
+        """Record ``row``'s staged tile (read on demand), None once finalization has moved the staging array."""
+        if not self.images.exists():
+            return None
+        return np.load(self.images, mmap_mode="r")[row]
+
     @property
     def done_count(self) -> int:
         return int(self.done.sum())
@@ -85,7 +91,7 @@ class SplitStaging:
         # A chunk redone after an interruption may log a record twice; the later line is the one whose image
         # is on disk.
         frame = frame.drop_duplicates("i", keep="last")
-        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", *STAT_COLUMNS]).sort_values("i")
+        frame = frame.reindex(columns=["i", "ok", "reason", "detail", "sha256", "dct", "content", *STAT_COLUMNS]).sort_values("i")
         # Text columns stay object even when every record decoded (all NaN): a duplicate found later writes
         # its reason into them.
         frame[["reason", "detail"]] = frame[["reason", "detail"]].astype(object)
@@ -120,7 +126,7 @@ def finalize_split(
             "record_id": failed["record_id"].astype("object").to_numpy(),
             "source_row": failed["source_row"].astype("object").to_numpy(),
             "image_path": failed["image_path"].astype("object").to_numpy(),
-            "stage": np.where(outcomes.loc[~ok, "reason"] == Reason.DUPLICATE_CONTENT.value, "dedup", "decode"),
+            "stage": np.where(outcomes.loc[~ok, "reason"].isin(DEDUP_REASONS), "dedup", "decode"),
             "reason": outcomes.loc[~ok, "reason"].to_numpy(),
             "detail": outcomes.loc[~ok, "detail"].to_numpy(),
         },

@@ -19,7 +19,8 @@ One writer per site: the run holds ``<site>/.lock`` (``preprocessing.locks``); a
 site is refused with the holder's pid, host and start time. Decoding runs in ``preprocessing.pool``
 workers with a per-file time limit. Byte-identical files kept under two patients or in two splits would
 leak a test image into training: all but the first (train before valid before test, then record order)
-are quarantined DUPLICATE_CONTENT (stage "dedup", ``preprocessing.duplicates``).
+are quarantined DUPLICATE_CONTENT (stage "dedup", ``preprocessing.duplicates``); the same picture in other
+bytes (an 8-bit export, a re-UIDed or rescaled copy) is NEAR_DUPLICATE (``preprocessing.near_duplicates``).
 
 The staging arrays, their resume logs and the finalization are ``preprocessing.shard_staging``.
 """
@@ -39,8 +40,9 @@ from tqdm import tqdm
 
 from preprocessing.duplicates import quarantine_duplicate_content
 from preprocessing.locks import notice, site_lock
+from preprocessing.near_duplicates import quarantine_near_duplicates
 from preprocessing.pool import decode_chunks
-from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
+from preprocessing.quarantine import QUARANTINE_COLUMNS, SELECTION_RULES, Reason, empty_quarantine
 from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
 from preprocessing.shard_format import (
     BINDING_FIELD,
@@ -84,7 +86,8 @@ def content_hash(
     seconds where hashing their bytes would take hours.
     """
     digest = hashlib.sha256()
-    digest.update(json.dumps({"format": FORMAT_VERSION, "transform": asdict(transform)}, sort_keys=True).encode())
+    digest.update(json.dumps({"format": FORMAT_VERSION, "selection": SELECTION_RULES, "transform": asdict(transform)},
+                             sort_keys=True).encode())
     digest.update(json.dumps(label_contract, sort_keys=True, default=str).encode())
     for path in sorted(Path(p) for p in metadata_files):
         digest.update(f"\0metadata:{path.name}\0".encode())
@@ -170,6 +173,7 @@ def _write_locked(
 
     outcomes = {name: stages[name].outcomes() for name in splits}
     quarantine_duplicate_content(splits, outcomes)
+    quarantine_near_duplicates(splits, outcomes, lambda split, row: stages[split].tile(row))
     decode_failures, stats, counts = [], [], dict.fromkeys(SPLITS, 0)
     for name, part in splits.items():
         kept, failures, split_stats = finalize_split(part, outcomes[name], stages[name], site_dir / name, chunk_size)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydicom.errors import InvalidDicomError
 
+from preprocessing.body_parts import ANATOMIC_REGIONS, BODY_PARTS
 from preprocessing.decode import (
     ALLOWED_MODALITIES,
     DECODER_VERSION,
@@ -23,6 +24,7 @@ from preprocessing.decode import (
     DecodeLimits,
     decode_image,
 )
+from preprocessing.perceptual_hash import dct_signature
 from preprocessing.quarantine import Reason
 from preprocessing.records import TASK_CHANNELS, label_columns
 from preprocessing.resize import INTERPOLATION, RESIZE_MODE, resize_to_square
@@ -124,6 +126,7 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
             root=chunk.root,
             limits=transform.limits,
             target_size=transform.image_size,
+            body_parts=(BODY_PARTS[transform.task], ANATOMIC_REGIONS[transform.task]),
         )
         digest = file_digest(path)
     except DecodeError as err:
@@ -150,6 +153,10 @@ def process_file(chunk: Chunk, offset: int, transform: TransformSettings) -> tup
         "mean": float(content.mean()),
         "std": float(content.std()),
         "sha256": digest,
+        # Site-local like the digest: the staging log holds it until the duplicate passes, nothing else does.
+        "dct": dct_signature(content),
+        # Where the picture sits in the tile, for the near-duplicate check to cut the padding off.
+        "content": [int(top), int(left), int(height), int(width)],
     }
 
 

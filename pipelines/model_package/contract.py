@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.scoring import ModelToScore
 from pipelines.model_package.thresholds import OperatingPoints
+from preprocessing.body_parts import ANATOMIC_REGIONS, BODY_PARTS
 from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeLimits
 from preprocessing.federation import Federation
 from preprocessing.records import VIEW_TASKS
@@ -27,14 +28,6 @@ from preprocessing.tiles import TransformSettings
 CONTRACT_FILE = "fedauc_contract.json"
 METADATA_KEY = "fedauc"
 CONTRACT_FORMAT = 1
-# The body parts a task's images show, as DICOM names them: BodyPartExamined (0018,0015) defined terms and
-# Anatomic Region Sequence (0008,2218) codes ("<scheme>:<code>"). Chest X-ray: CHEST and THORAX; SNOMED CT
-# 816094009 (Chest, Thorax: DICOM's current code), 51185008 (Thoracic structure, its earlier one) and SNOMED-RT
-# T-D3000 (Chest, as older files carry it). Dermoscopy has no gate: a lesion may be anywhere on the skin, and
-# XC/OT/GM dermoscopy files rarely carry either attribute.
-BODY_PARTS: dict[str, tuple[str, ...]] = {"chest-xray": ("CHEST", "THORAX"), "melanoma": ()}
-ANATOMIC_REGIONS: dict[str, tuple[str, ...]] = {
-    "chest-xray": ("SCT:816094009", "SCT:51185008", "SRT:T-D3000"), "melanoma": ()}
 
 
 class Provenance(BaseModel):

@@ -28,6 +28,7 @@ from torch import nn
 
 from federated.predict import predict_scores
 from pipelines.model_package.contract import ModelContract
+from preprocessing.body_parts import outside_body_parts
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk
@@ -143,23 +144,11 @@ def _out_of_contract(contract: ModelContract, path: str, row: dict) -> tuple[Rea
     if contract.views and view is not None and view not in contract.views:
         return Reason.EXCLUDED_VIEW, (f"{path}: ViewPosition {position} (view {view}); the model was trained on "
                                       f"{', '.join(contract.views)}")
-    parts, regions = body_parts_named(header)
-    outside = ([f"BodyPartExamined {part}" for part in parts if contract.body_parts and part not in contract.body_parts]
-               + [f"Anatomic Region {code}" for code in regions
-                  if contract.anatomic_regions and code not in contract.anatomic_regions])
+    outside = outside_body_parts(header, contract.body_parts, contract.anatomic_regions)
     if outside:
         return Reason.WRONG_BODY_PART, (f"{path}: {', '.join(outside)}; the model reads "
                                         f"{', '.join(contract.body_parts)} (BodyPartExamined) only")
     return None
-
-
-def body_parts_named(header: pydicom.Dataset) -> tuple[list[str], list[str]]:
-    """The body parts a DICOM header names: its BodyPartExamined (upper case; an empty tag names none) and its
-    Anatomic Region Sequence codes as ``<scheme>:<code>``."""
-    part = str(header.get("BodyPartExamined", "") or "").strip().upper()
-    codes = [f"{str(item.get('CodingSchemeDesignator', '')).strip()}:{str(item.get('CodeValue', '')).strip()}"
-             for item in header.get("AnatomicRegionSequence", None) or []]
-    return ([part] if part else []), codes
 
 
 def folder_items(folder: Path) -> Iterator[Item]:
