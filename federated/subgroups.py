@@ -8,7 +8,8 @@ counts and a suppression flag, and the positives' and negatives' score histogram
 cell with fewer than ``min_count`` positives or negatives leaves as its suppression flag and "<N" counts only,
 its histograms zeros, so that nothing of it reaches the centre. The catalogue of subgroups is fixed (every sex,
 age band and, for a task with views, view; manufacturer "unknown" and "other"), so which keys a site sends says nothing of its
-patients; a manufacturer with fewer than ``min_count`` images of the split joins "other". Under an evaluation
+patients; a manufacturer is named only as a known vendor (``VENDORS``: the tag's free text never leaves), and one
+with fewer than ``min_count`` images of the split joins "other". Under an evaluation
 noise multiplier the cells are withheld (``federated.privacy.evaluation``): each image falls in several
 subgroups, which the one Gaussian mechanism charged per model does not cover.
 
@@ -45,6 +46,20 @@ SEXES = ("F", "M", "unknown")
 # Age bands in years, [low, high); the labels are MLflow-key safe (no "+").
 AGE_BANDS = ((0, 18, "0-17"), (18, 40, "18-39"), (40, 60, "40-59"), (60, 80, "60-79"), (80, math.inf, "80 or more"))
 UNKNOWN, OTHER = "unknown", "other"
+# The manufacturers a site may name, each with the spellings of its DICOM Manufacturer tag that mean it. The tag
+# is free text a modality's installer types (a site's own name or a service engineer's has been seen there), so
+# only a known vendor leaves the site; anything else is "other".
+VENDORS = {"Agfa": ("agfa",), "Canon": ("canon",), "Carestream": ("carestream", "kodak"), "DRTECH": ("drtech",),
+           "Fujifilm": ("fuji",), "GE": ("ge ", "ge healthcare", "ge medical", "general electric"),
+           "Hitachi": ("hitachi",), "Hologic": ("hologic",), "Konica Minolta": ("konica",), "Philips": ("philips",),
+           "Rayence": ("rayence",), "Samsung": ("samsung",), "Shimadzu": ("shimadzu",), "Siemens": ("siemens",),
+           "Toshiba": ("toshiba",), "Varex": ("varex", "varian"), "Vieworks": ("vieworks",)}
+
+
+def vendor(manufacturer: str) -> str:
+    """The known vendor a DICOM Manufacturer names, else "other"."""
+    text = manufacturer.strip().lower() + " "
+    return next((name for name, spellings in VENDORS.items() if any(text.startswith(s) for s in spellings)), OTHER)
 CELL = "@"  # a cell's summary key: "<split>@<attribute>.<value>"
 _SCOPE, _GAP = "subgroup", "subgroup_gap"
 # The columns of evaluation.site_summary's report this module fills (counts, suppression flag).
@@ -95,7 +110,7 @@ def _manufacturers(site_dir: Path, split: str, record_ids: list[str], min_count:
             stats = pq.read_table(stats_file, columns=["record_id", "split", "manufacturer"]).to_pydict()
             found = {r: m for r, s, m in zip(stats["record_id"], stats["split"], stats["manufacturer"])
                      if s == split and isinstance(m, str) and m}  # an all-null column reads as NaN
-    names = [found.get(r) or UNKNOWN for r in record_ids]
+    names = [vendor(found[r]) if found.get(r) else UNKNOWN for r in record_ids]
     counts = {n: names.count(n) for n in set(names)}
     return [n if n == UNKNOWN or not is_small(counts[n], min_count) else OTHER for n in names]
 

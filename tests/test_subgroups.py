@@ -111,3 +111,12 @@ def test_a_noised_evaluation_withholds_the_cells(evaluable_melanoma):
     cells = {f"evaluation.cell.{key.split(CELL)[1]}" for (summary,) in exact for key in summary if CELL in key}
     listed = allow_list()
     assert cells and not unlisted(cells, listed) and {status(c, listed) for c in cells} == {"withheld"}
+
+
+def test_only_a_known_vendor_leaves_the_site_never_the_tags_free_text():
+    from federated.subgroups import OTHER, vendor
+
+    assert [vendor(m) for m in ("SIEMENS", "GE MEDICAL SYSTEMS", "GE Healthcare", "FUJIFILM Corporation",
+                                "Philips Medical Systems", "KONICA MINOLTA")] == [
+        "Siemens", "GE", "GE", "Fujifilm", "Philips", "Konica Minolta"]
+    assert {vendor(m) for m in ("St Mary's Radiology Room 3", "Dr. Garcia's CR", "GENERIC", "")} == {OTHER}
