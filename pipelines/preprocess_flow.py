@@ -51,8 +51,8 @@ def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: 
 
 
 @task(name="qc-report", task_run_name="qc-report {config.name}", cache_policy=NO_CACHE)
-def report(config: SiteConfig, summary: ShardSummary) -> dict:
-    qc = build_report(summary.site_dir)
+def report(config: SiteConfig, summary: ShardSummary, ages: dict[str, int]) -> dict:
+    qc = build_report(summary.site_dir, ages)
     json_path, md_path = write_report(summary.site_dir, qc)
     # The Prefect server is the consortium's: it gets the counts-only summary, the full report stays here.
     shared = central_summary(qc, config.sharing.min_count, config.sharing.qc_grid)
@@ -84,7 +84,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
                                   declared_before)
     if budget_change is not None:
         print(budget_change, flush=True)
-    paths = report(config, summary)
+    paths = report(config, summary, result.ages)
     return {
         "site": summary.site,
         "site_dir": summary.site,

@@ -12,7 +12,9 @@ import pytest
 from hospital_export import TOP_CODED_AGES, UNREADABLE_AGES, build_hospital_export
 from typer.testing import CliRunner
 
+from federated.privacy.ledger import state_dir
 from pipelines.cli import app
+from preprocessing.adapters.base import age_notes, to_age
 from preprocessing.losses import LOSS_EXIT_CODE
 from preprocessing.shard_format import QUARANTINE_FILE
 
@@ -80,6 +82,16 @@ def test_the_export_onboards_with_its_values_mapped(export, tmp_path):
     qc = json.loads((out / "riverbank" / "qc" / "report.json").read_text())
     assert qc["accounting"]["holds"] and qc["accounting"]["input_rows"] == len(export.rows)
     assert len(qc["quarantine"]["rows"]) == 2
+    assert qc["ages"] == {"top_coded": len(TOP_CODED_AGES), "unreadable": len(UNREADABLE_AGES)}
+    assert "3 top-coded (`90+`, `>89`: read as their bound), 2 unreadable" in (
+        out / "riverbank" / "qc" / "report.md").read_text()
+    ages = pd.concat(pd.read_parquet(path) for path in (out / "riverbank").glob("*/manifest.parquet"))
+    read = ages.set_index("image_path")["age"]
+    assert [read[row["image_file"]] for row in export.rows if row["age_at_exam"] in TOP_CODED_AGES] == [90, 89, 89]
+    assert all(read[row["image_file"]] != read[row["image_file"]] for row in export.rows  # NaN: unknown
+               if row["age_at_exam"] in UNREADABLE_AGES)
+    # a site without a privacy budget leaves nothing in the site's state directory, not even a ledger lock
+    assert not list(state_dir().glob("riverbank*"))
     # Issue 53's other branches: the leg (wrong_body_part) and the copies (near_duplicate) are asserted there.
 
     # A stricter site: the one truncated file is now over its share; the shards are still written.
@@ -105,6 +117,7 @@ def test_preprocess_of_unmapped_values_writes_the_shards_and_fails(export, tmp_p
     assert sum(row["reason"] == "unparsable_label" for row in qc["quarantine"]["rows"]) == lost
 
 
-def test_top_coded_and_unreadable_ages(export):
-    ages = [row["age_at_exam"] for row in export.rows]
-    assert set(TOP_CODED_AGES) <= set(ages) and set(UNREADABLE_AGES) <= set(ages)
+def test_top_coded_ages_read_as_their_bound_and_are_counted():
+    ages = pd.Series(["90+", ">89", "89+", ">=90", "45", "45.5", "", None, "n/a", "unknown", "1+2"])
+    assert to_age(ages).fillna(-1).tolist() == [90, 89, 89, 90, 45, 45.5, -1, -1, -1, -1, -1]
+    assert age_notes(ages) == {"top_coded": 4, "unreadable": 3}

@@ -22,6 +22,7 @@ from preprocessing.adapters.base import (
     AdapterOptions,
     AdapterOutput,
     MetadataFile,
+    age_notes,
     build_records,
     finish,
     normalize_sex,
@@ -138,12 +139,16 @@ def read_label_table(
     return table, records, [(bad_labels, Reason.UNPARSABLE_LABEL, label_detail)], path
 
 
+def label_table_ages(table: pd.DataFrame, options: LabelTableOptions) -> dict[str, int]:
+    return age_notes(table[options.age_column]) if options.age_column else {}
+
+
 def read(config) -> AdapterOutput:
     options: GenericCsvOptions = config.adapter_options
-    _, records, problems, path = read_label_table(config, options, options.path_column)
+    table, records, problems, path = read_label_table(config, options, options.path_column)
     if options.image_dir:
         records["image_path"] = options.image_dir.rstrip("/") + "/" + records["image_path"].astype(str)
-    return finish(records, problems, len(records), [path])
+    return finish(records, problems, len(records), [path], label_table_ages(table, options))
 
 
 ADAPTER = Adapter(

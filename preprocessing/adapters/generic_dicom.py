@@ -19,7 +19,7 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 
 from preprocessing.adapters.base import Adapter, AdapterOutput, MetadataFile, finish
-from preprocessing.adapters.generic_csv import LabelTableOptions, read_label_table, table_columns
+from preprocessing.adapters.generic_csv import LabelTableOptions, label_table_ages, read_label_table, table_columns
 from preprocessing.quarantine import Reason
 
 
@@ -56,7 +56,7 @@ def index_by_uid(folder: Path) -> tuple[dict[str, str], set[str]]:
 
 def read(config) -> AdapterOutput:
     options: GenericDicomOptions = config.adapter_options
-    _, records, problems, path = read_label_table(config, options, options.key_column)
+    table, records, problems, path = read_label_table(config, options, options.key_column)
     prefix = options.dicom_dir.rstrip("/") + "/" if options.dicom_dir else ""
     if options.key == "sop_instance_uid":
         by_uid, shared = index_by_uid(config.root / options.dicom_dir)
@@ -69,7 +69,7 @@ def read(config) -> AdapterOutput:
         records["image_path"] = np.where(relative.isna(), "", prefix + relative.fillna("").astype(str))
     else:
         records["image_path"] = prefix + records["image_path"].astype(str)
-    return finish(records, problems, len(records), [path])
+    return finish(records, problems, len(records), [path], label_table_ages(table, options))
 
 
 ADAPTER = Adapter(
