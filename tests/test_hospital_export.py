@@ -99,6 +99,7 @@ def test_the_export_onboards_with_its_values_mapped(export, tmp_path):
                               max_quarantine_share=0.01)
     result = fedauc("preprocess", strict, "--out", out, "--workers", "0")
     assert result.exit_code == LOSS_EXIT_CODE, result.output
+    assert "shards unchanged, nothing to do" in result.output  # the share tolerated changes no shard
     assert ("1 of 42 rows (2.4 %) quarantined as unreadable_file, over the site's max_quarantine_share of 1 %"
             in result.output) and "files dicom/**/*.dcm (1)" in result.output
     assert (out / "riverbank" / "shard.json").is_file()
