@@ -37,13 +37,17 @@ _SCAN_FIXES = {
 _DECODE_FIX = "`fedauc inspect FILE` shows why one of them fails (docs/quarantine.md lists the reasons)"
 
 
+def excess_reasons(quarantine: pd.DataFrame, input_rows: int, max_share: float) -> list[tuple[str, int]]:
+    """(reason, rows) of each quarantine reason over ``max_share`` of ``input_rows``, the largest first."""
+    counts = Counter(quarantine["reason"].astype(str))
+    return [(reason, count) for reason, count in counts.most_common()
+            if reason not in EXEMPT and input_rows and count > max_share * input_rows]
+
+
 def excess_losses(quarantine: pd.DataFrame, input_rows: int, max_share: float) -> list[str]:
     """One line per quarantine reason over ``max_share`` of ``input_rows``, the largest first."""
-    counts = Counter(quarantine["reason"].astype(str))
     lines = []
-    for reason, count in counts.most_common():
-        if reason in EXEMPT or not input_rows or count <= max_share * input_rows:
-            continue
+    for reason, count in excess_reasons(quarantine, input_rows, max_share):
         rows = quarantine[quarantine["reason"].astype(str) == reason]
         fix = _SCAN_FIXES.get(_reason(reason), _DECODE_FIX)
         lines.append(

@@ -109,13 +109,12 @@ def preprocess(
     typer.echo(f"  QC report: {out / summary['report_md']}")
     for warning in summary["warnings"]:
         typer.echo(f"  warning: {warning}", err=True)
-    # Checked here, at the site, from its own quarantine: the lines name columns, values and file patterns,
-    # which the flow's result and logs (the consortium's Prefect server) must not carry.
-    quarantine = pd.read_parquet(out / summary["site_dir"] / QUARANTINE_FILE, columns=["stage", "reason", "detail",
-                                                                                       "image_path"])
-    losses = excess_losses(quarantine, summary["input_rows"], site.max_quarantine_share)
-    for line in losses:
-        typer.echo(f"{site_yaml}: {line}", err=True)
-    if losses:
+    if summary["quarantine_over_share"]:
+        # Said here, at the site, from its own quarantine: the lines name columns, values and file patterns,
+        # which the flow's result and logs (the consortium's Prefect server) must not carry.
+        quarantine = pd.read_parquet(out / summary["site_dir"] / QUARANTINE_FILE,
+                                     columns=["stage", "reason", "detail", "image_path"])
+        for line in excess_losses(quarantine, summary["input_rows"], site.max_quarantine_share):
+            typer.echo(f"{site_yaml}: {line}", err=True)
         typer.echo(f"  the shards and the QC report are written; exit code {LOSS_EXIT_CODE}: rows were lost", err=True)
         raise typer.Exit(code=LOSS_EXIT_CODE)
