@@ -4,7 +4,8 @@ Not a named dataset layout: DICOMs in nested ``dicom/<mrn>/<date>_<accession>/SE
 file names repeat), a second folder with a space in its name (``PACS exports/``) of PNG and JPEG exports, and a
 labels CSV as Excel saves it (UTF-8 byte-order mark, CRLF line ends) with the hospital's column names and value
 encodings: ``cardiomegaly_flag`` Y / N / blank, ``effusion`` 1 / 0 / -1 / blank, ``edema`` 1.0 / 0.0 / -1.0,
-``atelectasis`` 1 / 0, no Consolidation column, ages with top codes (``90+``, ``>89``) and a few unreadable ones.
+``atelectasis`` 1 / 0, no Consolidation column, ages with top codes (``90+``, ``>89``) and a few unreadable ones;
+beside it the same labels per study, as a RIS exports them (``ris_labels.csv``, one row per accession).
 
 Each image is a different crop of RG1 (a PA chest, MONOCHROME1), flipped or not, downscaled to about 100 px so
 that the export builds and decodes in seconds. Planted problems, each row named in ``HospitalExport.planted``:
@@ -33,6 +34,7 @@ from pydicom.uid import generate_uid
 
 COLUMNS = ("accession", "mrn", "study_date", "image_file", "projection", "patient_sex", "age_at_exam",
            "cardiomegaly_flag", "effusion", "edema", "atelectasis")
+STUDY_COLUMNS = ("accession", "mrn", "study_date", "cardiomegaly_flag", "effusion", "edema", "atelectasis")
 LABEL_COLUMNS = {"Cardiomegaly": "cardiomegaly_flag", "Pleural Effusion": "effusion", "Edema": "edema",
                  "Atelectasis": "atelectasis"}
 EXPORTS = "PACS exports"  # the folder with a space in its name
@@ -51,6 +53,11 @@ class HospitalExport:
     @property
     def labels_csv(self) -> Path:
         return self.root / "labels.csv"
+
+    @property
+    def study_labels_csv(self) -> Path:
+        """The same labels as the RIS exports them: one row per accession (the first image's row of each)."""
+        return self.root / "ris_labels.csv"
 
     def row(self, problem: str) -> dict[str, str]:
         return next(row for row in self.rows if row["image_file"] == self.planted[problem])
@@ -109,7 +116,11 @@ def build_hospital_export(root: Path, studies: int = 36, seed: int = 0) -> Hospi
     for problem, row in planted.items():
         export.rows.append(row)
         export.planted[problem] = row["image_file"]
-    _write_excel_csv(export.labels_csv, export.rows)
+    _write_excel_csv(export.labels_csv, export.rows, COLUMNS)
+    studies: dict[str, dict[str, str]] = {}
+    for row in export.rows:
+        studies.setdefault(row["accession"], row)
+    _write_excel_csv(export.study_labels_csv, list(studies.values()), STUDY_COLUMNS)
     return export
 
 
@@ -172,10 +183,10 @@ def _write_8bit(pixels: np.ndarray, path: Path, kind: str) -> None:
     Image.fromarray(np.round(255 * (shown - low) / max(high - low, 1)).astype(np.uint8)).save(path, kind)
 
 
-def _write_excel_csv(path: Path, rows: list[dict[str, str]]) -> None:
+def _write_excel_csv(path: Path, rows: list[dict[str, str]], columns: tuple[str, ...]) -> None:
     """As Excel's "CSV UTF-8" saves it: a byte-order mark, CRLF line ends."""
     text = io.StringIO()
-    text.write(",".join(COLUMNS) + "\r\n")
+    text.write(",".join(columns) + "\r\n")
     for row in rows:
-        text.write(",".join(row[column] for column in COLUMNS) + "\r\n")
+        text.write(",".join(row[column] for column in columns) + "\r\n")
     path.write_bytes(b"\xef\xbb\xbf" + text.getvalue().encode("utf-8"))

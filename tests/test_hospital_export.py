@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pydicom
 import pytest
 from hospital_export import TOP_CODED_AGES, UNREADABLE_AGES, build_hospital_export
+from PIL import Image
 from typer.testing import CliRunner
 
 from federated.privacy.ledger import state_dir
 from pipelines.cli import app
 from preprocessing.adapters.base import age_notes, to_age
+from preprocessing.decode import inspect_file
 from preprocessing.losses import LOSS_EXIT_CODE
 from preprocessing.shard_format import QUARANTINE_FILE
 
@@ -28,6 +31,23 @@ def export(tmp_path_factory):
 
 def fedauc(*args):
     return runner.invoke(app, [str(arg) for arg in args])
+
+
+def test_the_export_holds_what_it_plants(export):
+    files = [row["image_file"] for row in export.rows]
+    assert len({f.rsplit("/", 1)[1] for f in files if f.endswith(".dcm")}) == 1  # every DICOM is IM00001.dcm
+    assert export.labels_csv.read_bytes().startswith(b"\xef\xbb\xbfaccession,") and b"\r\n" in export.labels_csv.read_bytes()
+    source = pydicom.dcmread(export.root / export.png_of)
+    copy = pydicom.dcmread(export.root / export.planted["reuid_copy"])
+    assert (copy.pixel_array == source.pixel_array).all() and copy.PatientID != source.PatientID
+    assert copy.SOPInstanceUID != source.SOPInstanceUID and copy.StudyInstanceUID != source.StudyInstanceUID
+    assert pydicom.dcmread(export.root / export.planted["leg"]).BodyPartExamined == "EXTREMITY"
+    assert export.row("leg")["projection"] == "PA" and export.row("lateral")["projection"] == "LATERAL"
+    with Image.open(export.root / export.planted["png_reexport"]) as png:
+        assert png.mode == "L" and png.size == (source.Columns, source.Rows)
+    assert export.row("png_reexport")["accession"] == pydicom.dcmread(export.root / export.png_of).AccessionNumber
+    assert inspect_file(export.root / export.planted["truncated"])["error"] is not None
+    assert inspect_file(export.root / export.planted["jpeg"])["error"] is None
 
 
 def test_unmapped_values_fail_validate_and_report_by_column_and_value(export, tmp_path):
