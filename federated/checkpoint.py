@@ -42,10 +42,18 @@ RESUMABLE_FIELDS = frozenset({"rounds", "eval_every", "eval_bins", "eval_min_cou
                               "divergence_factor", "outlier_factor"})
 
 
+# Settings added after checkpoints were first written, with the value that computes what a checkpoint without
+# them computed: at that value they stay out of the fingerprint, so an older fedauc's checkpoint still resumes.
+ADDED_SETTINGS = {"diseases": None}
+
+
 def config_fingerprint(config: TrainConfig) -> dict:
     """The configuration as far as it determines the computation (the sites by kind; their data is
     fingerprinted per site)."""
     fields = config.model_dump(mode="json", exclude=set(RESUMABLE_FIELDS) | {"sites"})
+    for name, unchanged in ADDED_SETTINGS.items():
+        if fields.get(name) == unchanged:
+            fields.pop(name, None)
     fields["sites"] = [site.kind for site in config.sites]
     return fields
 

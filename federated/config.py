@@ -11,9 +11,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from federated import secagg_graph
-from federated.data import SiteData, SplitData, load_shard, synthetic_site
+from federated.data import SiteData, SplitData, learned, load_shard, synthetic_site
+from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
-from federated.privacy.ledger import ledger_path
 from federated.privacy.policy import SiteBudget
 from federated.settings import TrainSettings
 from preprocessing.errors import DataError
@@ -39,8 +39,9 @@ class ShardSite(BaseModel):
         return shard_content_hash(self.path)
 
     def privacy_ledger(self) -> Path:
-        """The site's privacy ledger (federated/privacy/ledger.py): the site's, keyed by its name."""
-        return ledger_path(self.path)
+        """The site's privacy ledger (federated/privacy/ledger.py): the one bound to the data the shards were
+        written from; refused in one line where a ledger of the site's name guards other data (binding.py)."""
+        return guarded_ledger(self.path)
 
     def declared_privacy(self) -> SiteBudget | None:
         """The privacy budget the shards were written under (a site whose ledger is lost refuses every job)."""
@@ -127,9 +128,10 @@ class TensorSite(BaseModel):
 SiteSpec = Annotated[ShardSite | SyntheticSite | TensorSite, Field(discriminator="kind")]
 
 
-def load_sites(sites: list[SiteSpec], indices: list[int]) -> list[SiteData]:
-    """The data of ``sites[k]`` for each k of ``indices``; they must label the same diseases in one order."""
-    datas = [sites[k].load(k) for k in indices]
+def load_sites(sites: list[SiteSpec], indices: list[int], diseases: tuple[str, ...] | None = None) -> list[SiteData]:
+    """The data of ``sites[k]`` for each k of ``indices``, only the label columns of ``diseases`` (None: all); they
+    must label the same diseases in one order."""
+    datas = [learned(sites[k].load(k), diseases) for k in indices]
     for d in datas[1:]:
         if d.diseases != datas[0].diseases:
             raise ValueError(f"site {d.name!r} has diseases {d.diseases}, site {datas[0].name!r} has "

@@ -64,6 +64,20 @@ class SiteData:
         return self.splits["train"]
 
 
+def learned(data: SiteData, diseases: tuple[str, ...] | None) -> SiteData:
+    """``data`` with the label columns of ``diseases`` only, in that order (None: all of them): what a training
+    that learns fewer diseases than its sites label reads."""
+    if diseases is None or tuple(diseases) == data.diseases:
+        return data
+    unknown = [d for d in diseases if d not in data.diseases]
+    if unknown:
+        raise DataError(f"site {data.name!r}: its shards label {list(data.diseases)}, not {unknown}",
+                        fix="name only diseases of the federation's task in its `diseases:`")
+    columns = [data.diseases.index(d) for d in diseases]
+    return SiteData(data.name, tuple(diseases),
+                    {split: SplitData(part.images, part.labels[:, columns]) for split, part in data.splits.items()})
+
+
 def load_shard(site_dir: str | Path) -> SiteData:
     """Open a site shard written by ``fedauc preprocess`` (docs/shards.md), images memory-mapped."""
     info = read_shard_info(site_dir)

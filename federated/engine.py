@@ -94,7 +94,7 @@ class Engine:
         # Every process commits its own checkpoint folder (NVIDIA FLARE: each hospital's), not site 0's alone.
         self.commits_checkpoints = self.is_leader or own_checkpoints
         self.site_fingerprints: dict[int, str] | None = None  # for checkpoints, computed on first use
-        self.datas = load_sites(config.sites, transport.local_sites)
+        self.datas = load_sites(config.sites, transport.local_sites, config.diseases)
         self.secure = (SecureTransport(transport, [d.name for d in self.datas], config.mask_degree())
                        if config.secure_aggregation else None)
         self.transport = transport = self.secure or transport

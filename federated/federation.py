@@ -11,6 +11,7 @@ from federated.algorithms.base import FederationContext
 from federated.config import TrainConfig
 from federated.data import SiteData, label_counts, usable_prior
 from federated.transport import Transport
+from preprocessing.errors import DataError
 
 
 def federation_context(config: TrainConfig, datas: list[SiteData], transport: Transport, device: torch.device
@@ -28,8 +29,9 @@ def federation_context(config: TrainConfig, datas: list[SiteData], transport: Tr
     transport.mean_(on_device, [1.0] * len(counts))  # weights 1: the sum over sites, exact counts
     pos, known, n = (t.cpu() for t in on_device[0])
     for c, name in enumerate(diseases):
-        if known[c] == 0:
-            raise ValueError(f"disease {name!r} has no known label at any site")
+        if known[c] == 0:  # the command line refuses this before anything starts (pipelines/checks.py)
+            raise DataError(f"disease {name!r} has no known label at any site",
+                            fix="list the diseases the sites label under `diseases:` in the federation YAML")
     prior = usable_prior(pos, known)
     weights = ([1.0 / K] * len(datas) if config.aggregation == "uniform"
                else [float(c[2][0] / n[0]) for c in local])

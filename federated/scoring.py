@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from federated.data import SiteData
+from federated.data import SiteData, learned
 from federated.evaluation import SPLITS, split_summary
 from federated.network import build_named, model_input_shape
 from preprocessing.errors import DataError
@@ -37,6 +37,7 @@ class ModelToScore(BaseModel):
     network_kwargs: dict[str, Any] = Field(default_factory=dict)
     input_shape: tuple[int, ...]
     num_classes: int = Field(gt=0)
+    diseases: tuple[str, ...] | None = None  # its outputs, when fewer than the shards label (federated/data.py learned)
 
     def build(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """The network in eval mode with the weights ``state`` (BatchNorm: the registered model's statistics)."""
@@ -52,11 +53,12 @@ def score_site(site: str, models: list[ModelToScore], states: list[dict[str, tor
     shape = model_input_shape(data)
     summaries = []
     for spec, state in zip(models, states, strict=True):
-        if tuple(spec.input_shape) != tuple(shape) or spec.num_classes != len(data.diseases):
+        outputs = learned(data, spec.diseases)
+        if tuple(spec.input_shape) != tuple(shape) or spec.num_classes != len(outputs.diseases):
             raise DataError(f"site {site!r}: model {spec.label} takes input {tuple(spec.input_shape)} with "
                             f"{spec.num_classes} classes, this site's shards give {tuple(shape)} with "
-                            f"{len(data.diseases)}", fix="evaluate a model trained on this federation's task and image size")
+                            f"{len(outputs.diseases)}", fix="evaluate a model trained on this federation's task and image size")
         model = spec.build(state).to(device)
-        summaries.append({split: split_summary(model, data.splits.get(split), spec.num_classes, bins, min_count, device)
+        summaries.append({split: split_summary(model, outputs.splits.get(split), spec.num_classes, bins, min_count, device)
                           for split in SPLITS})
     return summaries

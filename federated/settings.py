@@ -35,6 +35,9 @@ class TrainSettings(BaseModel):
     network: str = "small_resnet"  # models.networks.build_network name, or "linear" (logistic/AUC regression)
     network_kwargs: dict[str, Any] = Field(default_factory=dict)
     rounds: int = Field(gt=0)
+    # The diseases it learns, in the shards' order (fewer than its sites label); None: the federation's
+    # (federated/sites.py federation_config), else every one the shards label.
+    diseases: tuple[str, ...] | None = Field(default=None, min_length=1)
     local_steps: int = Field(default=1, gt=0)  # I: local steps between communications
     batch_size: int = Field(default=32, gt=0)  # per site
     lr: float = Field(default=0.1, gt=0)

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from pydantic import ValidationError
 
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig, TrainSettings
 from preprocessing.errors import ConfigError, DataError, problem_message
 from preprocessing.qc_counts import SAMPLE_GRID_FILE, central_summary, qc_counts
-from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, shard_content_hash
+from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, read_split, shard_content_hash
 from preprocessing.sharing import SharingPolicy
 
 if TYPE_CHECKING:  # a hospital's training process has no federation YAML to read (nor its dataset adapters)
@@ -53,7 +54,20 @@ def site_shard_dirs(federation: Federation, shards_root: Path) -> list[Path]:
                             "or point --shards at where they were written")
     for site, shard_dir in zip(federation.sites, dirs):
         check_shard(site.name, shard_dir, federation.task, site.diseases)
+    check_shards_fit(federation.sites, dirs)
     return dirs
+
+
+def check_shards_fit(sites: list, dirs: list[Path]) -> None:
+    """A ``DataError`` naming every site and its tiles unless all shards hold tiles of one size and channel count:
+    one model reads them all (a site YAML changed after its shards were written is caught here, not in a round)."""
+    tiles = [(site.name, *(read_shard_info(d).get(key) for key in ("image_size", "channels")))
+             for site, d in zip(sites, dirs)]
+    if len({(size, channels) for _, size, channels in tiles}) > 1:
+        shown = ", ".join(f"{name} {size} px x {channels} channel(s)" for name, size, channels in tiles)
+        raise DataError(f"the sites' shards do not fit together: {shown}",
+                        fix="give every site's YAML the same image_size and run `fedauc preprocess` again for the "
+                            "sites whose shards differ")
 
 
 def training_settings(settings: TrainSettings | dict, names: Mapping[str, str] | None = None) -> TrainSettings:
@@ -108,10 +122,44 @@ def federation_config(federation: Federation, shards_root: Path, settings: Train
     checked (:func:`site_shard_dirs`); otherwise (a running consortium) each hospital checks its own and the
     folders here are names only."""
     settings = training_settings(settings)
+    settings = settings.model_copy(update={"diseases": learned_diseases(federation, settings.diseases)})
     dirs = (site_shard_dirs(federation, shards_root) if read_shards
             else [Path(shards_root) / site.name for site in federation.sites])
+    if read_shards:
+        check_learnable(federation, dirs, settings.diseases or federation.sites[0].diseases)
     return TrainConfig.on_sites(settings, [ShardSite(name=site.name, path=shard_dir)
                                            for site, shard_dir in zip(federation.sites, dirs)])
+
+
+def learned_diseases(federation: Federation, named: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The diseases a training learns, in the task's order: those it names, else the federation's ``diseases:``;
+    None when that is every disease its shards label (the model's outputs as before)."""
+    labelled = tuple(federation.sites[0].diseases)
+    chosen = named or federation.diseases
+    unknown = [d for d in chosen if d not in labelled]
+    if unknown:
+        raise ConfigError(f"disease(s) {unknown} are not diseases of the {federation.task} task {list(labelled)}",
+                          fix="name diseases of the task, as spelt there")
+    chosen = tuple(d for d in labelled if d in chosen)
+    return None if chosen == labelled else chosen
+
+
+def trained_diseases(config: TrainConfig, federation: Federation) -> tuple[str, ...]:
+    """The outputs of a model ``config`` trained on ``federation``, in order."""
+    return tuple(config.diseases or federation.sites[0].diseases)
+
+
+def check_learnable(federation: Federation, dirs: list[Path], diseases: tuple[str, ...]) -> None:
+    """A ``ConfigError`` naming the first of ``diseases`` that no site's training split labels (the model could not
+    learn it, nor its AUC be measured), before anything starts."""
+    known = sum(np.sum(~np.isnan(read_split(d, "train", diseases)[1]), axis=0) for d in dirs)
+    for disease, count in zip(diseases, known):
+        if count == 0:
+            rest = [d for d, c in zip(diseases, known) if c > 0]
+            raise ConfigError(f"federation {federation.name!r}: disease {disease!r} has no label in any site's "
+                              f"training split, so no model can learn it",
+                              fix=f"train on the diseases the sites label: `diseases: {rest}` in {federation.path}, "
+                                  f"or `fedauc train --disease ...` for each")
 
 
 def site_names(config: TrainConfig) -> list[str]:

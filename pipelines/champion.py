@@ -39,6 +39,7 @@ from federated.schema import (
     SELECTION_METRIC,
 )
 from federated.scoring import ModelToScore
+from federated.sites import trained_diseases
 from federated.version import code_version
 from pipelines import descriptions, evaluations, registry
 from pipelines.model_package import thresholds
@@ -60,6 +61,7 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     the registered model (BatchNorm statistics kept local: it scored the sites' own models), from an evaluation
     of the registered model itself."""
     result, reports, config = trained.result, trained.site_reports, trained.result.config
+    diseases = trained_diseases(config, federation)
     input_shape, num_classes = result.input_shape, result.num_classes
     model = result.model().eval()
     own_score = result.history[-1].get("metrics", {}).get(SELECTION_METRIC, float("nan"))
@@ -80,15 +82,16 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     valid_histograms = result.valid_histograms
     if scorable and (config.bn_stats == "local" or valid_histograms is None):
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
-                                 input_shape=input_shape, num_classes=num_classes)
+                                 input_shape=input_shape, num_classes=num_classes,
+                                 diseases=diseases)
         scored = score([(candidate, model.state_dict())])[0].evaluation
         valid_histograms = scored.valid_histograms
         if config.bn_stats == "local":
             own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
             mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
-        valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
-    contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
+        valid_histograms, list(diseases), f"pooled validation of federation {federation.name}")
+    contract = contract_for(federation, diseases, config.network, config.network_kwargs, input_shape, code_version(), points,
                             mlflow.active_run().info.run_id)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:

@@ -4,6 +4,9 @@
 CPU seconds and 3-3.5 minutes for a fresh run on an idle one (docs/performance.md, "The demo": where they
 go, per phase and stage). A second run reuses
 the generated data and the shards (nothing changed, nothing redone) and the trained models (Prefect's cache).
+It runs in this machine's fedauc folder (``pipelines.store_uri.fedauc_home``: $FEDAUC_HOME, else the checkout),
+which holds its site files, data, shards and stores: ``FEDAUC_HOME=/tmp/try fedauc demo --scale 0.1 --rounds 2``
+runs a small one apart from the checkout (tests/test_demo_end_to_end.py runs it so).
 
 Both tasks train FedAvg (BCE) beside AUC methods. Each piece of work starts as soon as it can
 (``run_schedule``), so that both cores stay busy: the chest federation's data (generate, onboard,
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -29,14 +33,16 @@ from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 from pipelines import compare, flows, run_names, tracking
 from pipelines.schedule import Job, Stopwatch, run_schedule
 from pipelines.site_params import name_here, sites_env
+from pipelines.store_uri import PROJECT_DIR, fedauc_home
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.synth import generate_federation, generate_site
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-CHEST = PROJECT_DIR / "sites" / "demo" / "chest.yaml"
-MELANOMA = PROJECT_DIR / "sites" / "demo" / "melanoma.yaml"
-DEMO_DATA = PROJECT_DIR / "demo_data"
+# The demo federations as the checkout defines them; a demo in another fedauc folder runs copies of them there
+# (``in_home``), whose relative roots then point into that folder's demo_data/.
+DEMO_SITES = PROJECT_DIR / "sites" / "demo"
+CHEST = DEMO_SITES / "chest.yaml"
+MELANOMA = DEMO_SITES / "melanoma.yaml"
 PROCESSES = 2
 
 # What every demo training shares (a federated.TrainConfig without sites and algorithm).
@@ -77,6 +83,24 @@ NEW_STUDIES_PER_TASK, NEW_STUDIES_SEED = 4, 1001
 SHOWN = ("run", "algorithm", "I", "rounds", "pAUC0.3 macro", "MB sent", "minutes")
 
 
+def demo_data() -> Path:
+    return fedauc_home() / "demo_data"
+
+
+def in_home(federation_yaml: Path) -> Path:
+    """``federation_yaml`` (one of the checkout's demo federations) in the fedauc folder, its site files copied
+    there when that folder is not the checkout."""
+    home = fedauc_home()
+    if home == PROJECT_DIR.resolve():
+        return federation_yaml
+    target = home / federation_yaml.relative_to(PROJECT_DIR)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for source in DEMO_SITES.glob("*.yaml"):
+        if not (target.parent / source.name).is_file() or (target.parent / source.name).read_bytes() != source.read_bytes():
+            shutil.copyfile(source, target.parent / source.name)
+    return target
+
+
 def ensure_generated(federation_yaml: Path, scale: float, seed: int) -> bool:
     """Generate the federation's synthetic hospitals unless the same ones are already on disk.
 
@@ -85,7 +109,7 @@ def ensure_generated(federation_yaml: Path, scale: float, seed: int) -> bool:
     """
     federation = load_federation(federation_yaml)
     wanted = {"spec": json.loads(federation.spec.model_dump_json()), "scale": scale, "seed": seed}
-    marker = DEMO_DATA / f".generated-{federation.name}.json"
+    marker = demo_data() / f".generated-{federation.name}.json"
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return False
     generate_federation(federation_yaml, scale=scale, seed=seed)
@@ -150,13 +174,13 @@ def score_new_studies(task_name: str) -> str:
     from pipelines.model_package import loading
     from pipelines.model_package.predict import Item
 
-    folder = DEMO_DATA / "new-studies" / task_name
+    folder = demo_data() / "new-studies" / task_name
     fmt, profile = NEW_STUDIES[task_name]
     if not folder.is_dir():
         generate_site(fmt, folder, n=NEW_STUDIES_PER_TASK, seed=NEW_STUDIES_SEED, profile=profile, workers=0,
                       progress=False)
     images = [path for path in sorted(folder.rglob("*")) if path.suffix in (".dcm", ".dicom")]
-    out = DEMO_DATA / "new-studies" / f"{task_name}-scores.csv"
+    out = demo_data() / "new-studies" / f"{task_name}-scores.csv"
     with loading.scratch_folder() as scratch:
         scorer = loading.load_registered(None, task_name, Path(scratch))
         chosen = loading.choose_points(scorer, "youden", None)
@@ -168,7 +192,7 @@ def score_new_studies(task_name: str) -> str:
         shown[disease] = [f"{p:.2f} {'+' if d == 'True' else '-'}" if status == "scored" else ""
                           for p, d, status in zip(table[f"p_{disease}"], table[disease].astype(str), table["status"])]
     return (f"Model {scorer.name} v{scorer.version}, decisions (+/-) at the Youden point of the pooled validation "
-            f"histograms; all columns in {out.relative_to(PROJECT_DIR)}.\n\n" + markdown_table(shown))
+            f"histograms; all columns in {out.relative_to(fedauc_home())}.\n\n" + markdown_table(shown))
 
 
 @flow(name="demo", flow_run_name="demo scale {scale}", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))
@@ -179,8 +203,10 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
     watch = Stopwatch()
     watch.since_process_start("start-up (imports, Prefect server)")
     _one_thread()
-    shards = str(DEMO_DATA / "shards")
-    jobs = [Job(CHEST), Job(MELANOMA)] + [Job(training[1], training) for training in DEMO_TRAININGS]
+    shards = str(demo_data() / "shards")
+    chest, melanoma = in_home(CHEST), in_home(MELANOMA)
+    trainings = [(name, in_home(federation), *rest) for name, federation, *rest in DEMO_TRAININGS]
+    jobs = [Job(chest), Job(melanoma)] + [Job(training[1], training) for training in trainings]
     with (watch.phase(f"data and {len(DEMO_TRAININGS)} trainings, overlapped"),
           ThreadPoolTaskRunner(max_workers=1) as data_thread):
         started: dict[Job, float] = {}
@@ -210,12 +236,12 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
         run_schedule(jobs, PROCESSES, submit, lambda futures: next(as_completed(futures)), finished)
     tables = []
     with watch.phase("evaluate both champions, compare"):
-        for federation_yaml in (CHEST, MELANOMA):
+        for federation_yaml in (chest, melanoma):
             task_name = load_federation(federation_yaml).task
             flows.evaluate(str(federation_yaml), shards)
             tables.append(f"## {task_name}\n\n" + demo_table(task_name))
     with watch.phase("score new studies with the champions"):
-        for federation_yaml in (CHEST, MELANOMA):
+        for federation_yaml in (chest, melanoma):
             task_name = load_federation(federation_yaml).task
             tables.append(f"## {task_name}: new studies scored by the champion\n\n" + score_new_studies(task_name))
     return {"tables": "\n".join(tables), "profile": watch.rows}

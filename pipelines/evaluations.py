@@ -59,6 +59,7 @@ class Scored:
     shard_hashes: dict[str, str]  # site -> its shard hash, in the federation's order
     eval_noise_multiplier: float | None = None  # S_e of a noised evaluation (None: exact)
     privacy: dict[str, dict | None] = field(default_factory=dict)  # site -> what the job spent of its budget
+    diseases: tuple[str, ...] = ()  # the model's outputs, in order (empty: the federation's sites' diseases)
 
 
 def fingerprint(shard_hashes: dict[str, str]) -> str:
@@ -96,12 +97,13 @@ def score_models(federation: Federation, models: list[tuple[ModelToScore, dict[s
     runs them (see the module docstring); with ``eval_noise_multiplier`` each site releases noised histograms
     only, charged to its ledger, and the metrics are the pooled ones of their sums."""
     names = [site.name for site in federation.sites]
-    diseases = list(federation.sites[0].diseases)
+    labelled = tuple(federation.sites[0].diseases)
     specs, states = [spec for spec, _ in models], [state for _, state in models]
     per_site, hashes, privacy = launcher.score(specs, states, federation, shards_root, BINS, MIN_COUNT,
                                                eval_noise_multiplier)
-    return [Scored(spec.label, combine_sites([summaries[m] for summaries in per_site], names, diseases, MIN_COUNT),
-                   hashes, eval_noise_multiplier, privacy)
+    return [Scored(spec.label, combine_sites([summaries[m] for summaries in per_site], names,
+                                            list(spec.diseases or labelled), MIN_COUNT),
+                   hashes, eval_noise_multiplier, privacy, tuple(spec.diseases or labelled))
             for m, spec in enumerate(specs)]
 
 
@@ -137,7 +139,7 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
                                  if np.isnan(value)},
                         UNDEFINED_ARTIFACT)
         if histograms is not None and histograms.sum():
-            figure = plots.roc_figure(histograms, federation.sites[0].diseases,
+            figure = plots.roc_figure(histograms, scored.diseases or federation.sites[0].diseases,
                                          f"{federation.name}: model v{scored.version}, pooled test ROC")
             client.log_figure(run_id, figure, ROC_ARTIFACT)
             plt.close(figure)

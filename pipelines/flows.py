@@ -67,7 +67,7 @@ def labels_only_report(site_yaml: str) -> dict:
     return report
 
 
-@flow(name="onboard_site", flow_run_name=run_names.site_step("onboard", "site"))
+@flow(name="onboard_site", flow_run_name=run_names.of_flow(run_names.site_step("onboard", "site")))
 def onboard_site(site: str) -> dict:
     """The gate before a site joins: its YAML and data root validate, and its labels are worth reading.
     ``site``: its name, resolved at the site (``pipelines.site_params``)."""
@@ -82,7 +82,7 @@ def onboard_site(site: str) -> dict:
 
 
 # --- preprocessing ------------------------------------------------------------------------------------
-@flow(name="preprocess_federation", flow_run_name=run_names.federation_data)
+@flow(name="preprocess_federation", flow_run_name=run_names.of_flow(run_names.federation_data))
 def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, dispatch: str = "local") -> list[dict]:
     """Every site of a federation, each where its data lives.
 
@@ -139,7 +139,7 @@ def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: s
     return summary
 
 
-@flow(name="train_federated", flow_run_name=run_names.training)
+@flow(name="train_federated", flow_run_name=run_names.of_flow(run_names.training))
 def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
                     launcher: dict | None = None) -> dict:
     """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites), where
@@ -181,7 +181,7 @@ def evaluate_task(federation_yaml: str, shards_root: str | None, model_versions:
                                            launch.launcher(launcher), eval_noise_multiplier)
 
 
-@flow(name="evaluate", flow_run_name=run_names.evaluation)
+@flow(name="evaluate", flow_run_name=run_names.of_flow(run_names.evaluation))
 def evaluate(federation_yaml: str, shards_root: str | None = None, model_versions: list[str] | None = None,
              launcher: dict | None = None, eval_noise_multiplier: float | None = None) -> list[dict]:
     """Registered models (default: the task's champion) on every site's valid and test splits and pooled, in one
@@ -200,7 +200,7 @@ def evaluate(federation_yaml: str, shards_root: str | None = None, model_version
     return results
 
 
-@flow(name="compare", flow_run_name=run_names.comparison)
+@flow(name="compare", flow_run_name=run_names.of_flow(run_names.comparison))
 def compare(federation_yaml: str, shards_root: str, base_config: dict, algorithms: list[str],
             local_steps: list[int]) -> list[dict]:
     """A sweep over algorithms and communication periods I, then the comparison table of the experiment.

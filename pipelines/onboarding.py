@@ -33,8 +33,9 @@ OPTION_HINTS = {
     "labels_csv": "the labels CSV, relative to root: one row per image",
     "path_column": "column with each image's path, relative to image_dir",
     "image_dir": "folder of the images, relative to root ('' = root itself)",
-    "key_column": "column that identifies each DICOM (matched by the `key` attribute below)",
-    "key": "file_name (the DICOM's file name) or a DICOM attribute such as SOPInstanceUID",
+    "key_column": "column that identifies each DICOM or study (matched by the `key` below)",
+    "key": "file_name (the path under dicom_dir), sop_instance_uid (one row per image), or accession_number / "
+           "study_instance_uid (one row per study, its labels on each image its view filter keeps)",
     "dicom_dir": "folder searched for DICOM files, relative to root",
     "patient_column": "column with a (pseudonymized) patient id: splits never share a patient",
     "label_columns": "canonical disease -> your column holding 1 / 0 / -1 (uncertain) / blank, or what "

@@ -11,14 +11,15 @@ import threading
 from pathlib import Path
 
 from pipelines.lifeline import guard_children
+from pipelines.store_uri import fedauc_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def prefect_env_defaults() -> dict[str, str]:
     return {
-        # Keep Prefect's database and logs inside the project instead of ~/.prefect.
-        "PREFECT_HOME": str(PROJECT_ROOT / ".prefect"),
+        # Keep Prefect's database and logs in this machine's fedauc folder instead of ~/.prefect.
+        "PREFECT_HOME": str(fedauc_home() / ".prefect"),
         # No telemetry (infra/README.md "Security"): hospital machines are often offline, and nothing about a
         # consortium's runs leaves it. Prefect's server analytics; MLflow 3's client and server usage events
         # (read when mlflow is imported, so set here, before the first import).

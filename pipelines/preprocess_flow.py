@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from federated.privacy.binding import check_binding, data_binding
 from federated.privacy.budget import declared_budget, set_budget
 from federated.privacy.ledger import check_delta
 from pipelines import run_names
@@ -49,8 +50,8 @@ def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
 
 
 @task(name="write-shards", task_run_name="write-shards {config.name}", cache_policy=NO_CACHE)
-def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: int) -> ShardSummary:
-    return shard_site(config, result, Path(out_dir), workers=workers)
+def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: int, binding: str) -> ShardSummary:
+    return shard_site(config, result, Path(out_dir), workers=workers, ledger_binding=binding)
 
 
 @task(name="qc-report", task_run_name="qc-report {config.name}", cache_policy=NO_CACHE)
@@ -78,13 +79,20 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     config, result = scan(str(config_path))
     labels = label_report(result, config.task)
     require_usable_rows(labels, config.name)
+    # Which ledger guards these records (the site's for this root and label table), refused before any shard is
+    # written where one of the site's name guards other data.
+    binding = data_binding(config.root, result.metadata_files)
+    ledger = check_binding(config.name, binding.id, str(config_path))
     declared_before = declared_budget(Path(out_dir) / config.name)  # before the shards are rewritten
-    summary = write_shards(config, result, str(out_dir), workers)
+    summary = write_shards(config, result, str(out_dir), workers, binding.id)
     if config.privacy is not None:
         check_delta(config.name, config.privacy.delta, summary.counts.get("train", 0))
-    # The site's privacy budget goes into its ledger (the site's, wherever its shards are), a change as an event.
+    # The site's privacy budget goes into its ledger (wherever its shards are), a change as an event.
     _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget, config_path,
-                                  declared_before)
+                                  declared_before, binding)
+    print(f"site {config.name!r}: privacy ledger {ledger} (binding {binding.id}: this data root and label table)"
+          if ledger.exists() else f"site {config.name!r}: no privacy budget, no ledger (its data's binding "
+          f"{binding.id}; a budget would be kept in {ledger})", flush=True)
     if budget_change is not None:
         print(budget_change, flush=True)
     paths = report(config, summary, result.ages)
@@ -108,7 +116,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     }
 
 
-@flow(name="preprocess_site", flow_run_name=run_names.site_step("preprocess", "site"))
+@flow(name="preprocess_site", flow_run_name=run_names.of_flow(run_names.site_step("preprocess", "site")))
 def preprocess_site(site: str, shards: str | None = None, workers: int = 2, raise_budget: bool = False) -> dict:
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""

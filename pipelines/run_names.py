@@ -1,17 +1,25 @@
 """Prefect flow-run and task-run names from their parameters ("train chest-xray codasca", "preprocess hanoi"),
 instead of Prefect's random names ("sassy-otter", "train-af8"), so that a run list reads as what ran where.
-Prefect calls these when it creates the run; they read the run's parameters and never fail the run (an
-unreadable federation file is named by its file name: the flow itself reports the error)."""
+
+Each namer reads the parameters of the run it names, never of whichever run is in context: a flow called
+inside a task (the demo's data task onboards its sites) runs with that task's run context still set
+(Prefect 3.8, PrefectHQ/prefect#19449), so ``prefect.runtime.task_run`` there answers for the caller. A task
+namer takes ``parameters`` (Prefect passes the task run's own); a flow namer (``of_flow``) reads the flow run
+context that Prefect enters for the flow it names. They never fail the run: an unreadable federation file is
+named by its file name, and the flow itself reports the error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from prefect.runtime import flow_run, task_run
+from prefect.runtime import flow_run
 
 from preprocessing.federation import load_federation
 
 FLOW_RUN_PLACEHOLDER = "{flow_run}"  # in a scheduled training's run_name: each run's own
+
+Namer = Callable[[dict], str]
 
 
 def with_flow_run(run_name: str) -> str:
@@ -19,8 +27,9 @@ def with_flow_run(run_name: str) -> str:
     return run_name.replace(FLOW_RUN_PLACEHOLDER, str(flow_run.get_id())[:8])
 
 
-def _parameters() -> dict:
-    return task_run.parameters if task_run.get_id() else flow_run.parameters
+def of_flow(namer: Namer) -> Callable[[], str]:
+    """A flow's ``flow_run_name``: ``namer`` over the parameters of the flow run being named."""
+    return lambda: namer(flow_run.parameters)
 
 
 def _task(federation_yaml: str) -> str:
@@ -30,28 +39,29 @@ def _task(federation_yaml: str) -> str:
         return Path(federation_yaml).stem
 
 
-def training() -> str:
-    parameters = _parameters()
+def training(parameters: dict) -> str:
     name = parameters.get("run_name") or parameters["config"]["algorithm"]
     return f"train {_task(parameters['federation_yaml'])} {with_flow_run(name)}"
 
 
-def evaluation() -> str:
-    parameters = _parameters()
+def evaluation(parameters: dict) -> str:
     versions = parameters.get("model_versions")
     return f"evaluate {_task(parameters['federation_yaml'])} {'v' + ',v'.join(versions) if versions else 'champion'}"
 
 
-def comparison() -> str:
-    return f"compare {_task(_parameters()['federation_yaml'])}"
+def comparison(parameters: dict) -> str:
+    return f"compare {_task(parameters['federation_yaml'])}"
 
 
-def federation_data() -> str:
-    parameters = _parameters()
+def federation_data(parameters: dict) -> str:
     return f"data {_task(parameters['federation_yaml'])}"
 
 
-def site_step(step: str, parameter: str = "site_yaml"):
+def site_step(step: str, parameter: str = "site_yaml") -> Namer:
     """The namer of a run over one site's YAML (or name): "<step> <site>" (the YAML's stem, the site's name in
     fedauc's layouts; never its folder, which stays at the site)."""
-    return lambda: f"{step} {Path(_parameters()[parameter]).stem}"
+
+    def name(parameters: dict) -> str:
+        return f"{step} {Path(parameters[parameter]).stem}"
+
+    return name

@@ -51,7 +51,7 @@ from federated.schema import (
     TRAINING_ROLE,
     MetricKey,
 )
-from federated.sites import federation_config
+from federated.sites import federation_config, trained_diseases
 from federated.version import code_version
 from pipelines import descriptions, plots, tracking
 from pipelines.champion import register_candidate
@@ -232,7 +232,7 @@ def train_tracked(
         result, reports = trained.result, trained.site_reports
         mlflow.log_params(site_params(reports))
         log_privacy(client, names, child_ids, result.privacy or {r["site"]: r.get("privacy") for r in reports})
-        _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms)
+        _log_site_artifacts(client, federation, reports, child_ids, result.test_histograms, trained_diseases(config, federation))
         final = result.history[-1].get("metrics", {})
         mlflow.log_dict(named_sites(result.history[-1].get("suppressed", {}), names), SUPPRESSED_ARTIFACT)
         version, promoted = register_candidate(federation, trained, Path(shards_root) if launcher.reads_shards_here
@@ -242,7 +242,7 @@ def train_tracked(
                        time.perf_counter() - started)
 
 
-def _log_site_artifacts(client, federation, reports, child_ids, test_histograms) -> None:
+def _log_site_artifacts(client, federation, reports, child_ids, test_histograms, diseases) -> None:
     """Per site: its QC summary (and its sample grid where the site YAML opts in) as the site reported it;
     on the parent: the pooled test ROC curves, drawn from the histograms the sites' last evaluation summed."""
     for report, run_id in zip(reports, child_ids):
@@ -256,7 +256,7 @@ def _log_site_artifacts(client, federation, reports, child_ids, test_histograms)
                     grid.write_bytes(report["qc_grid"])
                     client.log_artifact(target, str(grid), artifact_path=folder)
     if test_histograms is not None and test_histograms.sum():
-        figure = plots.roc_figure(test_histograms, federation.sites[0].diseases,
+        figure = plots.roc_figure(test_histograms, diseases,
                                      f"{federation.name}: pooled test ROC")
         mlflow.log_figure(figure, ROC_ARTIFACT)
         plt.close(figure)

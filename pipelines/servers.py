@@ -24,11 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipelines import tracking
-from pipelines.prefect_env import PROJECT_ROOT
+from pipelines.store_uri import fedauc_home
 from pipelines.ui_views import links_text, task_links
 from preprocessing.errors import ConfigError, FedaucError
 
-DEFAULT_LOG_DIR = PROJECT_ROOT / "logs"
 # Bytes per log file and rotated files kept, per UI server: NVIDIA FLARE's own handlers' size (20 MB), half
 # their count; 120 MB for a UI however long it runs.
 UI_LOG_LIMIT = (20 * 1024 * 1024, 5)
@@ -163,9 +162,11 @@ def _interrupt(signum, frame):
 
 
 def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] = print,
-              log_dir: Path = DEFAULT_LOG_DIR) -> None:
+              log_dir: Path | None = None) -> None:
     """Start both UIs, print their URLs and log files, and stop them on Ctrl-C or SIGTERM. Both ports are
-    checked before either server starts; a server that exits is reported with its log."""
+    checked before either server starts; a server that exits is reported with its log (in ``log_dir``, default
+    the fedauc folder's ``logs/``)."""
+    log_dir = Path(log_dir or fedauc_home() / "logs")
     signal.signal(signal.SIGTERM, _interrupt)
     commands = ui_commands(mlflow_port, prefect_port)
     ports = {"MLflow": mlflow_port, "Prefect": prefect_port}
@@ -178,7 +179,10 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     try:
         for name, (command, url) in commands.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=server_env(name),
+            # Prefect's UI calls the API where its settings say, 127.0.0.1:4200 by default: on another port it
+            # showed no run and "Can't connect to Server API" unless told its own address.
+            env = {**server_env(name), **({"PREFECT_UI_API_URL": f"{url}/api"} if name == "Prefect" else {})}
+            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=env,
                                            log_limit=UI_LOG_LIMIT)
             echo(f"{name} UI: {url}  (log: {log_path})")
         echo(links_text(task_links(commands["MLflow"][1], commands["Prefect"][1])))

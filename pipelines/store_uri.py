@@ -1,18 +1,26 @@
-"""Where MLflow's store is, read without importing MLflow: ``fedauc compare`` reads an MLflow server over HTTP
-with the standard library (pipelines/mlflow_rest.py), and MLflow's import alone takes over a second."""
+"""Where this machine's fedauc folder and MLflow store are, read without importing MLflow: ``fedauc compare``
+reads an MLflow server over HTTP with the standard library (pipelines/mlflow_rest.py), and MLflow's import
+alone takes over a second.
+
+The folder (``fedauc_home``) holds what a machine's commands share: its MLflow store (``mlruns.db`` and
+``mlartifacts/``), Prefect's home (``.prefect``), the UIs' logs and the demo's site files and data. It is
+$FEDAUC_HOME, else the checkout fedauc is installed from; every command finds it, and the store in it, the same
+way, so ``FEDAUC_HOME=/tmp/try fedauc demo`` and then ``FEDAUC_HOME=/tmp/try fedauc ui`` show that demo."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+from preprocessing.home import HOME_ENV as HOME_ENV
+from preprocessing.home import fedauc_home
 
 
-def default_tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
-    return f"sqlite:///{(Path(project_dir) / 'mlruns.db').resolve()}"
+def default_tracking_uri(project_dir: Path | None = None) -> str:
+    return f"sqlite:///{(Path(project_dir or fedauc_home()) / 'mlruns.db').resolve()}"
 
 
-def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
-    """Where this process records: MLFLOW_TRACKING_URI, else the project's embedded SQLite store. Read only."""
+def tracking_uri(project_dir: Path | None = None) -> str:
+    """Where this process records: MLFLOW_TRACKING_URI, else the embedded SQLite store of ``project_dir``
+    (default: ``fedauc_home()``). Read only."""
     return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(project_dir)

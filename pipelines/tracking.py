@@ -35,11 +35,12 @@ from federated.schema import (
 # Where the store is, read without MLflow (pipelines/store_uri.py); exported here too, where callers look for it.
 from pipelines.store_uri import PROJECT_DIR as PROJECT_DIR
 from pipelines.store_uri import default_tracking_uri as default_tracking_uri
+from pipelines.store_uri import fedauc_home
 from pipelines.store_uri import tracking_uri as tracking_uri
 from preprocessing.lifetime import start_time
 
 
-def configure(project_dir: Path = PROJECT_DIR) -> str:
+def configure(project_dir: Path | None = None) -> str:
     """Point this process's MLflow at ``tracking_uri()``; return the URI. Process-wide, so called once at a
     command's entry only: a CLI command, a flow or a task that runs in a process of its own, a script's main
     (tests/test_side_effects.py names the modules); everything below reads MLflow's URI as the entry set it."""
@@ -48,14 +49,14 @@ def configure(project_dir: Path = PROJECT_DIR) -> str:
     return uri
 
 
-def run_outputs_dir(project_dir: Path = PROJECT_DIR) -> Path:
+def run_outputs_dir(project_dir: Path | None = None) -> Path:
     """Where a training's files other than MLflow's go (``checkpoints/<run>/``): beside the embedded SQLite
     store, so that one folder holds the runs and what resumes them; with an MLflow server, the project folder.
     Never the folder a command runs in (a checkout would show them in ``git status``)."""
     uri = tracking_uri(project_dir)
     if uri.startswith("sqlite:///"):
         return Path(uri.removeprefix("sqlite:///")).parent
-    return Path(project_dir)
+    return Path(project_dir or fedauc_home())
 
 
 def experiment_id(name: str) -> str:

@@ -9,14 +9,8 @@ checkout lives wherever the hospital puts it.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pipelines
-
-
-def fedauc_home() -> Path:
-    """This machine's fedauc folder: $FEDAUC_HOME, else the checkout ``pipelines`` is imported from."""
-    return Path(os.environ.get("FEDAUC_HOME") or Path(pipelines.__file__).resolve().parents[1])
+from pipelines.store_uri import fedauc_home
 
 
 def enter_fedauc_home() -> dict:

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from preprocessing.records import TASK_DISEASES
 from preprocessing.sites import Problem, SiteConfig, SiteConfigError, load_site, read_yaml_mapping, validation_problems
 
 
@@ -49,6 +50,9 @@ class FederationSpec(BaseModel):
     task: Literal["chest-xray", "melanoma"]
     # Where every site's shards are, relative to this file (commands: --shards, else $FEDAUC_SHARDS, else this).
     shards: Path | None = None
+    # The diseases the federation learns, in the task's order (default: all of the task's): a disease no site
+    # labels cannot be learned, and a training that names it is refused before it starts (pipelines/checks.py).
+    diseases: list[str] | None = Field(default=None, min_length=1)
     sites: list[FederationSite] = Field(min_length=1)
 
 
@@ -67,6 +71,12 @@ class Federation:
     @property
     def task(self) -> str:
         return self.spec.task
+
+    @property
+    def diseases(self) -> tuple[str, ...]:
+        """What its models learn and output, in the task's order: the YAML's ``diseases:``, else the task's."""
+        chosen = self.spec.diseases or TASK_DISEASES[self.task]
+        return tuple(d for d in TASK_DISEASES[self.task] if d in chosen)
 
     @property
     def shards(self) -> Path | None:
@@ -97,6 +107,10 @@ def load_federation(path: str | Path) -> Federation:
     except ValidationError as err:
         raise SiteConfigError(validation_problems(shown, err)) from None
     problems, sites = [], []
+    unknown = sorted(set(spec.diseases or ()) - set(TASK_DISEASES[spec.task]))
+    if unknown:
+        problems.append(Problem(shown, "diseases", f"unknown disease(s) {unknown} for task {spec.task}; expected some "
+                                f"of {list(TASK_DISEASES[spec.task])}"))
     for index, entry in enumerate(spec.sites):
         site_path = entry.config if entry.config.is_absolute() else path.parent / entry.config
         try:
@@ -114,6 +128,12 @@ def load_federation(path: str | Path) -> Federation:
             problems.append(Problem(shown, f"sites.{index}.synth.format",
                                     f"{entry.synth.format!r} but {site_path} declares format {site.format!r}"))
         sites.append(site)
+    sizes = {site.image_size for site in sites}
+    if len(sizes) > 1:
+        # One model takes one input shape: a site at another size would fail inside the first round.
+        settings = ", ".join(f"{site.name} image_size {site.image_size}" for site in sites)
+        problems.append(Problem(shown, "sites", f"the sites do not fit together: {settings}; give every site's YAML "
+                                f"the same image_size and preprocess the changed sites again"))
     names = [site.name for site in sites]
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(Problem(shown, "sites", f"site name {name!r} is used twice"))

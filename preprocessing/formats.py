@@ -19,7 +19,7 @@ FIELD = "format"
 
 # kind -> the version this fedauc writes (and the newest it reads).
 FORMATS: dict[str, int] = {"privacy-ledger": 1, "pacs-state": 1, "thresholds": 1, "checkpoint": 1, "site-settings": 1,
-                         "centre-backup": 1}
+                         "centre-backup": 1, "privacy-binding": 1}
 
 
 class NewerFormat(DataError):

@@ -29,6 +29,7 @@ _SCAN_FIXES = {
                              "validate` prints the YAML to add)",
     Reason.MISSING_FIELD: "fill the patient and image columns, or name the right ones in the site YAML's options",
     Reason.DUPLICATE_ROW: "export one row per image: the key column repeats",
+    Reason.NO_LABELS_ROW: "add the studies' rows to the labels table, or take their files out of dicom_dir",
     Reason.PATIENT_IN_TWO_SPLITS: "check the official split column: it puts one patient in two splits",
     Reason.MISSING_FILE: "check root and the image folder and path column in the site YAML: the files they name "
                          "do not exist",

@@ -14,6 +14,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from preprocessing.home import fedauc_home
+
 TORCHXRAYVISION_VERSION = "1.5.7"
 
 CHEXPERT_TRAIN = "chexpert_train.csv.gz"
@@ -27,7 +29,7 @@ class PublicMetadataUnavailable(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("FEDAUC_CACHE", Path.cwd() / ".cache")) / f"torchxrayvision-{TORCHXRAYVISION_VERSION}"
+    return Path(os.environ.get("FEDAUC_CACHE") or fedauc_home() / ".cache") / f"torchxrayvision-{TORCHXRAYVISION_VERSION}"
 
 
 def public_metadata_dir(cache_dir: Path | None = None) -> Path:

@@ -20,6 +20,7 @@ class Reason(str, Enum):
     DUPLICATE_ROW = "duplicate_row"
     EXCLUDED_VIEW = "excluded_view"  # the site's view filter (e.g. laterals), accounted, not an error
     PATIENT_IN_TWO_SPLITS = "patient_in_two_splits"
+    NO_LABELS_ROW = "no_labels_row"  # an image of a folder labelled per study whose study no labels row names
     # decode stage: the image file
     MISSING_FILE = "missing_file"
     OUTSIDE_ROOT = "outside_root"  # resolves (after symlinks) outside the site's data root: never read

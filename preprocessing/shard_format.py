@@ -27,6 +27,9 @@ from preprocessing.records import SPLITS  # the split directories a shard may ho
 FORMAT_VERSION = 1
 
 SHARD_FILE = "shard.json"  # written last: a site directory without it is an unfinished run
+# shard.json's field naming the data the shards were written from (federated/privacy/binding.py): it picks the
+# site's privacy ledger. Not in the content hash: moving the same files re-binds their shards without decoding them.
+BINDING_FIELD = "ledger_binding"
 IMAGES_FILE = "images.npy"  # per split
 MANIFEST_FILE = "manifest.parquet"  # per split; row i describes images.npy[i]
 QUARANTINE_FILE = "quarantine.parquet"
@@ -55,6 +58,7 @@ class ShardInfo(TypedDict):
     quarantined: int
     transform: dict
     privacy: dict | None  # the site's declared budget {epsilon, delta} (docs/privacy.md section 2; absent before it)
+    ledger_binding: str | None  # the binding id of the data they came from (absent before it)
     files: dict[str, dict]  # split file -> {"bytes", "sha256"} (preprocessing/shard_integrity.py; absent before it)
 
 

@@ -43,6 +43,7 @@ from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import QUARANTINE_COLUMNS, Reason, empty_quarantine
 from preprocessing.records import RECORD_COLUMNS, SPLITS, label_columns
 from preprocessing.shard_format import (
+    BINDING_FIELD,
     FORMAT_VERSION,
     IMAGE_STATS_FILE,
     QC_DIR,
@@ -115,6 +116,7 @@ def write_site_shards(
     chunk_size: int = 32,
     progress: bool = True,
     privacy: dict | None = None,
+    ledger_binding: str | None = None,
 ) -> ShardSummary:
     """Decode, resize and write every record of ``records`` into ``out_dir/<site>/`` (``docs/shards.md``).
 
@@ -129,10 +131,12 @@ def write_site_shards(
     with site_lock(site_dir):
         info = load_shard_info(site_dir)
         if info is not None and info.get("content_hash") == content_hash:
+            if info.get(BINDING_FIELD) != ledger_binding:  # the same files at another root: re-bound, not decoded
+                _write_atomic(site_dir / SHARD_FILE, json.dumps({**info, BINDING_FIELD: ledger_binding}, indent=2) + "\n")
             return _summary_from_info(site, site_dir, info, reused=True)
         return _write_locked(
             records, scan_quarantine, site, data_root, site_dir, transform, content_hash, input_rows,
-            workers, chunk_size, progress, privacy,
+            workers, chunk_size, progress, privacy, ledger_binding,
         )
 
 
@@ -149,6 +153,7 @@ def _write_locked(
     chunk_size: int,
     progress: bool,
     privacy: dict | None,
+    ledger_binding: str | None,
 ) -> ShardSummary:
     # From here the shards on disk are stale: without shard.json they cannot be mistaken for a finished run.
     (site_dir / SHARD_FILE).unlink(missing_ok=True)
@@ -197,6 +202,7 @@ def _write_locked(
         # The site's declared privacy budget travels with its shards (hashed: it is in the label contract), so a
         # site whose ledger is lost refuses every job (federated/privacy/budget.py).
         "privacy": privacy,
+        BINDING_FIELD: ledger_binding,  # which of the site's privacy ledgers guards these records
         "files": file_digests(site_dir),
     }
     _write_atomic(site_dir / SHARD_FILE, json.dumps(info, indent=2) + "\n")
@@ -292,7 +298,8 @@ def _summary_from_info(site: str, site_dir: Path, info: dict, reused: bool) -> S
     )
 
 
-def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = True) -> ShardSummary:
+def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = True,
+               ledger_binding: str | None = None) -> ShardSummary:
     """Write the shards of a scanned site: ``config`` is a ``SiteConfig``, ``scan`` its ``ScanResult``.
 
     The label contract in the content hash is the whole site declaration except its name and data root
@@ -319,4 +326,5 @@ def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = T
         workers=workers,
         progress=progress,
         privacy=None if config.privacy is None else config.privacy.model_dump(),
+        ledger_binding=ledger_binding,
     )

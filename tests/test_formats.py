@@ -75,8 +75,10 @@ def test_a_checkpoint_of_the_old_fedauc_resumes_to_the_uninterrupted_model(tmp_p
     resumed = federated.train(config(rounds=4, checkpoint_dir=ckpt, resume=True))
     full = federated.train(config(rounds=4))
     assert [h["round"] for h in resumed.history] == [0, 1, 2, 3]
+    # The stored rounds were computed on the machine that wrote the fixture, whose CPU kernels may round the last
+    # bits otherwise than this one's (the test failed bit for bit on another x86 machine): equal to float32 rounding.
     for key, value in full.global_state.items():
-        assert torch.equal(value, resumed.global_state[key]), key
+        assert torch.allclose(value.double(), resumed.global_state[key].double(), rtol=1e-5, atol=1e-6), key
     assert json.loads((ckpt / "round_000003" / "meta.json").read_text())[FIELD] == FORMATS["checkpoint"]
 
 

@@ -121,7 +121,7 @@ def test_a_model_registered_under_the_old_loader_name_still_serves(chest_store, 
 
 def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, tmp_path):
     demo = load_federation(REPO / "sites" / "demo" / "chest.yaml")  # every site stood in by `fedauc synth`
-    contract = contract_for(demo, "small_resnet", {}, (1, 64, 64), "test", None, "0123abcd")
+    contract = contract_for(demo, demo.diseases, "small_resnet", {}, (1, 64, 64), "test", None, "0123abcd")
     provenance = contract.provenance
     assert (provenance.federation, provenance.sites, provenance.training_run) == ("demo-chest", 4, "0123abcd")
     assert provenance.synthetic_sites == ["stanford", "nih", "san-juan", "hanoi"] and provenance.synthetic
@@ -133,7 +133,8 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
                                                                 "task": "chest-xray", "synthetic": synthetic}))
     (tmp_path / "fed.yaml").write_text(yaml.safe_dump({"name": "real", "task": "chest-xray",
                                                        "sites": [{"config": "a.yaml"}, {"config": "b.yaml"}]}))
-    assert contract_for(load_federation(tmp_path / "fed.yaml"), "small_resnet", {}, (1, 64, 64), "test", None,
+    real = load_federation(tmp_path / "fed.yaml")
+    assert contract_for(real, real.diseases, "small_resnet", {}, (1, 64, 64), "test", None,
                         "r").provenance.synthetic_sites == ["b"]
 
     # The registered model carries it, and the SR written with it states it and still validates.

@@ -6,26 +6,23 @@ each link; the descriptions are read back through MLflow's REST API as any clien
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.parse
 import urllib.request
 
 import pytest
+from browser import WAIT_S, chromium, needs_chromium
 from mlflow import MlflowClient
 
 from federated.schema import CHAMPION_ALIAS, HEADLINE_METRIC, ROLE_TAG, TRAINING_ROLE, registered_model_name
 from pipelines.servers import free_port, start_server, stop_server, ui_commands
 from pipelines.ui_views import task_links
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="Debian's chromium and chromium-driver are not installed (make setup as root)")
+pytest.importorskip("selenium.webdriver")
+pytestmark = needs_chromium
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 TASK, RUNS = "melanoma", {"ui-fedavg": ("fedavg", {}), "ui-codasca": ("codasca", {"T0": 4})}
-WAIT_S = 120  # a React page on a loaded two-core machine
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +52,8 @@ def mlflow_ui(trained, tmp_path_factory):
 
 @pytest.fixture
 def browser():
-    """A fresh profile per test: nothing remembered of an earlier visit (MLflow keeps its view choice)."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1600,900", "--no-first-run", "--disable-background-networking"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _grid_rows(driver, column: str) -> list[tuple[str, str]]:

@@ -44,7 +44,7 @@ def pooled(config: TrainConfig) -> TrainConfig:
 
 def centralize(config: TrainConfig) -> TrainConfig:
     """:func:`pooled` with every site's splits concatenated into one in-memory site (loads all data)."""
-    datas = load_sites(config.sites, list(range(len(config.sites))))
+    datas = load_sites(config.sites, list(range(len(config.sites))), config.diseases)
     splits = {}
     for split in ("train", "valid", "test"):
         present = [d.splits[split] for d in datas if split in d.splits]

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from federated.privacy.accounting import ACCOUNTANTS
+from federated.privacy.binding import Binding, write_binding
 from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked, show_budget
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 from preprocessing.shard_format import SHARD_FILE
@@ -36,13 +37,14 @@ def _looser(new: SiteBudget | None, old: SiteBudget | None) -> bool:
 
 
 def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, raise_budget: bool = False,
-               site_yaml: str | Path | None = None, declared_before: SiteBudget | None = None
-               ) -> tuple[Path | None, str | None]:
+               site_yaml: str | Path | None = None, declared_before: SiteBudget | None = None,
+               binding: Binding | None = None) -> tuple[Path | None, str | None]:
     """Record the site YAML's ``budget`` in the site's ledger, as an event where it changes the ledger's;
     (the ledger's path, None for a site that never had a budget; the one line to print, None when nothing
     changed). A looser budget (or none) than the ledger's is kept out unless ``raise_budget``. ``site_yaml``: that
     YAML, whose budget admission reads again (``ledger.site_ledger``). ``declared_before``: the budget the shards
-    in ``shard_dir`` declared before this run: with the ledger gone, refused (a new ledger would start at 0)."""
+    in ``shard_dir`` declared before this run: with the ledger gone, refused (a new ledger would start at 0).
+    ``binding``: the data the shards were written from, recorded beside a ledger this creates (binding.py)."""
     path = ledger_path(shard_dir)
     if budget is None and declared_before is None and not path.exists():
         # A site without a budget has no ledger to keep: not even a lock file in the site's state directory.
@@ -56,6 +58,8 @@ def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, rais
         old = ledger.budget
         if budget is None and not ledger.exists:
             return None, None
+        if not ledger.exists and binding is not None:
+            write_binding(path, binding)
         if site_yaml is not None and ledger.site_yaml != str(Path(site_yaml).resolve()):
             ledger.site_yaml = str(Path(site_yaml).resolve())
             ledger.save()

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from federated.data import load_shard
+from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
-from federated.privacy.ledger import Entry, admit, epsilon, ledger_path, locked, site_ledger
+from federated.privacy.ledger import Entry, admit, epsilon, locked, site_ledger
 from federated.privacy.policy import DPConfig, SiteBudget, refuse_release
 from federated.privacy.site import noised_summary, site_seed
 from federated.scoring import ModelToScore, score_site
@@ -70,9 +71,9 @@ class EvaluationRelease:
 def admit_evaluation(site: str, shard_dir: str | Path, labels: list[str],
                      eval_noise_multiplier: float | None) -> EvaluationRelease:
     """Site ``site``'s check of an evaluation job scoring the models ``labels`` against its ledger (the site's,
-    ``ledger.ledger_path``): raises ``PrivacyRefused`` in one line where the site refuses it, before anything is
+    ``binding.guarded_ledger``): raises ``PrivacyRefused`` in one line where the site refuses it, before anything is
     read."""
-    path, declared = ledger_path(shard_dir), declared_budget(shard_dir)
+    path, declared = guarded_ledger(shard_dir), declared_budget(shard_dir)
     with locked(path) as ledgers:
         ledger, budget = site_ledger(site, path, ledgers, declared)
     if eval_noise_multiplier is None:

@@ -1,9 +1,11 @@
 """A site's privacy ledger: its budget, every change of it, and every release it has made; owner-only (0600),
 read and written only on the site's own machine (nothing here is ever sent).
 
-The ledger is the site's, not one shard folder's: it lives in the site's state directory (``FEDAUC_SITE_STATE``,
-default ``~/.fedauc/site-state``), keyed by the site's name, so preprocessing the same records into another
-folder finds the spend already there. Every read-modify-write holds an exclusive lock (``fcntl.flock`` on
+The ledger is the site's dataset's, not one shard folder's: it lives in the site's state directory
+(``FEDAUC_SITE_STATE``, default ``~/.fedauc/site-state``), keyed by the site's name and the binding of the data it
+guards (federated/privacy/binding.py: the data root and the label table, recorded in the shards' ``shard.json``), so
+preprocessing the same records into another folder finds the spend already there, and another dataset that
+happens to share the site's name never does. Every read-modify-write holds an exclusive lock (``fcntl.flock`` on
 ``<ledger>.lock``) from load to save: jobs admitted at once, or an evaluation overlapping a training, each see
 the others' charges and none writes back a stale copy.
 
@@ -31,6 +33,7 @@ from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, Subsample
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 from preprocessing.formats import check as check_format
 from preprocessing.formats import stamp
+from preprocessing.shard_format import BINDING_FIELD, SHARD_FILE
 
 LEDGER_SUFFIX = ".privacy-ledger.json"
 STATE_ENV = "FEDAUC_SITE_STATE"
@@ -44,8 +47,34 @@ def state_dir() -> Path:
 
 def ledger_path(shard_dir: str | Path) -> Path:
     """The ledger of the site whose shards are in ``shard_dir`` (the shard writer names that folder after the
-    site): in the site's state directory, so every copy of the site's shards shares it."""
-    return state_dir() / f"{Path(shard_dir).name}{LEDGER_SUFFIX}"
+    site): in the site's state directory, for the data the shards were written from, so every copy of them shares
+    it. Whether that ledger may be used is ``binding.guarded_ledger``'s to say."""
+    return site_ledger_path(Path(shard_dir).name, shard_binding(shard_dir))
+
+
+def shard_binding(shard_dir: str | Path) -> str | None:
+    """The binding id of the data the shards in ``shard_dir`` were written from (None: written before bindings)."""
+    info = Path(shard_dir) / SHARD_FILE
+    return json.loads(info.read_text()).get(BINDING_FIELD) if info.is_file() else None
+
+
+def site_ledger_path(site: str, binding: str | None) -> Path:
+    """Site ``site``'s ledger for the data of binding id ``binding`` (None: shards written before ledgers were
+    bound, whose ledger is keyed by the name alone)."""
+    return state_dir() / (f"{site}{LEDGER_SUFFIX}" if binding is None else f"{site}.{binding}{LEDGER_SUFFIX}")
+
+
+def write_private(path: Path, body: dict) -> None:
+    """``body`` as JSON at ``path``, atomically, created 0600 (never readable by others, not even for a moment)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; this is not
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -138,19 +167,11 @@ class Ledger:
                                  "refused until it is restored from the site's backup") from None
 
     def save(self) -> None:
-        """Write it atomically, created 0600 (never world-readable, not even for a moment)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; this is not
-        with os.fdopen(fd, "w") as f:
-            json.dump(stamp("privacy-ledger", {"budget": None if self.budget is None else self.budget.model_dump(),
-                                               "entries": [asdict(e) for e in self.entries],
-                                               "events": [asdict(e) for e in self.events], "site_yaml": self.site_yaml}),
-                      f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        """Write it atomically, owner-only (``write_private``)."""
+        write_private(self.path, stamp("privacy-ledger", {
+            "budget": None if self.budget is None else self.budget.model_dump(),
+            "entries": [asdict(e) for e in self.entries], "events": [asdict(e) for e in self.events],
+            "site_yaml": self.site_yaml}))
         self.exists = True
 
     def spent(self, delta: float, accountant: Accountant = RDP) -> float:

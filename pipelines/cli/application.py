@@ -9,6 +9,7 @@ import os
 import typer
 from typer.core import TyperGroup
 
+from pipelines.store_uri import tracking_uri
 from preprocessing.errors import FedaucError
 
 
@@ -54,6 +55,11 @@ app = typer.Typer(
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error.")) -> None:
     _options_given["debug"] = debug
+    # Every command, and every process it starts, records in and reads the same store: the one
+    # MLFLOW_TRACKING_URI names, else the fedauc folder's (pipelines/store_uri.py). Without it, an MlflowClient
+    # made before a command's own ``tracking.configure()`` used MLflow's default, a new mlflow.db in the current
+    # folder (`fedauc ui` once found no training that way, and left that file in the checkout).
+    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking_uri())
 
 
 def quiet_prefect_user_errors() -> None:

@@ -3,6 +3,8 @@ stack (the demo job, the MLflow and Prefect UIs, the Prefect deployments)."""
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from pipelines.cli.application import fail, flows, quiet_prefect_user_errors
@@ -20,6 +22,7 @@ def demo(
     booting = boot_ephemeral_server()  # while the flows, torch and MLflow are imported
     flows()
     from pipelines.demo import demo as demo_flow
+    from pipelines.demo import demo_data
     from pipelines.schedule import profile_markdown
     from pipelines.tracking import configure
 
@@ -28,8 +31,15 @@ def demo(
     result = demo_flow(scale=scale, rounds=rounds)
     typer.echo(result["tables"])
     typer.echo(f"Where the time went:\n\n{profile_markdown(result['profile'])}")
-    typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `fedauc ui`)")
-    typer.echo("Shards and QC reports: demo_data/shards/<site>/qc/report.md")
+    typer.echo(f"MLflow runs and the registered champions: {configure()}  (browse them with `{ui_command()}`)")
+    typer.echo(f"Shards and QC reports: {os.path.relpath(demo_data() / 'shards')}/<site>/qc/report.md")
+
+
+def ui_command() -> str:
+    """How to open this fedauc folder's UIs: with its $FEDAUC_HOME when one is set."""
+    from pipelines.store_uri import HOME_ENV
+
+    return f"{HOME_ENV}={os.environ[HOME_ENV]} fedauc ui" if os.environ.get(HOME_ENV) else "fedauc ui"
 
 
 def ui(

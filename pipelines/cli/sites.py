@@ -59,6 +59,34 @@ def sites_report(
         raise typer.Exit(code=1)
 
 
+@sites_app.command("ledger")
+def sites_ledger(
+    site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml."),
+    moved: bool = typer.Option(False, "--moved", help="The same records, moved or re-exported: the site's ledger, "
+                               "with its budget and spend, now guards them."),
+    new_dataset: bool = typer.Option(False, "--new-dataset", help="Other records under the site's name: a fresh "
+                                     "ledger for them; the site's other ledgers stay for their own data."),
+    source: str = typer.Option(None, "--from", help="With --moved: the binding id of the ledger that moved, where "
+                               "the site has several."),
+) -> None:
+    """Which privacy ledger guards SITE_YAML's data (its root and label table); with --moved or --new-dataset, bind
+    it as the operator says (docs/privacy.md section 2). Exit code 1 while the site's data has no usable ledger."""
+    from federated.privacy.binding import check_binding, data_binding, rebind
+    from preprocessing.scan import scan_site
+    from preprocessing.sites import load_site
+
+    if moved and new_dataset:
+        raise typer.BadParameter("--moved or --new-dataset, not both")
+    config = load_site(site_yaml)
+    binding = data_binding(config.root, scan_site(config).metadata_files)
+    if moved or new_dataset:
+        typer.echo(rebind(config.name, binding, "moved" if moved else "new-dataset", source))
+        return
+    path = check_binding(config.name, binding.id, site_yaml)
+    typer.echo(f"site {config.name!r}: privacy ledger {path} guards this data (binding {binding.id})"
+               if path.exists() else f"site {config.name!r}: no ledger yet for this data (binding {binding.id})")
+
+
 @sites_app.command("new")
 def sites_new(
     name: str = typer.Argument(..., help="The hospital's short name (letters, digits, - _ .), e.g. oslo."),

@@ -75,6 +75,8 @@ def train_command(
     lr: float = typer.Option(0.1, "--lr", help=bound("lr")),
     network: str = typer.Option("small_resnet", "--network", help="small_resnet, resnet18 or densenet121; under "
                                 "--dp a GroupNorm one: small_resnet_gn or densenet121_gn."),
+    disease: list[str] = typer.Option([], "--disease", help="A disease to learn, as the task spells it (repeat the "
+                                      "option for each); default: the federation's diseases:, else all of the task's."),
     param: list[str] = typer.Option([], "--param", "-p", help="Algorithm hyperparameter NAME=VALUE (JSON value)."),
     seed: int = typer.Option(0, "--seed"),
     eval_every: int = typer.Option(5, "--eval-every", help=bound("eval_every")),
@@ -136,7 +138,7 @@ def train_command(
         "batch_size": batch_size, "lr": lr, "network": network, "seed": seed, "eval_every": eval_every,
         "checkpoint_dir": checkpoint_dir or launcher.checkpoint_dir(run_name, run_outputs_dir()), "resume": resume,
         "secure_aggregation": secure_aggregation, "secure_neighbours": "secagg+" if secagg_plus else "all",
-        "robust_aggregation": aggregation.value,
+        "robust_aggregation": aggregation.value, **({"diseases": disease} if disease else {}),
         **dp_settings(dp, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                       max_grad_norm=max_grad_norm, eval_noise_multiplier=eval_noise_multiplier),
         **({} if backend.value == "inprocess" else {"timeout_s": site_timeout})}
@@ -149,7 +151,7 @@ def train_command(
 # The option that gives each of the training's settings (federated.TrainSettings, a field by its dotted path): a
 # bad value is named as it was typed.
 OPTION_OF_SETTING = {
-    "algorithm": "--algorithm", "params": "--param", "rounds": "--rounds", "local_steps": "--local-steps",
+    "algorithm": "--algorithm", "diseases": "--disease", "params": "--param", "rounds": "--rounds", "local_steps": "--local-steps",
     "batch_size": "--batch-size", "lr": "--lr", "network": "--network", "seed": "--seed", "eval_every": "--eval-every",
     "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "secure_aggregation": "--secure-aggregation",
     "secure_neighbours": "--secagg-plus", "robust_aggregation": "--aggregation", "timeout_s": "--site-timeout",

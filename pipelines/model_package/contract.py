@@ -102,17 +102,18 @@ class ModelContract(BaseModel):
 
     def model_to_score(self, label: str) -> ModelToScore:
         return ModelToScore(label=label, network=self.network, network_kwargs=self.network_kwargs,
-                            input_shape=self.input_shape, num_classes=len(self.diseases))
+                            input_shape=self.input_shape, num_classes=len(self.diseases), diseases=tuple(self.diseases))
 
 
-def contract_for(federation: Federation, network: str, network_kwargs: dict, input_shape: tuple[int, ...],
+def contract_for(federation: Federation, diseases: tuple[str, ...], network: str, network_kwargs: dict, input_shape: tuple[int, ...],
                  code_version: str, operating_points: OperatingPoints | None, training_run: str) -> ModelContract:
-    """The contract of a model trained on ``federation``'s shards in the MLflow run ``training_run``. The sites'
+    """The contract of a model trained on ``federation``'s shards in the MLflow run ``training_run``, learning
+    ``diseases``. The sites'
     YAMLs say how their shards were made; the first site's decoding settings are the contract's (every site of a
     federation tiles to the same input shape), the views are those any site trained on."""
     first = federation.sites[0]
     views = sorted({view for site in federation.sites for view in site.views}) if first.task in VIEW_TASKS else []
-    return ModelContract(task=federation.task, diseases=list(first.diseases), network=network,
+    return ModelContract(task=federation.task, diseases=list(diseases), network=network,
                          network_kwargs=dict(network_kwargs), input_shape=tuple(input_shape),
                          image_size=int(input_shape[-1]), min_image_size=first.min_image_size,
                          decode_limits=first.decode_limits, channels=int(input_shape[0]),
