@@ -16,7 +16,7 @@ from preprocessing.sites import SiteConfigError, validate_site
 
 def check_site(site_yaml: str | Path) -> None:
     """The site YAML and its data (root, metadata files, columns, rows); every problem at once."""
-    problems = validate_site(site_yaml)
+    problems = validate_site(site_yaml, losses=False)
     if problems:
         raise SiteConfigError(problems)
 

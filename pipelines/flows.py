@@ -51,7 +51,9 @@ def _transient(task, task_run, state) -> bool:
 # --- onboarding ---------------------------------------------------------------------------------------
 @task(name="validate-site", task_run_name=run_names.site_step("validate"), cache_policy=NO_CACHE)
 def validate(site_yaml: str) -> None:
-    problems = validate_site(site_yaml)
+    # Without the label values and losses: their lines name values and counts, and this task's state reaches the
+    # consortium's Prefect server; `fedauc sites validate` shows them at the site.
+    problems = validate_site(site_yaml, losses=False)
     if problems:
         raise SiteConfigError(problems)
 

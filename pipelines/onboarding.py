@@ -38,12 +38,16 @@ OPTION_HINTS = {
            "study_instance_uid (one row per study, its labels on each image its view filter keeps)",
     "dicom_dir": "folder searched for DICOM files, relative to root",
     "patient_column": "column with a (pseudonymized) patient id: splits never share a patient",
-    "label_columns": "canonical disease -> your column holding 1 / 0 / -1 (uncertain) / blank",
+    "label_columns": "canonical disease -> your column holding 1 / 0 / -1 (uncertain) / blank, or what "
+                     "label_values maps",
+    "label_values": "per column: a preset (codes, yes-no, true-false, positive-negative) or {VALUE: positive | "
+                    "negative | uncertain | missing}; `sites validate` names values nothing maps",
+    "default_label_values": "the preset of every column label_values does not name",
     "study_column": "column with a study id (default: one study per image)",
     "view_column": "column with PA / AP / LATERAL (chest X-ray)",
     "default_view": "view of every image when there is no view column",
     "sex_column": "column with F / M",
-    "age_column": "column with the age in years",
+    "age_column": "column with the age in years (top-coded 90+ or >89: read as the bound, counted in the QC report)",
     "split_column": "column with an official split (train / valid / test), kept when use_official",
     "blank": "a blank label cell: ignore (missing) or zeros (negative)",
 }
@@ -79,6 +83,8 @@ def site_template(name: str, fmt: str, root: str, task: str | None = None,
     official = "true" if fmt in OFFICIAL_SPLITS or options.get("split_column") else "false"
     lines += [f"split: {{seed: 0, valid: 0.1, test: 0.2, use_official: {official}}}   # fractions of patients",
               "image_size: 224              # shard images are image_size x image_size",
+              "# max_quarantine_share: 0.05   # one quarantine reason over this share of the rows fails validate, "
+              "report and preprocess",
               "# decode_limits: {max_pixels: 36000000, timeout_s: 60}   # over them a file is quarantined"]
     option_lines = []
     for field, info in fields.items():
@@ -90,6 +96,8 @@ def site_template(name: str, fmt: str, root: str, task: str | None = None,
             option_lines.append(f"  label_columns: {_flow_yaml(example)}{hint}")
         elif info.is_required():
             option_lines.append(f"  {field}: {EDIT}{hint}")
+        elif field == "label_values":
+            option_lines.append(f"  # label_values: {{your_column: yes-no}}{hint}")
         else:
             option_lines.append(f"  # {field}: {_flow_yaml(info.default)}{hint}")
     if option_lines:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -22,6 +23,7 @@ from federated.privacy.ledger import check_delta
 from pipelines import run_names
 from pipelines.site_params import site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
+from preprocessing.losses import excess_reasons
 from preprocessing.qc import (
     build_report,
     check_accounting,
@@ -31,6 +33,7 @@ from preprocessing.qc import (
 )
 from preprocessing.qc_counts import central_summary
 from preprocessing.scan import ScanResult, scan_site
+from preprocessing.shard_format import QUARANTINE_FILE
 from preprocessing.shards import ShardSummary, shard_site
 from preprocessing.sites import SiteConfig, load_site
 
@@ -52,8 +55,8 @@ def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: 
 
 
 @task(name="qc-report", task_run_name="qc-report {config.name}", cache_policy=NO_CACHE)
-def report(config: SiteConfig, summary: ShardSummary) -> dict:
-    qc = build_report(summary.site_dir)
+def report(config: SiteConfig, summary: ShardSummary, ages: dict[str, int]) -> dict:
+    qc = build_report(summary.site_dir, ages)
     json_path, md_path = write_report(summary.site_dir, qc)
     # The Prefect server is the consortium's: it gets the counts-only summary, the full report stays here.
     shared = central_summary(qc, config.sharing.min_count, config.sharing.qc_grid)
@@ -92,7 +95,11 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
           f"{binding.id}; a budget would be kept in {ledger})", flush=True)
     if budget_change is not None:
         print(budget_change, flush=True)
-    paths = report(config, summary)
+    paths = report(config, summary, result.ages)
+    quarantine = pd.read_parquet(summary.site_dir / QUARANTINE_FILE, columns=["reason"])
+    # The reasons' names only: the centre learns the counts per reason anyway (qc/central.json), never the
+    # values or files behind them, which `fedauc preprocess` prints at the site.
+    over_share = [reason for reason, _ in excess_reasons(quarantine, summary.input_rows, config.max_quarantine_share)]
     return {
         "site": summary.site,
         "site_dir": summary.site,
@@ -104,6 +111,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
         "reused": summary.reused,
         "warnings": labels["warnings"],
         "budget_change": budget_change,
+        "quarantine_over_share": over_share,
         **paths,
     }
 
@@ -114,7 +122,12 @@ def preprocess_site(site: str, shards: str | None = None, workers: int = 2, rais
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""
     result = preprocess(site_yaml(site), site_shards(shards), workers, raise_budget)
     # No counts: this log reaches the centre's server, and a small quarantine count could single a patient out.
-    get_run_logger().info("site %s: shards %s (content hash %s), QC report %s", result["site"],
-                          "reused, nothing changed" if result["reused"] else "written", result["content_hash"],
-                          result["report_md"])
+    logger = get_run_logger()
+    logger.info("site %s: shards %s (content hash %s), QC report %s", result["site"],
+                "reused, nothing changed" if result["reused"] else "written", result["content_hash"],
+                result["report_md"])
+    if result["quarantine_over_share"]:
+        logger.warning("site %s lost rows: quarantine reason(s) %s over the site's max_quarantine_share; `fedauc "
+                       "preprocess` at the site names the column, value or files behind them and the fix",
+                       result["site"], ", ".join(result["quarantine_over_share"]))
     return result

@@ -40,9 +40,11 @@ def _counts(records: pd.DataFrame, diseases: list[str], views: bool) -> dict:
     return counts
 
 
-def label_report(scan_result, task: str | None = None) -> dict:
+def label_report(scan_result, task: str | None = None, unmapped: dict | None = None) -> dict:
     """Counts per split (train / valid / test) and overall, and the quarantine summary. Views (PA, AP, ...) are
     counted unless ``task`` is one whose images have none (``records.VIEW_TASKS``: a dermatology site's).
+    ``unmapped``: per label column, the values nothing maps and their rows (``sites.unmapped_label_values``).
+    Every count is of the metadata, before decoding: ``kept`` rows may still be quarantined by the decoder.
 
     ``input_rows == kept + quarantined`` is stated in the report (``balanced``) so a reader can check it.
     """
@@ -61,6 +63,8 @@ def label_report(scan_result, task: str | None = None) -> dict:
         "splits": {split: _counts(records[records["split"] == split], diseases, views) for split in SPLITS},
         "all": _counts(records, diseases, views),
         "metadata_files": [str(p) for p in scan_result.metadata_files],
+        "counted": "before decoding",
+        "unmapped_label_values": {column: dict(values.most_common()) for column, values in (unmapped or {}).items()},
     }
     report["warnings"] = label_warnings(report)
     return report
@@ -100,6 +104,8 @@ def render_label_report(report: dict, console: Console, title: str = "labels") -
     console.print(
         f"[bold]{title}[/]: {report['input_rows']} input rows = {report['kept']} kept + "
         f"{report['quarantined']} quarantined" + ("" if report["balanced"] else "  [red]UNBALANCED[/]")
+        + " (metadata only, before decoding: `fedauc preprocess` may quarantine more; its qc/report.md counts "
+          "what the shards hold)"
     )
     columns = [*SPLITS, "all"]
     sections = {**report["splits"], "all": report["all"]}
@@ -131,5 +137,13 @@ def render_label_report(report: dict, console: Console, title: str = "labels") -
         for reason, count in report["quarantine_by_reason"].items():
             reasons.add_row(reason, str(count))
         console.print(reasons)
+    if report.get("unmapped_label_values"):
+        values = Table(title="Label values nothing maps (their rows are quarantined as unparsable_label)")
+        for name in ("column", "value", "rows"):
+            values.add_column(name, justify="right" if name == "rows" else "left")
+        for column, counts in report["unmapped_label_values"].items():
+            for value, count in counts.items():
+                values.add_row(column, repr(value), str(count))
+        console.print(values)
     for warning in report.get("warnings", []):
         console.print(f"[yellow]warning[/]: {warning}")

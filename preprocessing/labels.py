@@ -12,14 +12,12 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from preprocessing.label_values import DEFAULT_PRESET, ValueMap, value_map
 from preprocessing.records import UNCERTAIN, label_columns
 
 UncertainPolicy = Literal["ones", "zeros", "ignore"]
 UNCERTAIN_RESOLUTION: dict[str, float] = {"ones": 1.0, "zeros": 0.0, "ignore": np.nan}
 U_ONES_BY_DEFAULT = ("Edema", "Atelectasis")
-
-# Label codes as written by CheXpert, MIMIC-CXR and hospitals exporting in their style ("1.0", "-1", ...).
-_CODES = (1.0, 0.0, UNCERTAIN)
 
 
 def default_uncertain_policy(task: str) -> dict[str, UncertainPolicy]:
@@ -27,26 +25,25 @@ def default_uncertain_policy(task: str) -> dict[str, UncertainPolicy]:
 
 
 def parse_label_codes(
-    table: pd.DataFrame, columns: dict[str, str], blank: float
+    table: pd.DataFrame, columns: dict[str, str], blank: float, maps: dict[str, ValueMap] | None = None
 ) -> tuple[dict[str, np.ndarray], np.ndarray, pd.Series]:
     """Parse text label columns into {1, 0, -1, ``blank`` for empty cells}.
 
-    ``columns`` maps canonical disease -> source column. Returns the float32 values per disease, a mask
-    of rows holding a value that is no label code, and a detail naming the column and the bad value.
+    ``columns`` maps canonical disease -> source column; ``maps`` source column -> how it writes its labels
+    (``preprocessing/label_values.py``; a column not in it reads the codes 1 / 0 / -1). Returns the float32
+    values per disease, a mask of rows holding a value nothing maps, and a detail naming the column and value.
     """
     values: dict[str, np.ndarray] = {}
     bad = np.zeros(len(table), dtype=bool)
     detail = pd.Series("", index=range(len(table)), dtype=object)
     for disease, column in columns.items():
+        mapping = (maps or {}).get(column) or value_map(DEFAULT_PRESET)
         text = table[column].reset_index(drop=True).str.strip()
-        parsed = pd.to_numeric(text, errors="coerce")
-        blank_cell = text.isna() | (text == "")
-        unparsable = (~parsed.isin(_CODES) & ~blank_cell).to_numpy()
+        parsed, unparsable = mapping.decode(text, blank)
         new = unparsable & ~bad
-        detail[new] = f"{column}=" + text[new].astype(str) + " is not one of 1, 0, -1 or blank"
+        detail[new] = f"{column}=" + text[new].astype(str) + f" is not one of {mapping.spelled}"
         bad |= unparsable
-        # a code outside 1 / 0 / -1 ("2") is NaN here; its row is quarantined anyway
-        values[disease] = parsed.where(~unparsable, np.nan).where(~blank_cell, blank).to_numpy(dtype=np.float32)
+        values[disease] = np.where(unparsable, np.float32(np.nan), parsed)  # its row is quarantined anyway
     return values, bad, detail
 
 

@@ -34,15 +34,17 @@ class AccountingError(RuntimeError):
     """``input rows != kept + quarantined``: a record was lost or counted twice somewhere."""
 
 
-def build_report(site_dir: Path) -> dict:
+def build_report(site_dir: Path, ages: dict[str, int] | None = None) -> dict:
     """The site's full QC report: its counts (``preprocessing.qc_counts.qc_counts``), the image statistics and
-    the quarantine rows."""
+    the quarantine rows; ``ages``: the scan's top-coded and unreadable ages (``ScanResult.ages``), which stay
+    here (a count of patients over 89 is a small count)."""
     site_dir = Path(site_dir)
     counts = qc_counts(site_dir)
     quarantine = pd.read_parquet(site_dir / QUARANTINE_FILE)
     stats = pd.read_parquet(site_dir / IMAGE_STATS_FILE)
     return {
         **{key: counts[key] for key in ("site", "task", "content_hash", "image_size", "counts", "accounting", "labels")},
+        "ages": dict(ages or {}),
         "images": _image_statistics(stats),
         "quarantine": {
             **counts["quarantine"],
@@ -172,6 +174,13 @@ def _counts(column: pd.Series) -> dict[str, int]:
     return {str(key): int(value) for key, value in column.fillna("none").value_counts().sort_index().items()}
 
 
+def _age_lines(ages: dict[str, int]) -> list[str]:
+    if not ages:
+        return []
+    return [f"Ages (input rows): {ages['top_coded']} top-coded (`90+`, `>89`: read as their bound), "
+            f"{ages['unreadable']} unreadable (unknown in the shards).", ""]
+
+
 def render_markdown(report: dict) -> str:
     accounting = report["accounting"]
     verdict = "holds" if accounting["holds"] else "**DOES NOT HOLD**"
@@ -185,6 +194,7 @@ def render_markdown(report: dict) -> str:
         "",
         "Kept per split: " + ", ".join(f"{split} {count}" for split, count in report["counts"].items()) + ".",
         "",
+        *_age_lines(report.get("ages") or {}),
         "## Labels",
         "",
         "| split | disease | positives | negatives | missing | prevalence |",

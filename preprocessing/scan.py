@@ -14,7 +14,7 @@ The stages, in order, each quarantining what it rejects:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,7 @@ class ScanResult:
     quarantine: pd.DataFrame  # QUARANTINE_COLUMNS
     input_rows: int  # rows read from the metadata, as the adapter defines them
     metadata_files: list[Path]  # the files read (for the content hash)
+    ages: dict[str, int] = field(default_factory=dict)  # top-coded and unreadable ages (adapters.base.age_notes)
 
 
 def _blank(values: pd.Series) -> np.ndarray:
@@ -75,4 +76,5 @@ def scan_site(config) -> ScanResult:
         raise AssertionError(
             f"{config.format} adapter lost rows: {output.input_rows} read, {len(records)} kept + {len(quarantine)} quarantined"
         )
-    return ScanResult(records, quarantine[list(QUARANTINE_COLUMNS)], output.input_rows, output.metadata_files)
+    return ScanResult(records, quarantine[list(QUARANTINE_COLUMNS)], output.input_rows, output.metadata_files,
+                      output.ages)

@@ -308,14 +308,15 @@ def shard_site(config, scan, out_dir: Path, workers: int = 1, progress: bool = T
 
     The label contract in the content hash is the whole site declaration except its name and data root
     (those move the output and the files, whose identities are hashed on their own) and the fedauc versions
-    it accepts jobs from, its PACS and whether its images are synthetic (they change no shard).
+    it accepts jobs from, its PACS, whether its images are synthetic and the quarantine share it tolerates (they
+    change no shard).
     """
     transform = TransformSettings(
         task=config.task, image_size=config.image_size, min_image_size=config.min_image_size,
         limits=config.decode_limits,
     )
     contract = config.model_dump(mode="json", exclude={"name", "root", "allowed_code_versions", "pacs",
-                                                                 "synthetic"})
+                                                                 "synthetic", "max_quarantine_share"})
     digest = content_hash(scan.records, scan.metadata_files, config.root, contract, transform)
     return write_site_shards(
         scan.records,

@@ -23,6 +23,7 @@ train) refuse such a site by name (``SiteConfig.require_dataset``).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,9 +35,12 @@ from preprocessing.adapters import ADAPTERS
 from preprocessing.adapters.base import AdapterOptions, MetadataError, read_metadata, resolve_metadata
 from preprocessing.decode import DecodeLimits
 from preprocessing.errors import ConfigError, problem_message
+from preprocessing.label_values import unmapped_line, unmapped_values
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
+from preprocessing.losses import excess_losses
 from preprocessing.privacy_budget import PrivacyBudget
 from preprocessing.records import TASK_DISEASES, VIEWS
+from preprocessing.scan import scan_site
 from preprocessing.sharing import SharingPolicy
 
 
@@ -103,6 +107,9 @@ class SiteConfig(BaseModel):
     views: list[str] = Field(default_factory=lambda: ["PA", "AP"])  # melanoma ignores views
     split: SplitPolicy = Field(default_factory=SplitPolicy)
     image_size: int = Field(224, ge=8)
+    # One quarantine reason over this share of the input rows fails validate, report and preprocess
+    # (preprocessing/losses.py); the site's own view filter never counts.
+    max_quarantine_share: float = Field(0.05, ge=0.0, le=1.0)
     min_image_size: int = Field(64, ge=1)  # smaller source images are quarantined by the decoder
     decode_limits: DecodeLimits = Field(default_factory=DecodeLimits)  # over them: too_large, decode_timeout
     options: dict[str, Any] = Field(default_factory=dict)  # adapter-specific, see the adapter's Options
@@ -162,7 +169,9 @@ class SiteConfig(BaseModel):
             except ValidationError as err:
                 for error in err.errors():
                     where = ".".join(str(part) for part in ("options", *error["loc"]))
-                    problems.append(f"{where}: {problem_message(error)}")
+                    # a check across options names its fields itself, one line each
+                    problems += [f"{where}: {line}" if error["loc"] else f"options.{line}"
+                                 for line in problem_message(error).splitlines()]
         mapped = getattr(getattr(self, "_adapter_options", None), "label_columns", {})
         for disease in sorted(set(mapped) - set(diseases)):
             problems.append(f"options.label_columns.{disease}: unknown disease for task {self.task}; expected some of {list(diseases)}")
@@ -270,23 +279,32 @@ def _option_problems(shown: str, raw: dict) -> list[Problem]:
     return []
 
 
-def validate_site(config_or_path: SiteConfig | str | Path) -> list[Problem]:
+def validate_site(config_or_path: SiteConfig | str | Path, losses: bool = True) -> list[Problem]:
     """Every problem with a site at once: the YAML's fields, then the data root, metadata files (read as
-    preprocess reads them: encoding, delimiter, columns) and image folders, as far as the YAML allows."""
+    preprocess reads them: encoding, delimiter, columns) and image folders, as far as the YAML allows.
+
+    ``losses`` (``fedauc sites validate``): also every label value nothing maps, and, when the data is readable,
+    each quarantine reason the scan gives more than the site's ``max_quarantine_share`` of its rows. Without it
+    (``preprocess``'s check before it starts) those rows are quarantined and the loss is judged on the shards."""
     if isinstance(config_or_path, SiteConfig):
         config = config_or_path
         shown = str(config._path) if config._path else f"site {config.name!r}"
         if not config.has_dataset:  # a site that only scores has no data to check
             return []
-        return _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options)
+        problems = _data_problems(shown, config.root, ADAPTERS[config.format], config.adapter_options, losses)
+        if problems or not losses:
+            return problems
+        scanned = scan_site(config)  # metadata only: what preprocess would quarantine before decoding
+        return [Problem(shown, "max_quarantine_share", line)
+                for line in excess_losses(scanned.quarantine, scanned.input_rows, config.max_quarantine_share)]
     try:
         config = load_site(config_or_path)
     except SiteConfigError as err:
-        return err.problems + _data_problems_of_invalid_yaml(Path(config_or_path), err.problems)
-    return validate_site(config)
+        return err.problems + _data_problems_of_invalid_yaml(Path(config_or_path), err.problems, losses)
+    return validate_site(config, losses)
 
 
-def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem]) -> list[Problem]:
+def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem], losses: bool) -> list[Problem]:
     """The data checks a YAML with problems still allows: its root, format and options must be usable."""
     if any(p.field in ("", "root", "format") or p.field.startswith("options") for p in yaml_problems):
         return []
@@ -294,10 +312,22 @@ def _data_problems_of_invalid_yaml(path: Path, yaml_problems: list[Problem]) -> 
     if "format" not in raw:  # a site that only scores: no data to check
         return []
     adapter = ADAPTERS[raw["format"]]
-    return _data_problems(str(path), Path(raw["root"]), adapter, adapter.options.model_validate(raw.get("options", {})))
+    options = adapter.options.model_validate(raw.get("options", {}))
+    return _data_problems(str(path), Path(raw["root"]), adapter, options, losses)
 
 
-def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions) -> list[Problem]:
+def unmapped_label_values(config: SiteConfig) -> dict[str, Counter]:
+    """Per label column of a generic layout's table, the values its ``label_values`` map nothing to, with their
+    row counts (none for the dataset layouts, whose codes are the release's)."""
+    options = config.adapter_options
+    if not hasattr(options, "value_maps"):
+        return {}
+    metadata = next(m for m in ADAPTERS[config.format].files(options) if m.option == "labels_csv")
+    table = read_metadata(resolve_metadata(config.root, options.labels_csv), metadata.columns)
+    return unmapped_values(table, options.value_maps, options.blank_code)
+
+
+def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions, losses: bool) -> list[Problem]:
     if not root.is_dir():
         return [Problem(shown, "root", f"data root not found: {root}")]
     problems = []
@@ -315,6 +345,10 @@ def _data_problems(shown: str, root: Path, adapter, options: AdapterOptions) -> 
             continue
         if metadata.required and metadata.needs_rows and table.empty:
             problems.append(Problem(shown, f"options.{metadata.option}", f"{file}: no data rows, only a header"))
+        if losses and hasattr(options, "value_maps"):  # a generic layout: the hospital declares how its columns write labels
+            unmapped = unmapped_values(table, options.value_maps, options.blank_code)
+            problems += [Problem(shown, f"options.label_values.{column}", unmapped_line(file.name, column, values))
+                         for column, values in unmapped.items()]
     for folder in adapter.image_dirs(options):
         if not (root / folder).is_dir():
             problems.append(Problem(shown, "root", f"image folder not found: {root / folder}"))

@@ -46,6 +46,9 @@ def set_budget(site: str, shard_dir: str | Path, budget: SiteBudget | None, rais
     in ``shard_dir`` declared before this run: with the ledger gone, refused (a new ledger would start at 0).
     ``binding``: the data the shards were written from, recorded beside a ledger this creates (binding.py)."""
     path = ledger_path(shard_dir)
+    if budget is None and declared_before is None and not path.exists():
+        # A site without a budget has no ledger to keep: not even a lock file in the site's state directory.
+        return None, None
     with locked(path) as ledgers:
         ledger: Ledger = ledgers[path]
         if declared_before is not None and not ledger.exists:

@@ -71,11 +71,17 @@ def preprocess(
                                       help="Raise (or remove) the site's privacy budget to what its YAML says; "
                                            "without it an edit can only lower the budget."),
 ) -> None:
-    """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site)."""
+    """Scan, split, decode, resize and write a site's shards and QC report (the Prefect flow preprocess_site).
+    Exit code 3 when a quarantine reason took more than the site's max_quarantine_share of its rows (the shards
+    and the report are written)."""
+    import pandas as pd
+
     from pipelines.checks import check_site
     from pipelines.onboarding import shards_root
     from pipelines.prefect_env import configure_prefect_env
     from preprocessing.locks import check_site_free
+    from preprocessing.losses import LOSS_EXIT_CODE, excess_losses
+    from preprocessing.shard_format import QUARANTINE_FILE
     from preprocessing.sites import load_site
 
     out = shards_root(out)
@@ -103,3 +109,12 @@ def preprocess(
     typer.echo(f"  QC report: {out / summary['report_md']}")
     for warning in summary["warnings"]:
         typer.echo(f"  warning: {warning}", err=True)
+    if summary["quarantine_over_share"]:
+        # Said here, at the site, from its own quarantine: the lines name columns, values and file patterns,
+        # which the flow's result and logs (the consortium's Prefect server) must not carry.
+        quarantine = pd.read_parquet(out / summary["site_dir"] / QUARANTINE_FILE,
+                                     columns=["stage", "reason", "detail", "image_path"])
+        for line in excess_losses(quarantine, summary["input_rows"], site.max_quarantine_share):
+            typer.echo(f"{site_yaml}: {line}", err=True)
+        typer.echo(f"  the shards and the QC report are written; exit code {LOSS_EXIT_CODE}: rows were lost", err=True)
+        raise typer.Exit(code=LOSS_EXIT_CODE)

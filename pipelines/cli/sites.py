@@ -28,26 +28,35 @@ def sites_report(
     labels_only: bool = typer.Option(False, "--labels-only", help="Read the metadata only, never the images."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
-    """Labels per split and disease (positives / negatives / missing, prevalence), patients, studies, views."""
+    """Labels per split and disease (positives / negatives / missing, prevalence), patients, studies, views,
+    counted from the metadata before decoding; exit code 1 when a quarantine reason takes more than the site's
+    max_quarantine_share of its rows."""
     import json
 
     from rich.console import Console
 
     from preprocessing.label_report import label_report, render_label_report, require_usable_rows
+    from preprocessing.losses import excess_losses
     from preprocessing.scan import scan_site
-    from preprocessing.sites import load_site
+    from preprocessing.sites import load_site, unmapped_label_values
 
     if not labels_only:
         typer.echo("image statistics come with the shards (`fedauc preprocess`, qc/report.md); "
                    "pass --labels-only for the metadata report", err=True)
         raise typer.Exit(code=2)
     config = load_site(site_yaml)
-    report = label_report(scan_site(config), config.task)
+    scanned = scan_site(config)
+    report = label_report(scanned, config.task, unmapped_label_values(config))
     require_usable_rows(report, config.name)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         render_label_report(report, Console(), title=f"{config.name} ({config.format})")
+    losses = excess_losses(scanned.quarantine, scanned.input_rows, config.max_quarantine_share)
+    for line in losses:
+        typer.echo(f"{site_yaml}: {line}", err=True)
+    if losses:
+        raise typer.Exit(code=1)
 
 
 @sites_app.command("ledger")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ class AdapterOutput:
     quarantine: pd.DataFrame  # QUARANTINE_COLUMNS, stage "scan"
     input_rows: int
     metadata_files: list[Path]
+    ages: dict[str, int] = field(default_factory=dict)  # age_notes of the age column, when the layout has one
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,26 @@ def normalize_sex(values: pd.Series, female: tuple[str, ...], male: tuple[str, .
     return lowered.map(mapping).fillna("unknown")
 
 
+# "90+", ">89", "89+", ">=90": ages above a bound written as the bound, as de-identification rules (HIPAA's
+# "90 or older") make exports write them; read as that bound.
+_TOP_CODE = r"^\s*(?:(?:>=?|\u2265)\s*\d+(?:\.\d+)?|\d+(?:\.\d+)?\s*\+)\s*$"
+
+
 def to_age(values: pd.Series) -> pd.Series:
-    """Ages as float years; blank or non-numeric is NaN (unknown), never an error."""
-    return pd.to_numeric(values, errors="coerce").astype("float64")
+    """Ages as float years; a top-coded age (``90+``, ``>89``) is its bound; blank or unreadable is NaN
+    (unknown), never an error: ``age_notes`` counts both for the QC report."""
+    text = values.astype("string").str.strip()
+    bound = text.where(text.str.match(_TOP_CODE, na=False)).str.extract(r"(\d+(?:\.\d+)?)", expand=False)
+    return pd.to_numeric(bound.fillna(text), errors="coerce").astype("float64")
+
+
+def age_notes(values: pd.Series) -> dict[str, int]:
+    """How many ages were top-coded (read as their bound) and how many were written but unreadable."""
+    text = values.astype("string").str.strip()
+    written = text.notna() & (text != "")
+    top_coded = text.str.match(_TOP_CODE, na=False)
+    unreadable = written & to_age(values).isna()
+    return {"top_coded": int(top_coded.sum()), "unreadable": int(unreadable.sum())}
 
 
 def build_records(task: str, columns: dict[str, object], labels: dict[str, object], length: int) -> pd.DataFrame:
@@ -182,6 +201,7 @@ def finish(
     problems: list[tuple[np.ndarray, Reason, pd.Series | str]],
     input_rows: int,
     metadata_files: list[Path],
+    ages: dict[str, int] | None = None,
 ) -> AdapterOutput:
     """Quarantine the rows flagged by ``problems`` (mask, reason, detail aligned with ``records``).
 
@@ -197,7 +217,7 @@ def finish(
             parts.append(quarantine_rows(records[rows], "scan", reason, detail))
             taken |= rows
     quarantine = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return AdapterOutput(records[~taken].reset_index(drop=True), quarantine, input_rows, metadata_files)
+    return AdapterOutput(records[~taken].reset_index(drop=True), quarantine, input_rows, metadata_files, ages or {})
 
 
 def concat_outputs(outputs: list[AdapterOutput]) -> AdapterOutput:
@@ -207,4 +227,5 @@ def concat_outputs(outputs: list[AdapterOutput]) -> AdapterOutput:
         pd.concat([o.quarantine for o in outputs], ignore_index=True),
         sum(o.input_rows for o in outputs),
         [path for o in outputs for path in o.metadata_files],
+        dict(sum((Counter(o.ages) for o in outputs), Counter())),
     )

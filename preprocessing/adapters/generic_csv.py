@@ -1,7 +1,8 @@
 """A hospital's own export: one CSV row per image, a path column, a patient column, declared label columns.
 
 Input row: one CSV row = one image. ``label_columns`` maps canonical diseases to source columns holding
-1 / 0 / -1 (uncertain) / blank; a task disease without a mapping is missing (never negative), and blank
+1 / 0 / -1 (uncertain) / blank, or the values ``label_values`` maps (Y / N, yes / no, ...:
+``preprocessing/label_values.py``); a task disease without a mapping is missing (never negative), and blank
 cells are missing unless ``blank: zeros``. Optional columns (study, view, sex, age, official split)
 fill the record when declared. ``generic-dicom`` reads its labels CSV through the same code.
 Reference: docs/datasets.md section 9.
@@ -14,12 +15,14 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import field_validator, model_validator
 
 from preprocessing.adapters.base import (
     Adapter,
     AdapterOptions,
     AdapterOutput,
     MetadataFile,
+    age_notes,
     build_records,
     finish,
     normalize_sex,
@@ -28,6 +31,14 @@ from preprocessing.adapters.base import (
     resolve_metadata,
     source_rows,
     to_age,
+)
+from preprocessing.label_values import (
+    DEFAULT_PRESET,
+    ValueMap,
+    ValueSpec,
+    check_spec,
+    column_maps,
+    yaml_keys_as_text,
 )
 from preprocessing.labels import parse_label_codes
 from preprocessing.quarantine import Reason
@@ -49,6 +60,36 @@ class LabelTableOptions(AdapterOptions):
     age_column: str | None = None
     split_column: str | None = None  # an official split (train / valid / test), kept when use_official
     blank: Literal["zeros", "ignore"] = "ignore"
+    # How each source column writes its labels: a preset's name or {VALUE: positive | negative | uncertain |
+    # missing} (preprocessing/label_values.py); columns not named read ``default_label_values``.
+    label_values: dict[str, ValueSpec] = {}
+    default_label_values: str = DEFAULT_PRESET
+
+    @field_validator("label_values", mode="before")
+    @classmethod
+    def _values_as_text(cls, value):
+        return {column: yaml_keys_as_text(spec) for column, spec in value.items()} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _label_values_fit(self) -> LabelTableOptions:
+        problems = [f"label_values.{column}: not one of the label_columns' columns "
+                    f"({', '.join(self.label_columns.values())})"
+                    for column in self.label_values if column not in self.label_columns.values()]
+        problems += [f"label_values.{column}: {why}" for column, spec in self.label_values.items()
+                     if (why := check_spec(column, spec))]
+        if why := check_spec("(default)", self.default_label_values):
+            problems.append(f"default_label_values: {why}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def value_maps(self) -> dict[str, ValueMap]:
+        return column_maps(self.label_columns, self.label_values, self.default_label_values)
+
+    @property
+    def blank_code(self) -> float:
+        return 0.0 if self.blank == "zeros" else np.nan
 
 
 class GenericCsvOptions(LabelTableOptions):
@@ -73,7 +114,7 @@ def read_label_table(
     path = resolve_metadata(config.root, options.labels_csv)
     table = read_metadata(path, table_columns(options, key_column)).apply(lambda c: c.str.strip())
     values, bad_labels, label_detail = parse_label_codes(
-        table, options.label_columns, blank=0.0 if options.blank == "zeros" else np.nan
+        table, options.label_columns, options.blank_code, options.value_maps
     )
     key = table[key_column]
     records = build_records(
@@ -98,12 +139,16 @@ def read_label_table(
     return table, records, [(bad_labels, Reason.UNPARSABLE_LABEL, label_detail)], path
 
 
+def label_table_ages(table: pd.DataFrame, options: LabelTableOptions) -> dict[str, int]:
+    return age_notes(table[options.age_column]) if options.age_column else {}
+
+
 def read(config) -> AdapterOutput:
     options: GenericCsvOptions = config.adapter_options
-    _, records, problems, path = read_label_table(config, options, options.path_column)
+    table, records, problems, path = read_label_table(config, options, options.path_column)
     if options.image_dir:
         records["image_path"] = options.image_dir.rstrip("/") + "/" + records["image_path"].astype(str)
-    return finish(records, problems, len(records), [path])
+    return finish(records, problems, len(records), [path], label_table_ages(table, options))
 
 
 ADAPTER = Adapter(

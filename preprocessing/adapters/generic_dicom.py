@@ -28,7 +28,13 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 
 from preprocessing.adapters.base import Adapter, AdapterOutput, MetadataFile, build_records, finish, normalize_views
-from preprocessing.adapters.generic_csv import VIEW_CODES, LabelTableOptions, read_label_table, table_columns
+from preprocessing.adapters.generic_csv import (
+    VIEW_CODES,
+    LabelTableOptions,
+    label_table_ages,
+    read_label_table,
+    table_columns,
+)
 from preprocessing.quarantine import Reason, quarantine_rows
 
 # The key's DICOM attribute; per-study keys expand a row to the study's images.
@@ -68,7 +74,15 @@ def index_headers(folder: Path) -> pd.DataFrame:
 
 def read(config) -> AdapterOutput:
     options: GenericDicomOptions = config.adapter_options
-    _, records, problems, path = read_label_table(config, options, options.key_column)
+    table, records, problems, path = read_label_table(config, options, options.key_column)
+    output = keyed_records(config, options, records, problems, path)
+    output.ages = label_table_ages(table, options)
+    return output
+
+
+def keyed_records(config, options: GenericDicomOptions, records: pd.DataFrame, problems: list,
+                  path: Path) -> AdapterOutput:
+    """The label table's records with their DICOM files, by the options' ``key``."""
     prefix = options.dicom_dir.rstrip("/") + "/" if options.dicom_dir else ""
     if options.key == "file_name":
         records["image_path"] = prefix + records["image_path"].astype(str)

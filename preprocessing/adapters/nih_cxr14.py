@@ -21,6 +21,7 @@ from preprocessing.adapters.base import (
     AdapterOptions,
     AdapterOutput,
     MetadataFile,
+    age_notes,
     build_records,
     finish,
     normalize_sex,
@@ -121,7 +122,7 @@ def read(config) -> AdapterOutput:
         ((findings == "").to_numpy(), Reason.UNPARSABLE_LABEL, "Finding Labels is blank"),
         (unknown, Reason.UNPARSABLE_LABEL, "Finding Labels has a term outside the 14 NIH findings: " + findings),
     ]
-    return finish(records, problems, len(table), [path, *split_files])
+    return finish(records, problems, len(table), [path, *split_files], age_notes(table["Patient Age"]))
 
 
 ADAPTER = Adapter(name="nih-cxr14", tasks=("chest-xray",), options=NihOptions, files=files, read=read)

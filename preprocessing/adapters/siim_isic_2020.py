@@ -17,6 +17,7 @@ from preprocessing.adapters.base import (
     AdapterOptions,
     AdapterOutput,
     MetadataFile,
+    age_notes,
     build_records,
     finish,
     normalize_sex,
@@ -64,7 +65,8 @@ def read(config) -> AdapterOutput:
         len(table),
     )
     detail = "target=" + table["target"].fillna("<blank>").astype(str) + " is not 0 or 1"
-    return finish(records, [(target.isna().to_numpy(), Reason.UNPARSABLE_LABEL, pd.Series(detail))], len(table), [path])
+    return finish(records, [(target.isna().to_numpy(), Reason.UNPARSABLE_LABEL, pd.Series(detail))], len(table), [path],
+                  age_notes(table["age_approx"]))
 
 
 ADAPTER = Adapter(
