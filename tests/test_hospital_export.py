@@ -95,13 +95,24 @@ def test_the_export_onboards_with_its_values_mapped(export, tmp_path):
 
     out = tmp_path / "shards"
     result = fedauc("preprocess", site, "--out", out, "--workers", "0")
-    assert result.exit_code == 0, result.output  # one truncated file of 42 rows: under the site's 5 %
+    # The same picture three times (a copy with new UIDs under another patient, an 8-bit PNG export of one of
+    # them) is 3 of 42 rows, over the site's 5 %: the exit code says so, the shards are written.
+    assert result.exit_code == LOSS_EXIT_CODE, result.output
+    assert "3 of 42 rows (7.1 %) quarantined as near_duplicate, over the site's max_quarantine_share" in result.output
     quarantine = pd.read_parquet(out / "riverbank" / QUARANTINE_FILE).set_index("image_path")
     assert quarantine.loc[export.planted["truncated"], "reason"] == "unreadable_file"
     assert quarantine.loc[export.planted["lateral"], "reason"] == "excluded_view"
+    assert quarantine.loc[export.planted["leg"], "reason"] == "wrong_body_part"  # a leg filed as a chest study
+    copies = (export.png_of, export.planted["reuid_copy"], export.planted["png_reexport"])
+    assert set(quarantine.loc[list(copies), "reason"]) == {"near_duplicate"}
+    assert export.planted["reuid_copy"] in quarantine.loc[export.png_of, "detail"]  # each names the other
+    assert export.png_of in quarantine.loc[export.planted["reuid_copy"], "detail"]
+    assert export.planted["jpeg"] not in quarantine.index  # a JPEG export of a picture of its own is kept
     qc = json.loads((out / "riverbank" / "qc" / "report.json").read_text())
     assert qc["accounting"]["holds"] and qc["accounting"]["input_rows"] == len(export.rows)
-    assert len(qc["quarantine"]["rows"]) == 2
+    assert len(qc["quarantine"]["rows"]) == 6
+    kept = pd.concat(pd.read_parquet(path) for path in (out / "riverbank").glob("*/manifest.parquet"))
+    assert not set(kept["image_path"]) & set(quarantine.index)
     assert qc["ages"] == {"top_coded": len(TOP_CODED_AGES), "unreadable": len(UNREADABLE_AGES)}
     assert "3 top-coded (`90+`, `>89`: read as their bound), 2 unreadable" in (
         out / "riverbank" / "qc" / "report.md").read_text()
@@ -112,7 +123,6 @@ def test_the_export_onboards_with_its_values_mapped(export, tmp_path):
                if row["age_at_exam"] in UNREADABLE_AGES)
     # a site without a privacy budget leaves nothing in the site's state directory, not even a ledger lock
     assert not list(state_dir().glob("riverbank*"))
-    # Issue 53's other branches: the leg (wrong_body_part) and the copies (near_duplicate) are asserted there.
 
     # A stricter site: the one truncated file is now over its share; the shards are still written.
     strict = export.site_yaml(tmp_path / "strict.yaml", options={"label_values": {"cardiomegaly_flag": "yes-no"}},
@@ -122,6 +132,7 @@ def test_the_export_onboards_with_its_values_mapped(export, tmp_path):
     assert "shards unchanged, nothing to do" in result.output  # the share tolerated changes no shard
     assert ("1 of 42 rows (2.4 %) quarantined as unreadable_file, over the site's max_quarantine_share of 1 %"
             in result.output) and "files dicom/**/*.dcm (1)" in result.output
+    assert "quarantined as wrong_body_part, over the site's max_quarantine_share of 1 %" in result.output
     assert (out / "riverbank" / "shard.json").is_file()
 
 
