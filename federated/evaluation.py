@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from federated.algorithms.base import FederationContext, Site
+from federated.ood import OodModel
 from federated.predict import predict_scores
 from federated.state import model_tensors, nbytes
 from models.metrics import (
@@ -247,6 +248,8 @@ class Evaluation:
     # The valid split's, likewise: the registered model's operating points are read from them
     # (pipelines/model_package/thresholds.py).
     valid_histograms: np.ndarray | None = None
+    # After the last round, the out-of-distribution refusal's model (federated/ood.py); None otherwise.
+    ood: OodModel | None = None
 
 
 def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationContext, bn_stats: str, bins: int,

@@ -89,7 +89,7 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
     contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
-                            mlflow.active_run().info.run_id)
+                            mlflow.active_run().info.run_id, None if result.ood is None else result.ood.reference)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:
@@ -102,7 +102,8 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
                 "a DP training's sites release no exact evaluation of the champion and it has no "
                 "--eval-noise-multiplier: the champion keeps the alias")})
     version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
-                                                own_score, collapsed, evaluation, contract)
+                                                own_score, collapsed, evaluation, contract,
+                                                None if result.ood is None else result.ood.gaussian)
     descriptions.describe_version(federation.task, version, contract, config.algorithm, own_score)
     descriptions.describe_registered_model(federation.task)  # the alias may have moved
     return version, promoted

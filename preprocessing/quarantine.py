@@ -39,6 +39,8 @@ class Reason(str, Enum):
     DUPLICATE_CONTENT = "duplicate_content"  # byte-identical to a kept image of another patient or split
     # scoring only (pipelines/model_package/predict.py): a DICOM of a body part the registered model does not read
     WRONG_BODY_PART = "wrong_body_part"
+    # scoring only: features further from the training images' than the model's threshold (federated/ood.py)
+    OUT_OF_DISTRIBUTION = "out_of_distribution"
 
 
 STAGES = ("scan", "split", "decode", "dedup")
