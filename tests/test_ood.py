@@ -115,7 +115,8 @@ def test_the_pyfunc_refuses_the_same_files_with_the_same_distance(store, tmp_pat
     served = model.predict(pd.DataFrame({"path": paths}))
     table = _predict("--task", "chest-xray", *paths, "--out", tmp_path / "t.csv")
     assert list(served["reason"]) == list(table["reason"])
-    np.testing.assert_allclose(served["ood_distance"], table["ood_distance"].astype(float), rtol=1e-9)
+    # The float32 network's features differ in their last bits with the batch a file is scored in.
+    np.testing.assert_allclose(served["ood_distance"], table["ood_distance"].astype(float), rtol=1e-5)
 
 
 def test_drift_counts_refusals_by_reason():
