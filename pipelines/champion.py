@@ -40,10 +40,13 @@ from federated.schema import (
 )
 from federated.scoring import ModelToScore
 from federated.version import code_version
-from pipelines import descriptions, evaluations, registry
-from pipelines.model_package import thresholds
+from pipelines import descriptions, evaluations, plots, registry
+from pipelines.model_package import calibration, thresholds
 from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
+
+# The reliability diagram before and after calibration, an artifact of the training run that registers the model.
+RELIABILITY_ARTIFACT = "reliability_valid_pooled.png"
 
 
 def register_candidate(federation: Federation, trained: Trained, shards_root: Path | None, launcher: Launcher
@@ -77,19 +80,28 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
         return evaluations.score_models(federation, models, shards_root, launcher, noise)
 
-    valid_histograms = result.valid_histograms
+    valid_histograms, test_histograms = result.valid_histograms, result.test_histograms
     if scorable and (config.bn_stats == "local" or valid_histograms is None):
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes)
         scored = score([(candidate, model.state_dict())])[0].evaluation
-        valid_histograms = scored.valid_histograms
+        valid_histograms, test_histograms = scored.valid_histograms, scored.test_histograms
         if config.bn_stats == "local":
             own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
             mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}")
+    calibrated = None if valid_histograms is None else calibration.from_histograms(
+        valid_histograms, list(federation.sites[0].diseases), f"pooled validation of federation {federation.name}",
+        test_histograms)
+    if calibrated is not None:
+        figure = plots.reliability_figure(valid_histograms, list(federation.sites[0].diseases), calibrated,
+                                          f"{federation.name}: reliability, pooled validation")
+        mlflow.log_figure(figure, RELIABILITY_ARTIFACT)
+        plots.plt.close(figure)
     contract = contract_for(federation, config.network, config.network_kwargs, input_shape, code_version(), points,
-                            mlflow.active_run().info.run_id, None if result.ood is None else result.ood.reference)
+                            mlflow.active_run().info.run_id, None if result.ood is None else result.ood.reference,
+                            calibrated)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:

@@ -30,6 +30,7 @@ from pipelines.model_package.predict import (
     UID_COLUMNS,
     Item,
     Scorer,
+    calibrated_column,
     decisions,
     folder_items,
     probability_column,
@@ -84,6 +85,7 @@ def output_schema(diseases: list[str]) -> pa.Schema:
     fields += [(c, pa.string()) for c in UID_COLUMNS]
     fields += [("model", pa.string()), ("model_version", pa.string()), ("operating_point", pa.string())]
     fields += [(probability_column(d), pa.float64()) for d in diseases] + [(d, pa.bool_()) for d in diseases]
+    fields += [(calibrated_column(d), pa.float64()) for d in diseases]
     return pa.schema([*fields, (OOD_COLUMN, pa.float64())])
 
 

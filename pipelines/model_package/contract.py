@@ -6,7 +6,8 @@ order, how a file becomes the network's input (preprocessing's decoder version a
 channels, the modalities and views the task accepts: the settings the shards it was trained on were made
 with), the body parts the task is read on, the network and its input shape, the fedauc code version that
 trained it, the operating points read from the pooled validation histograms, the out-of-distribution refusal's
-threshold (its feature mean and precision in ``fedauc_ood.npz`` beside it) and the model's provenance (its
+threshold (its feature mean and precision in ``fedauc_ood.npz`` beside it), the calibration map and the model's
+provenance (its
 federation, the number of sites, the training run, whether any site's images were synthetic). docs/deploy.md
 section 1 describes each field.
 """
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federated.ood import OodReference
 from federated.scoring import ModelToScore
+from pipelines.model_package.calibration import Calibration
 from pipelines.model_package.thresholds import OperatingPoints
 from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeLimits
 from preprocessing.federation import Federation
@@ -93,6 +95,9 @@ class ModelContract(BaseModel):
     # the contract. None: trained under differential privacy or registered before the refusal: nothing is refused
     # for being unlike the training images.
     ood: OodReference | None = None
+    # The map from score to calibrated probability and its calibration errors, fitted on the same pooled validation
+    # histograms as the operating points (pipelines/model_package/calibration.py). None: registered before it.
+    calibration: Calibration | None = None
 
     @model_validator(mode="after")
     def _task_gate_by_default(self) -> ModelContract:
@@ -114,7 +119,7 @@ class ModelContract(BaseModel):
 
 def contract_for(federation: Federation, network: str, network_kwargs: dict, input_shape: tuple[int, ...],
                  code_version: str, operating_points: OperatingPoints | None, training_run: str,
-                 ood: OodReference | None = None) -> ModelContract:
+                 ood: OodReference | None = None, calibration: Calibration | None = None) -> ModelContract:
     """The contract of a model trained on ``federation``'s shards in the MLflow run ``training_run``. The sites'
     YAMLs say how their shards were made; the first site's decoding settings are the contract's (every site of a
     federation tiles to the same input shape), the views are those any site trained on."""
@@ -128,6 +133,7 @@ def contract_for(federation: Federation, network: str, network_kwargs: dict, inp
                          body_parts=list(BODY_PARTS[federation.task]),
                          anatomic_regions=list(ANATOMIC_REGIONS[federation.task]),
                          code_version=code_version, operating_points=operating_points, ood=ood,
+                         calibration=calibration,
                          provenance=Provenance(federation=federation.name, sites=len(federation.sites),
                                                training_run=training_run,
                                                synthetic_sites=federation.synthetic_sites()))

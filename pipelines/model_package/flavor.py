@@ -5,7 +5,7 @@ pyfunc model taking image files, with its contract (``pipelines.model_package.co
 ``mlflow.pytorch.load_model`` still gives the network), ``fedauc_contract.json``, and a ``python_function``
 flavour whose loader is this module: ``mlflow.pyfunc.load_model(uri).predict(df)`` takes a DataFrame with a
 column ``path`` (image files on the scoring machine) or ``bytes`` (each file's bytes, base64) and returns one
-row per image: ``p_<disease>`` per output, ``status`` (scored | refused), ``reason`` and ``ood_distance`` (the
+row per image: ``p_<disease>`` per output, ``calibrated_<disease>`` (its calibrated probability), ``status`` (scored | refused), ``reason`` and ``ood_distance`` (the
 image's distance to the training images, ``federated.ood``; NaN where not measured). ``mlflow models serve
 --env-manager local`` serves the same on ``/invocations``. No code travels in the model: the loader is
 fedauc's own, installed at the hospital (docs/deploy.md section 1).
@@ -30,7 +30,15 @@ from mlflow.types import ColSpec, Schema
 
 from federated.ood import Gaussian
 from pipelines.model_package.contract import CONTRACT_FILE, METADATA_KEY, OOD_FILE, ModelContract
-from pipelines.model_package.predict import OOD_COLUMN, REFUSED, Item, Scorer, probability_column, score_items
+from pipelines.model_package.predict import (
+    OOD_COLUMN,
+    REFUSED,
+    Item,
+    Scorer,
+    calibrated_column,
+    probability_column,
+    score_items,
+)
 
 INPUT_COLUMNS = ("path", "bytes")
 
@@ -69,6 +77,7 @@ def save_model(path, mlflow_model: Model, pytorch_model, contract: ModelContract
 def signature(contract: ModelContract) -> ModelSignature:
     inputs = Schema([ColSpec("string", column, required=False) for column in INPUT_COLUMNS])
     outputs = Schema([ColSpec("double", probability_column(d)) for d in contract.diseases]
+                     + [ColSpec("double", calibrated_column(d)) for d in contract.diseases]
                      + [ColSpec("string", "status"), ColSpec("string", "reason"), ColSpec("double", OOD_COLUMN)])
     return ModelSignature(inputs, outputs)
 
@@ -106,7 +115,9 @@ class ImagePyfunc:
         else:
             rows = self._score_bytes(frame["bytes"])
         out = pd.DataFrame(rows)
-        return out[[probability_column(d) for d in self.scorer.contract.diseases] + ["status", "reason", OOD_COLUMN]]
+        diseases = self.scorer.contract.diseases
+        return out[[probability_column(d) for d in diseases] + [calibrated_column(d) for d in diseases]
+                   + ["status", "reason", OOD_COLUMN]]
 
     def _score_bytes(self, encoded: pd.Series) -> list[dict]:
         # Each file written to a private folder of its own and decoded there with the same guards as any file.

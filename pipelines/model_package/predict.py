@@ -70,6 +70,11 @@ def probability_column(disease: str) -> str:
     return f"p_{disease}"
 
 
+def calibrated_column(disease: str) -> str:
+    """The calibrated probability beside the raw score ``p_<disease>`` (NaN where the model has no map)."""
+    return f"calibrated_{disease}"
+
+
 def view_name(position: str) -> str:
     """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
     return _VIEW_NAMES.get(position.strip().upper(), "unknown")
@@ -78,7 +83,8 @@ def view_name(position: str) -> str:
 def score_items(scorer: Scorer, items: Iterable[Item], batch_size: int = 64, workers: int = 1,
                 on_done=None) -> Iterator[dict]:
     """One row per item, in order: ``source``, ``status`` (scored | refused), ``reason``, ``detail``, the DICOM
-    UIDs where the file is a DICOM, ``p_<disease>`` per output (NaN when refused) and ``ood_distance`` (NaN where
+    UIDs where the file is a DICOM, ``p_<disease>`` per output (NaN when refused), ``calibrated_<disease>`` (the
+    contract's calibration map of it, pipelines/model_package/calibration.py) and ``ood_distance`` (NaN where
     the model has no refusal model or the file was not decoded). ``workers`` decoding
     processes (0: this process, without the per-file time limit). ``on_done(n)`` after each chunk."""
     transform = scorer.contract.transform()
@@ -145,6 +151,8 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
                 f"the threshold {contract.ood.threshold:.1f} (which refuses "
                 f"{contract.ood.valid_false_refusal:.1%} of the pooled validation images)"))
         row.update({probability_column(d): float(v) for d, v in zip(contract.diseases, p)})
+        row.update({calibrated_column(d): float(contract.calibration.apply(d, v)) if contract.calibration else np.nan
+                    for d, v in zip(contract.diseases, p)})
     return rows
 
 
