@@ -119,6 +119,33 @@ def test_the_pyfunc_refuses_the_same_files_with_the_same_distance(store, tmp_pat
     np.testing.assert_allclose(served["ood_distance"], table["ood_distance"].astype(float), rtol=1e-5)
 
 
+def test_calibrated_probabilities_are_in_the_contract_the_table_the_pyfunc_and_the_run(store, tmp_path):
+    from pipelines.champion import RELIABILITY_ARTIFACT
+    from pipelines.model_package import loading
+
+    with loading.scratch_folder() as folder:
+        contract = loading.load_registered(None, "chest-xray", folder).contract
+    calibration = contract.calibration
+    assert calibration is not None and calibration.source == "pooled validation of federation tiny-chest"
+    assert set(calibration.diseases) | set(calibration.undefined) == set(contract.diseases)
+    for fitted in calibration.diseases.values():
+        assert fitted.slope > 0 and fitted.test_before is not None
+        assert fitted.valid_after.low <= fitted.valid_after.value <= fitted.valid_after.high
+    own = sorted((store / "data" / "boston").rglob("*.jpg"))[:4]
+    table = _predict("--task", "chest-xray", *own, "--out", tmp_path / "c.csv")
+    served = mlflow.pyfunc.load_model("models:/fedauc-chest-xray@champion").predict(
+        pd.DataFrame({"path": list(map(str, own))}))
+    scored = table["status"] == "scored"
+    assert scored.any()
+    for disease in contract.diseases:
+        raw, stated = table[f"p_{disease}"].astype(float), table[f"calibrated_{disease}"].astype(float)
+        expected = calibration.apply(disease, raw[scored])
+        np.testing.assert_allclose(stated[scored], expected, rtol=1e-9, equal_nan=True)
+        np.testing.assert_allclose(served[f"calibrated_{disease}"][scored], expected, rtol=1e-5, equal_nan=True)
+    run_id = contract.provenance.training_run
+    assert RELIABILITY_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(run_id)]
+
+
 def test_drift_counts_refusals_by_reason():
     from pipelines.hospital import drift
 
