@@ -130,7 +130,8 @@ def test_calibrated_probabilities_are_in_the_contract_the_table_the_pyfunc_and_t
     assert set(calibration.diseases) | set(calibration.undefined) == set(contract.diseases)
     for fitted in calibration.diseases.values():
         assert fitted.slope > 0 and fitted.test_before is not None
-        assert fitted.valid_after.low <= fitted.valid_after.value <= fitted.valid_after.high
+        # The ECE is biased upwards on few images: its bootstrap interval may lie above the estimate, never reversed.
+        assert 0 <= fitted.valid_after.low <= fitted.valid_after.high
     own = sorted((store / "data" / "boston").rglob("*.jpg"))[:4]
     table = _predict("--task", "chest-xray", *own, "--out", tmp_path / "c.csv")
     served = mlflow.pyfunc.load_model("models:/fedauc-chest-xray@champion").predict(

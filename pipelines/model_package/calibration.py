@@ -14,8 +14,10 @@ increasing: an operating point's threshold t is the calibrated threshold map(t),
 specificity.
 
 The expected calibration error (Guo et al. 2017, ``RELIABILITY_BINS`` equal-width bins of the stated
-probability) is stated before and after the map, with a 95 % bootstrap interval (the histograms' counts
-resampled as one multinomial draw of the same total).
+probability) is stated before and after the map, with a 95 % percentile bootstrap interval (the histograms'
+counts resampled as one multinomial draw of the same total). The ECE is biased upwards on few images (each
+reliability bin's |observed - stated| gains from sampling noise), so on a small split the interval can lie
+above the estimate: it says how far the error could be, not that the estimate is central.
 """
 
 from __future__ import annotations
