@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from federated import ood
 from federated.backends import DistributedTransport, SiteFailure
 from federated.config import TensorSite, TrainConfig
 from federated.engine import Engine
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
     if args.out is not None and engine.is_leader:
         torch.save({"global_state": result.global_state, "history": result.history,
-                    "input_shape": result.input_shape, "num_classes": result.num_classes}, args.out)
+                    "input_shape": result.input_shape, "num_classes": result.num_classes,
+                    "ood": ood.to_saved(result.ood)}, args.out)
     engine.transport.close()
     return 0
 

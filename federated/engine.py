@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from federated import evaluation
+from federated import evaluation, ood
 from federated.aggregation import robust_rule
 from federated.algorithms.base import Algorithm, Site
 from federated.backends import InProcessTransport
@@ -62,6 +62,7 @@ class TrainResult:
     test_histograms: np.ndarray | None = None  # the last evaluation's, summed over sites (evaluation.Evaluation)
     privacy: dict[str, dict] = field(default_factory=dict)  # under DP, site -> its epsilons (federated/privacy)
     valid_histograms: np.ndarray | None = None  # likewise (the registered model's operating points)
+    ood: ood.OodModel | None = None  # the out-of-distribution refusal's model, fitted after the last round
 
     def model(self) -> nn.Module:
         """The global network, rebuilt from the config and loaded with the final weights."""
@@ -327,7 +328,15 @@ class Engine:
         if not (self.has_eval_data and self.config.evaluates_after(r)):
             return None
         released.evaluations += 1
-        return self.evaluate()
+        evaluated = self.evaluate()
+        if r == self.config.rounds - 1 and self.config.ood_false_refusal > 0 and self.config.dp is None:
+            evaluated.ood, sent = ood.federated_statistics(
+                self.global_model(), self.sites, self.transport, self.device, self.config.ood_false_refusal,
+                "pooled train and validation splits of the training's sites", self._mean_bytes, self.fed.amp,
+                self.fed.channels_last)
+            evaluated.bytes_sent = [a + b for a, b in zip(evaluated.bytes_sent, sent)]
+            evaluated.bytes_received = [a + b for a, b in zip(evaluated.bytes_received, sent)]
+        return evaluated
 
     def _checkpoint(self, r: int, history: list[RoundRecord]) -> None:
         if self.config.checkpoint_dir is not None:
@@ -341,7 +350,8 @@ class Engine:
                                                                    last_evaluation.valid_histograms)
         return TrainResult(state, history, self.config, self.input_shape, self.fed.num_classes,
                            {s.index: s.state for s in self.sites}, histograms[0],
-                           {p.name: p.epsilon for p in self.privacy or ()}, histograms[1])
+                           {p.name: p.epsilon for p in self.privacy or ()}, histograms[1],
+                           None if last_evaluation is None else last_evaluation.ood)
 
 
 __all__ = ["Engine", "RoundCallback", "TrainResult"]

@@ -43,6 +43,7 @@ from torch import nn
 
 from federated import subgroups
 from federated.algorithms.base import FederationContext, Site
+from federated.ood import OodModel
 from federated.predict import predict_scores
 from federated.state import model_tensors, nbytes
 from models.metrics import (
@@ -248,6 +249,8 @@ class Evaluation:
     # The valid split's, likewise: the registered model's operating points are read from them
     # (pipelines/model_package/thresholds.py).
     valid_histograms: np.ndarray | None = None
+    # After the last round, the out-of-distribution refusal's model (federated/ood.py); None otherwise.
+    ood: OodModel | None = None
 
 
 def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationContext, bn_stats: str, bins: int,

@@ -39,6 +39,7 @@ from typing import Annotated, ClassVar, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from federated import ood
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
@@ -156,7 +157,7 @@ class Torchrun(_Launcher):
             for callback in callbacks:
                 callback(record)
         return TrainResult(saved["global_state"], saved["history"], config, tuple(saved["input_shape"]),
-                           saved["num_classes"])
+                           saved["num_classes"], ood=ood.from_saved(saved.get("ood")))
 
 
 class TorchrunFailed(FedaucError, RuntimeError):

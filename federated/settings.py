@@ -47,6 +47,9 @@ class TrainSettings(BaseModel):
     # error bound shrinks as 1/eval_bins, the evaluation payload grows as 16 * C * eval_bins bytes per site.
     eval_bins: int = Field(default=1000, ge=1)
     eval_min_count: int = Field(default=10, ge=1)  # site metrics from fewer positives or negatives are suppressed
+    # The out-of-distribution refusal's target false-refusal rate on the pooled validation split (federated/ood.py),
+    # fitted after the last round; 0: no refusal model (never under differential privacy: docs/privacy.md section 5).
+    ood_false_refusal: float = Field(default=0.01, ge=0.0, lt=1.0)
     device: str = "auto"  # "auto" = cuda when available; under torchrun cuda:<local rank>
     amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
     channels_last: bool = True  # CUDA only

@@ -41,10 +41,13 @@ from federated.schema import (
 from federated.scoring import ModelToScore
 from federated.sites import trained_diseases
 from federated.version import code_version
-from pipelines import descriptions, evaluations, model_card, registry
-from pipelines.model_package import thresholds
+from pipelines import descriptions, evaluations, model_card, plots, registry
+from pipelines.model_package import calibration, thresholds
 from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
+
+# The reliability diagram before and after calibration, an artifact of the training run that registers the model.
+RELIABILITY_ARTIFACT = "reliability_valid_pooled.png"
 
 
 def register_candidate(federation: Federation, trained: Trained, shards_root: Path | None, launcher: Launcher
@@ -79,20 +82,28 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
         return evaluations.score_models(federation, models, shards_root, launcher, noise)
 
-    valid_histograms = result.valid_histograms
+    valid_histograms, test_histograms = result.valid_histograms, result.test_histograms
     if scorable and (config.bn_stats == "local" or valid_histograms is None):
         candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
                                  input_shape=input_shape, num_classes=num_classes,
                                  diseases=diseases)
         scored = score([(candidate, model.state_dict())])[0].evaluation
-        valid_histograms = scored.valid_histograms
+        valid_histograms, test_histograms = scored.valid_histograms, scored.test_histograms
         if config.bn_stats == "local":
             own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
             mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
     points = None if valid_histograms is None else thresholds.from_histograms(
         valid_histograms, list(diseases), f"pooled validation of federation {federation.name}")
-    contract = contract_for(federation, diseases, config.network, config.network_kwargs, input_shape, code_version(), points,
-                            mlflow.active_run().info.run_id)
+    calibrated = None if valid_histograms is None else calibration.from_histograms(
+        valid_histograms, list(diseases), f"pooled validation of federation {federation.name}", test_histograms)
+    if calibrated is not None:
+        figure = plots.reliability_figure(valid_histograms, list(diseases), calibrated,
+                                          f"{federation.name}: reliability, pooled validation")
+        mlflow.log_figure(figure, RELIABILITY_ARTIFACT)
+        plots.plt.close(figure)
+    contract = contract_for(federation, diseases, config.network, config.network_kwargs, input_shape, code_version(),
+                            points, mlflow.active_run().info.run_id, None if result.ood is None else result.ood.reference,
+                            calibrated)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:
@@ -105,7 +116,8 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
                 "a DP training's sites release no exact evaluation of the champion and it has no "
                 "--eval-noise-multiplier: the champion keeps the alias")})
     version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
-                                                own_score, collapsed, evaluation, contract)
+                                                own_score, collapsed, evaluation, contract,
+                                                None if result.ood is None else result.ood.gaussian)
     descriptions.describe_registered_model(federation.task)  # the alias may have moved
     # The new version's card and description; the old and new champions' cards and descriptions name them.
     model_card.alias_moved(federation.task, [version, champion, registry.champion_version(federation.task)])

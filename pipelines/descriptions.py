@@ -92,11 +92,6 @@ def operating_point_lines(points) -> list[str]:
     return lines
 
 
-def describe_version(task: str, version: str, contract, algorithm: str, selection_metric: float) -> None:
-    MlflowClient().update_model_version(registered_model_name(task), version,
-                                        description=version_description(contract, algorithm, selection_metric))
-
-
 def comparison_rows(task: str) -> list[dict[str, str]]:
     """One row per registered version, best validation score first: what the registered model's table shows."""
     client = MlflowClient()

@@ -1,5 +1,5 @@
-"""Plots logged with runs: ROC curves drawn from score histograms (no per-image score needed), and the model
-card's forest plot of AUC by site and subgroup."""
+"""Plots logged with runs: ROC curves and reliability diagrams drawn from score histograms (no per-image score
+needed), and the model card's forest plot of AUC by site and subgroup."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 # histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
 from models.metrics import histogram_auc, histogram_auc_interval, histogram_roc
+from pipelines.model_package.calibration import Calibration, bin_centres, platt, reliability
 
 
 def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
@@ -59,5 +60,31 @@ def forest_figure(rows: list[tuple[str, dict[str, tuple[float, float, float]]]],
         ax.tick_params(labelsize=7)
     axes[0][0].set_yticks(positions, [label for label, _ in rows], fontsize=7)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def reliability_figure(histograms: np.ndarray, diseases: list[str], calibration: Calibration, title: str):
+    """Per disease, the observed rate of disease against the stated probability, before (the raw score) and after
+    the calibration map, from score histograms (C, 2, B); the legend gives each curve's expected calibration
+    error and its 95 % interval."""
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    centres = bin_centres(histograms.shape[-1])
+    for column, disease in enumerate(diseases):
+        fitted = calibration.diseases.get(disease)
+        if fitted is None:
+            ax.plot([], [], " ", label=f"{disease}: no map ({calibration.undefined.get(disease, '')})")
+            continue
+        positives, negatives = np.clip(np.asarray(histograms[column], dtype=np.float64), 0, None)
+        for stated, ece, style in ((centres, fitted.valid_before, "--"),
+                                   (platt(centres, fitted.slope, fitted.intercept), fitted.valid_after, "-")):
+            images, mean_stated, observed = reliability(positives, negatives, stated)
+            filled = images > 0
+            when = "raw score" if style == "--" else "calibrated"
+            ax.plot(mean_stated[filled], observed[filled], style, marker="o", ms=3,
+                    label=f"{disease}, {when}: ECE {ece.value:.3f} [{ece.low:.3f}, {ece.high:.3f}]")
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="Stated probability", ylabel="Observed rate of disease", title=title, xlim=(0, 1), ylim=(0, 1.01))
+    ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     return fig

@@ -50,6 +50,7 @@ def register_model(
     collapsed: list[str] = (),
     evaluation: str | None = None,
     contract=None,
+    ood=None,
 ) -> tuple[str, bool]:
     """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
     version with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns
@@ -59,7 +60,8 @@ def register_model(
     there is recorded before (:func:`record_score`, pipelines/champion.py), so registering only compares.
     ``contract`` (a ``pipelines.model_package.contract.ModelContract``): what the model says about itself; with it
     the model is also a pyfunc model that scores image files (``pipelines.model_package.flavor``), without it (the
-    registry's own tests) the bare program is logged.
+    registry's own tests) the bare program is logged. ``ood``: the ``federated.ood.Gaussian`` of the contract's
+    out-of-distribution refusal, stored beside it.
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
     centre: a synthetic batch of the right shape and dtype, never a patient's images.
@@ -79,7 +81,7 @@ def register_model(
     if contract is not None:
         from pipelines.model_package.flavor import log_model
 
-        info = log_model(model, contract, input_example, requirements)
+        info = log_model(model, contract, input_example, requirements, ood)
     else:
         info = mlflow.pytorch.log_model(model, name="model", input_example=input_example,
                                         serialization_format="pt2", pip_requirements=requirements)

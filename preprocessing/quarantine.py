@@ -41,6 +41,8 @@ class Reason(str, Enum):
     # shard stage: across records
     DUPLICATE_CONTENT = "duplicate_content"  # byte-identical to a kept image of another patient or split
     NEAR_DUPLICATE = "near_duplicate"  # the same picture as another kept image (preprocessing.near_duplicates)
+    # scoring only: features further from the training images' than the model's threshold (federated/ood.py)
+    OUT_OF_DISTRIBUTION = "out_of_distribution"
 
 
 STAGES = ("scan", "split", "decode", "dedup")

@@ -45,6 +45,11 @@ def test_simulated_consortium_trains_the_in_process_model(tmp_path, melanoma_sha
     # The summed valid histograms come back too: the registered model's operating points are read from them.
     assert local.valid_histograms is not None and flare.valid_histograms is not None
     assert abs(flare.valid_histograms - local.valid_histograms).sum() <= 2  # a score at a bin edge may move
+    # The out-of-distribution refusal's model comes back too, from the same sums (federated/ood.py).
+    assert local.ood is not None and flare.ood is not None
+    assert flare.ood.reference.threshold == pytest.approx(local.ood.reference.threshold, rel=0.05)
+    assert flare.ood.reference.train_images == local.ood.reference.train_images
+    assert abs(flare.ood.valid_histogram - local.ood.valid_histogram).sum() <= 2
     worst = max((flare.global_state[k].float() - v.float()).abs().max().item() for k, v in local.global_state.items())
     assert worst <= 1e-5
     for mine, theirs in zip(local.history, flare.history, strict=True):

@@ -70,6 +70,13 @@ def test_flare_simulated_training_is_recorded_like_in_process(tmp_path, melanoma
               for run in (local, flare)]
         assert qc[0] == qc[1]
         assert flare["model_version"] is not None
+        # The registered contract carries the out-of-distribution threshold, fitted from the sites' sums over FLARE
+        # (secure aggregation included) as in-process.
+        contracts = [mlflow.models.get_model_info(f"models:/fedauc-melanoma/{run['model_version']}").metadata["fedauc"]
+                     for run in (local, flare)]
+        assert contracts[1]["ood"] is not None and contracts[1]["ood"]["threshold"] > 0
+        assert contracts[1]["ood"]["threshold"] == pytest.approx(contracts[0]["ood"]["threshold"], rel=0.05)
+        assert contracts[1]["ood"]["train_images"] == contracts[0]["ood"]["train_images"]
         assert list((tmp_path / "flare").rglob("log.txt"))  # the job's logs stay in its workspace
         assert (root / "ckpt" / "flare").is_dir()  # the checkpoints where the command said, not in the workspace
     finally:

@@ -142,10 +142,13 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
     registered = ModelContract.model_validate(mlflow.models.get_model_info(MODEL).metadata[METADATA_KEY])
     assert registered.provenance.federation == "pacs-test" and not registered.provenance.synthetic
     image = pydicom.dcmread(radiograph(tmp_path / "pa.dcm", generate_uid(), "P1", "PA", 1), stop_before_pixels=True)
-    row = {"p_A": 0.25, "A": False}
+    row = {"p_A": 0.25, "calibrated_A": 0.031, "A": False}
     sr = dicom_sr.study_report([image], [row], ["A"], "fedauc-chest-xray", "3", "youden", "test",
                              provenance=provenance)
     content = dicom_sr.read_report(sr)
+    # The calibrated probability beside the raw score (docs/algorithms.md section 16).
+    (scores,) = content["images"].values()
+    assert scores == {"A": 0.25, "A calibrated": 0.031, "A decision": "negative"}
     assert content["Training federation"] == "demo-chest" and content["Training sites"] == "4"
     assert content["Training run"] == "0123abcd"
     assert content["Synthetic training data"] == "yes: stanford, nih, san-juan, hanoi"

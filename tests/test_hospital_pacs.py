@@ -127,6 +127,13 @@ def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
         for disease in scorer.contract.diseases:
             assert scores[disease] == pytest.approx(expected[uid][f"p_{disease}"], abs=1e-6)
             assert scores[f"{disease} decision"] in ("positive", "negative")
+            # The calibrated probability predict states, where the contract has a map for the disease (none stated
+            # without one: this store's model is registered without calibration).
+            calibrated = expected[uid][f"calibrated_{disease}"]
+            mapped = scorer.contract.calibration.diseases if scorer.contract.calibration else {}
+            assert (f"{disease} calibrated" in scores) == (disease in mapped)
+            if f"{disease} calibrated" in scores:
+                assert scores[f"{disease} calibrated"] == pytest.approx(calibrated, abs=1e-6)
     assert dciodvfy_errors(report_read, tmp_path / "sr.dcm") == []
     # Given to predict, the SR is no image (docs/deploy.md), not a wrong modality.
     (sr_row,) = score_items(scorer, [Item(str(tmp_path / "sr.dcm"), str(tmp_path))], workers=0)

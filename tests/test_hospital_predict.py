@@ -179,7 +179,8 @@ def test_thresholds_recalibrate_at_a_hospital_and_predict_says_it_uses_them(stor
     assert set(table["operating_point"]) == {"sens90"}
 
 
-def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(store, tmp_path):
+def test_drift_is_near_zero_on_the_validation_split_large_on_a_shifted_site_and_a_foreign_one_is_refused(
+        store, tmp_path):
     from PIL import Image
 
     from pipelines.hospital import drift
@@ -189,13 +190,22 @@ def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(
     valid = load_shard(store / "shards" / "vienna").splits["valid"]
     reference = predict_scores(spec.build(state), valid.images, torch.device("cpu")).astype(np.float64)
     same = _predict(store / "vienna.yaml", "--split", "valid", "--out", tmp_path / "same.csv", "--workers", "0")
-    # A shifted site: the same lesions photographed under a strong blue cast, darker (new camera, new light).
+
+    def cast(name: str, gains: list[float]) -> pd.DataFrame:
+        folder = tmp_path / name
+        folder.mkdir()
+        for i, tile in enumerate(valid.images):
+            Image.fromarray((tile.astype(np.float32) * gains).clip(0, 255).astype(np.uint8)).save(folder / f"{i}.png")
+        return _predict(folder, "--task", "melanoma", "--out", tmp_path / f"{name}.csv", "--workers", "0")
+
+    # A shifted site: the same lesions under a mild blue cast (new camera, new light): still like the training
+    # images to the network, so scored, and its scores drift.
     shifted_dir = tmp_path / "shifted"
-    shifted_dir.mkdir()
-    for i, tile in enumerate(valid.images):
-        cast = (tile.astype(np.float32) * [0.35, 0.45, 1.0]).clip(0, 255).astype(np.uint8)
-        Image.fromarray(cast).save(shifted_dir / f"{i}.png")
-    shifted = _predict(shifted_dir, "--task", "melanoma", "--out", tmp_path / "shifted.csv", "--workers", "0")
+    shifted = cast("shifted", [0.8, 0.85, 1.0])
+    # A strong blue cast, darker, is what the out-of-distribution refusal is for (federated/ood.py): nothing is
+    # scored, and the day's record counts the refusals by reason.
+    foreign = cast("foreign", [0.35, 0.45, 1.0])
+    assert set(foreign["reason"]) == {"out_of_distribution"}, foreign[["reason", "ood_distance"]]
     sharing = SharingPolicy(min_count=5)
     near = drift.aggregates(same.to_dict("records"), reference, ["Melanoma"], sharing)
     far = drift.aggregates(shifted.to_dict("records"), reference, ["Melanoma"], sharing)
@@ -211,7 +221,11 @@ def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(
 
     assert leaks(far, shifted) == [] and leaks(near, same) == []
     assert leaks({**far, "suppressed": [shifted["source"][0]]}, shifted) != []
-    assert far["scored"] == len(valid)
+    assert far["scored"] == len(valid) and far["refused"] == {}
+    refused = drift.aggregates(foreign.to_dict("records"), reference, ["Melanoma"], sharing)
+    assert refused["scored"] == "<5" and refused["refused"] == {"out_of_distribution": len(valid)}  # 0 is small
+    assert refused["histograms"] == {}  # no score, so no drift to measure: the refusals are the signal
+    assert drift.record("melanoma", "foreign-clinic", MODEL, "1", refused, "2026-01-02") == []
 
     warnings = drift.record("melanoma", "shifted-clinic", MODEL, "1", far, "2026-01-02")
     assert len(warnings) == 1 and warnings[0].startswith("drift: site shifted-clinic, Melanoma: PSI")
@@ -221,6 +235,9 @@ def test_drift_is_near_zero_on_the_validation_split_and_large_on_a_shifted_site(
     assert run.data.metrics["psi/Melanoma"] > drift.PSI_WARNING and run.data.tags["model_version"] == "1"
     assert run.data.tags["day"] == "2026-01-02"
     assert "drift_shifted-clinic.png" in [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)]
+    (run,) = mlflow.search_runs(experiment_names=["melanoma"], output_format="list",
+                                filter_string="tags.fedauc_role = 'hospital-scoring' and tags.site = 'foreign-clinic'")
+    assert run.data.metrics["refused/out_of_distribution"] == len(valid) and "scored" not in run.data.metrics
 
 
 def test_small_counts_are_suppressed_in_what_leaves():

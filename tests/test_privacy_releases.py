@@ -64,7 +64,9 @@ def engine_fields(transport: RecordingTransport, norm_groups: list[str]) -> dict
     """field -> every value a site sent under it; an engine function not named here fails the test."""
     named = {"federation_context": ["label_counts.positives", "label_counts.known", "label_counts.records"],
              "__init__": ["has_evaluation_split"], "global_model": None, "evaluate": ["evaluation.histograms"],
-             "evaluate.gather": ["evaluation.report"]}
+             "evaluate.gather": ["evaluation.report"],
+             # federated/ood.py's sums and distance histograms: named so that one sent under DP fails as withheld
+             "federated_statistics": ["ood.feature_sums"]}
     row = ROUND_ROW + [f"update_norm.{g}" for g in norm_groups] + TIMINGS
     fields: dict[str, list[torch.Tensor]] = {}
     for sender, names, per_site in transport.sent:
@@ -98,6 +100,8 @@ def test_every_tensor_a_dp_site_sends_is_listed_and_the_withheld_ones_are_nan():
     fields = engine_fields(transport, list(engine.health.groups))
     assert {"evaluation.histograms", "compute_seconds", "stage.mean.a"} <= set(fields)
     assert any(name.startswith("declared.model.") for name in fields)
+    assert not any(name.startswith("ood.") for name in fields), "the OOD statistics are withheld under DP: not computed"
+    assert status("ood.feature_sums", listed) == status("ood.distance_histograms", listed) == "withheld"
     assert not unlisted(fields, listed), f"not in docs/privacy.md section 5: {unlisted(fields, listed)}"
     for name, values in fields.items():
         if status(name, listed) == "withheld":

@@ -17,6 +17,9 @@ RESULT_DIR = "fedauc_result"
 RESULT_FILE = "result.json"
 # In RESULT_DIR: a training's final global model (torch state dict).
 STATE_FILE = "global_state.pt"
+# In RESULT_DIR: a training's out-of-distribution refusal model (``federated.ood.to_saved``: tensors and plain
+# values, read back with ``weights_only=True``); absent where none was fitted (under DP, ``ood_false_refusal=0``).
+OOD_STATE_FILE = "ood_state.pt"
 # In RESULT_DIR: ``<site>.qc_grid.png``, the sample grid of a site whose sharing policy shares it.
 GRID_SUFFIX = "qc_grid.png"
 

@@ -56,7 +56,8 @@ def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list
                  series_instance_uid: str | None = None, previous: list[pydicom.Dataset] = (), *,
                  provenance: Provenance | None = None) -> hd.sr.ComprehensiveSR:
     """The SR of one study: ``images`` the scored instances (headers suffice), ``rows`` their predict rows
-    (``p_<disease>`` and the ``<disease>`` decision, True / False / None); ``provenance`` the model's.
+    (``p_<disease>``, ``calibrated_<disease>`` where the model has a map, and the ``<disease>`` decision, True /
+    False / None); ``provenance`` the model's.
     ``previous``: the SRs this one supersedes (their Study, Series, SOP Instance and SOP Class UIDs), named
     in its Predecessor Documents Sequence; its instance number counts the versions."""
     items = [TextContentItem(_ALGORITHM_NAME, model, CONTAINS), TextContentItem(_ALGORITHM_VERSION, version, CONTAINS),
@@ -71,6 +72,11 @@ def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list
             decision = row[disease]
             children.append(NumContentItem(CodedConcept(f"fedauc-{disease}"[:16], _SCHEME, f"{disease} probability"),
                                            float(np.round(probability, 6)), _UNIT, relationship_type=CONTAINS))
+            calibrated = float(row.get(f"calibrated_{disease}", np.nan))
+            if not np.isnan(calibrated):  # a model registered with a calibration map (docs/algorithms.md section 16)
+                children.append(NumContentItem(
+                    CodedConcept(f"fedauc-c-{disease}"[:16], _SCHEME, f"{disease} calibrated probability"),
+                    float(np.round(calibrated, 6)), _UNIT, relationship_type=CONTAINS))
             text = "no operating point" if decision is None else ("positive" if decision else "negative")
             children.append(TextContentItem(_DECISION, f"{disease}: {text}", CONTAINS))
         finding.ContentSequence = children

@@ -24,11 +24,13 @@ from models.metrics.histograms import score_histograms
 from pipelines.model_package import thresholds as op
 from pipelines.model_package.loading import Chosen
 from pipelines.model_package.predict import (
+    OOD_COLUMN,
     REFUSED,
     SCORED,
     UID_COLUMNS,
     Item,
     Scorer,
+    calibrated_column,
     decisions,
     folder_items,
     probability_column,
@@ -83,7 +85,8 @@ def output_schema(diseases: list[str]) -> pa.Schema:
     fields += [(c, pa.string()) for c in UID_COLUMNS]
     fields += [("model", pa.string()), ("model_version", pa.string()), ("operating_point", pa.string())]
     fields += [(probability_column(d), pa.float64()) for d in diseases] + [(d, pa.bool_()) for d in diseases]
-    return pa.schema(fields)
+    fields += [(calibrated_column(d), pa.float64()) for d in diseases]
+    return pa.schema([*fields, (OOD_COLUMN, pa.float64())])
 
 
 class TableWriter:

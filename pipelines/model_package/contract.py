@@ -5,7 +5,9 @@ folder and the same JSON under ``fedauc`` in the MLmodel's metadata) the task, t
 order, how a file becomes the network's input (preprocessing's decoder version and limits, tile size,
 channels, the modalities and views the task accepts: the settings the shards it was trained on were made
 with), the body parts the task is read on, the network and its input shape, the fedauc code version that
-trained it, the operating points read from the pooled validation histograms and the model's provenance (its
+trained it, the operating points read from the pooled validation histograms, the out-of-distribution refusal's
+threshold (its feature mean and precision in ``fedauc_ood.npz`` beside it), the calibration map and the model's
+provenance (its
 federation, the number of sites, the training run, whether any site's images were synthetic). docs/deploy.md
 section 1 describes each field.
 """
@@ -16,7 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from federated.ood import OodReference
 from federated.scoring import ModelToScore
+from pipelines.model_package.calibration import Calibration
 from pipelines.model_package.thresholds import OperatingPoints
 from preprocessing.body_parts import ANATOMIC_REGIONS, BODY_PARTS
 from preprocessing.decode import ALLOWED_MODALITIES, DECODER_VERSION, DecodeLimits
@@ -26,6 +30,7 @@ from preprocessing.resize import INTERPOLATION, RESIZE_MODE
 from preprocessing.tiles import TransformSettings
 
 CONTRACT_FILE = "fedauc_contract.json"
+OOD_FILE = "fedauc_ood.npz"
 METADATA_KEY = "fedauc"
 CONTRACT_FORMAT = 1
 
@@ -79,6 +84,13 @@ class ModelContract(BaseModel):
     code_version: str
     operating_points: OperatingPoints | None = None
     provenance: Provenance | None = None  # None: registered before models said what they were trained on
+    # The out-of-distribution refusal's threshold (federated/ood.py); its mean and precision are in OOD_FILE beside
+    # the contract. None: trained under differential privacy or registered before the refusal: nothing is refused
+    # for being unlike the training images.
+    ood: OodReference | None = None
+    # The map from score to calibrated probability and its calibration errors, fitted on the same pooled validation
+    # histograms as the operating points (pipelines/model_package/calibration.py). None: registered before it.
+    calibration: Calibration | None = None
 
     @model_validator(mode="after")
     def _task_gate_by_default(self) -> ModelContract:
@@ -98,8 +110,10 @@ class ModelContract(BaseModel):
                             input_shape=self.input_shape, num_classes=len(self.diseases), diseases=tuple(self.diseases))
 
 
-def contract_for(federation: Federation, diseases: tuple[str, ...], network: str, network_kwargs: dict, input_shape: tuple[int, ...],
-                 code_version: str, operating_points: OperatingPoints | None, training_run: str) -> ModelContract:
+def contract_for(federation: Federation, diseases: tuple[str, ...], network: str, network_kwargs: dict,
+                 input_shape: tuple[int, ...], code_version: str, operating_points: OperatingPoints | None,
+                 training_run: str, ood: OodReference | None = None,
+                 calibration: Calibration | None = None) -> ModelContract:
     """The contract of a model trained on ``federation``'s shards in the MLflow run ``training_run``, learning
     ``diseases``. The sites'
     YAMLs say how their shards were made; the first site's decoding settings are the contract's (every site of a
@@ -113,7 +127,8 @@ def contract_for(federation: Federation, diseases: tuple[str, ...], network: str
                          allowed_modalities=sorted(ALLOWED_MODALITIES[federation.task]), views=views,
                          body_parts=list(BODY_PARTS[federation.task]),
                          anatomic_regions=list(ANATOMIC_REGIONS[federation.task]),
-                         code_version=code_version, operating_points=operating_points,
+                         code_version=code_version, operating_points=operating_points, ood=ood,
+                         calibration=calibration,
                          provenance=Provenance(federation=federation.name, sites=len(federation.sites),
                                                training_run=training_run,
                                                synthetic_sites=federation.synthetic_sites()))

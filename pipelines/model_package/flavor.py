@@ -5,7 +5,8 @@ pyfunc model taking image files, with its contract (``pipelines.model_package.co
 ``mlflow.pytorch.load_model`` still gives the network), ``fedauc_contract.json``, and a ``python_function``
 flavour whose loader is this module: ``mlflow.pyfunc.load_model(uri).predict(df)`` takes a DataFrame with a
 column ``path`` (image files on the scoring machine) or ``bytes`` (each file's bytes, base64) and returns one
-row per image: ``p_<disease>`` per output, ``status`` (scored | refused) and ``reason``. ``mlflow models serve
+row per image: ``p_<disease>`` per output, ``calibrated_<disease>`` (its calibrated probability), ``status`` (scored | refused), ``reason`` and ``ood_distance`` (the
+image's distance to the training images, ``federated.ood``; NaN where not measured). ``mlflow models serve
 --env-manager local`` serves the same on ``/invocations``. No code travels in the model: the loader is
 fedauc's own, installed at the hospital (docs/deploy.md section 1).
 """
@@ -27,23 +28,36 @@ from mlflow.models import Model, ModelSignature
 from mlflow.models.model import MLMODEL_FILE_NAME
 from mlflow.types import ColSpec, Schema
 
-from pipelines.model_package.contract import CONTRACT_FILE, METADATA_KEY, ModelContract
-from pipelines.model_package.predict import REFUSED, Item, Scorer, probability_column, score_items
+from federated.ood import Gaussian
+from pipelines.model_package.contract import CONTRACT_FILE, METADATA_KEY, OOD_FILE, ModelContract
+from pipelines.model_package.predict import (
+    OOD_COLUMN,
+    REFUSED,
+    Item,
+    Scorer,
+    calibrated_column,
+    probability_column,
+    score_items,
+)
 
 INPUT_COLUMNS = ("path", "bytes")
 
 
-def log_model(model, contract: ModelContract, input_example: np.ndarray, pip_requirements: list[str]):
-    """Log ``model`` with ``contract`` into the active run as ``model`` (registered by
-    ``pipelines.registry.register_model``); MLflow's ModelInfo."""
+def log_model(model, contract: ModelContract, input_example: np.ndarray, pip_requirements: list[str],
+              ood: Gaussian | None = None):
+    """Log ``model`` with ``contract`` (and the Gaussian of its out-of-distribution refusal) into the active run as
+    ``model`` (registered by ``pipelines.registry.register_model``); MLflow's ModelInfo."""
+    if (ood is None) != (contract.ood is None):
+        raise ValueError("the contract's out-of-distribution threshold and its Gaussian go together")
     return Model.log(None, name="model", flavor=sys.modules[__name__],
                      metadata={METADATA_KEY: contract.model_dump(mode="json")}, pytorch_model=model,
                      contract=contract, input_example=input_example, pip_requirements=pip_requirements,
-                     serialization_format="pt2")
+                     serialization_format="pt2", ood=ood)
 
 
 def save_model(path, mlflow_model: Model, pytorch_model, contract: ModelContract, input_example: np.ndarray,
-               pip_requirements: list[str], serialization_format: str = "pt2", **_) -> None:
+               pip_requirements: list[str], serialization_format: str = "pt2", ood: Gaussian | None = None,
+               **_) -> None:
     """MLflow's flavour hook (``Model.log``): the pt2 program, then the contract and the image pyfunc."""
     mlflow.pytorch.save_model(pytorch_model, path, mlflow_model=mlflow_model, input_example=input_example,
                               serialization_format=serialization_format, pip_requirements=pip_requirements)
@@ -55,13 +69,16 @@ def save_model(path, mlflow_model: Model, pytorch_model, contract: ModelContract
     mlflow_model.signature = signature(contract)
     mlflow_model.flavors[mlflow.pyfunc.FLAVOR_NAME]["loader_module"] = __name__
     (Path(path) / CONTRACT_FILE).write_text(contract.model_dump_json(indent=2))
+    if ood is not None:
+        np.savez(Path(path) / OOD_FILE, **ood.arrays())
     mlflow_model.save(str(Path(path) / MLMODEL_FILE_NAME))
 
 
 def signature(contract: ModelContract) -> ModelSignature:
     inputs = Schema([ColSpec("string", column, required=False) for column in INPUT_COLUMNS])
     outputs = Schema([ColSpec("double", probability_column(d)) for d in contract.diseases]
-                     + [ColSpec("string", "status"), ColSpec("string", "reason")])
+                     + [ColSpec("double", calibrated_column(d)) for d in contract.diseases]
+                     + [ColSpec("string", "status"), ColSpec("string", "reason"), ColSpec("double", OOD_COLUMN)])
     return ModelSignature(inputs, outputs)
 
 
@@ -74,7 +91,11 @@ def load_scorer(model_dir: str | Path, name: str = "", version: str = "") -> Sco
     contract = read_contract(model_dir)
     program = mlflow.pytorch.load_model(str(model_dir), map_location="cpu")
     state = {key: value.detach().clone() for key, value in program.state_dict().items()}
-    return Scorer.from_state(contract, state, name, version)
+    ood = None
+    if contract.ood is not None:
+        with np.load(Path(model_dir) / OOD_FILE, allow_pickle=False) as arrays:
+            ood = Gaussian(arrays["mean"], arrays["precision"])
+    return Scorer.from_state(contract, state, name, version, ood)
 
 
 class ImagePyfunc:
@@ -94,7 +115,9 @@ class ImagePyfunc:
         else:
             rows = self._score_bytes(frame["bytes"])
         out = pd.DataFrame(rows)
-        return out[[probability_column(d) for d in self.scorer.contract.diseases] + ["status", "reason"]]
+        diseases = self.scorer.contract.diseases
+        return out[[probability_column(d) for d in diseases] + [calibrated_column(d) for d in diseases]
+                   + ["status", "reason", OOD_COLUMN]]
 
     def _score_bytes(self, encoded: pd.Series) -> list[dict]:
         # Each file written to a private folder of its own and decoded there with the same guards as any file.

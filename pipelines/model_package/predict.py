@@ -7,7 +7,8 @@ function the federated evaluation scores shards with. A file the decoder refuses
 given, not a regular file, over the decode limits, unreadable, wrong modality, too small, constant) or one
 out of the contract (a DICOM whose ViewPosition the model was not trained on, or whose BodyPartExamined or
 Anatomic Region Sequence names a body part the model does not read) gets a row with the reason, never an
-exception and never a silent drop.
+exception and never a silent drop. So does an image whose penultimate features lie further from the training
+images' than the contract's threshold (``out_of_distribution``, federated/ood.py), its distance in ``ood_distance``.
 
 Files are read in chunks of ``batch_size`` and rows are yielded chunk by chunk: memory does not grow with
 the number of files.
@@ -26,6 +27,7 @@ import pydicom
 import torch
 from torch import nn
 
+from federated.ood import Gaussian, scores_and_features
 from federated.predict import predict_scores
 from pipelines.model_package.contract import ModelContract
 from preprocessing.body_parts import outside_body_parts
@@ -34,6 +36,8 @@ from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk
 
 SCORED, REFUSED = "scored", "refused"
+OUT_OF_DISTRIBUTION = Reason.OUT_OF_DISTRIBUTION.value
+OOD_COLUMN = "ood_distance"
 UID_COLUMNS = ("study_uid", "series_uid", "sop_uid")
 # DICOM ViewPosition (0018,5101) values as the site YAMLs name views (preprocessing.records.VIEWS).
 _VIEW_NAMES = {"PA": "PA", "AP": "AP", "LL": "LATERAL", "RL": "LATERAL", "LAT": "LATERAL", "LATERAL": "LATERAL"}
@@ -47,12 +51,14 @@ class Scorer:
     network: nn.Module
     name: str = ""
     version: str = ""
+    ood: Gaussian | None = None  # the out-of-distribution refusal's, with the contract's threshold
 
     @classmethod
-    def from_state(cls, contract: ModelContract, state: dict[str, torch.Tensor], name: str = "", version: str = ""):
+    def from_state(cls, contract: ModelContract, state: dict[str, torch.Tensor], name: str = "", version: str = "",
+                   ood: Gaussian | None = None):
         # The network rebuilt from its name and the registered weights, as the federated evaluation builds it
         # (federated.scoring.ModelToScore.build): the same module, so the same scores.
-        return cls(contract, contract.model_to_score(version or "model").build(state), name, version)
+        return cls(contract, contract.model_to_score(version or "model").build(state), name, version, ood)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,11 @@ def probability_column(disease: str) -> str:
     return f"p_{disease}"
 
 
+def calibrated_column(disease: str) -> str:
+    """The calibrated probability beside the raw score ``p_<disease>`` (NaN where the model has no map)."""
+    return f"calibrated_{disease}"
+
+
 def view_name(position: str) -> str:
     """A DICOM ViewPosition as the site YAMLs name views (``unknown`` for one they do not)."""
     return _VIEW_NAMES.get(position.strip().upper(), "unknown")
@@ -73,7 +84,9 @@ def view_name(position: str) -> str:
 def score_items(scorer: Scorer, items: Iterable[Item], batch_size: int = 64, workers: int = 1,
                 on_done=None) -> Iterator[dict]:
     """One row per item, in order: ``source``, ``status`` (scored | refused), ``reason``, ``detail``, the DICOM
-    UIDs where the file is a DICOM, and ``p_<disease>`` per output (NaN when refused). ``workers`` decoding
+    UIDs where the file is a DICOM, ``p_<disease>`` per output (NaN when refused), ``calibrated_<disease>`` (the
+    contract's calibration map of it, pipelines/model_package/calibration.py) and ``ood_distance`` (NaN where
+    the model has no refusal model or the file was not decoded). ``workers`` decoding
     processes (0: this process, without the per-file time limit). ``on_done(n)`` after each chunk."""
     transform = scorer.contract.transform()
     paths_of: dict[int, list[str]] = {}
@@ -123,10 +136,24 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
             keep.append(offset)
         rows.append(row)
     probabilities = np.full((len(paths), len(contract.diseases)), np.nan, dtype=np.float64)
-    if keep:
+    distances = np.full(len(paths), np.nan)
+    if keep and scorer.ood is not None:
+        probabilities[keep], features = scores_and_features(scorer.network, result.tiles[keep], torch.device("cpu"))
+        distances[keep] = scorer.ood.distances(features)
+    elif keep:
         probabilities[keep] = predict_scores(scorer.network, result.tiles[keep], torch.device("cpu"))
-    for row, p in zip(rows, probabilities):
+    for row, p, distance in zip(rows, probabilities, distances):
+        row[OOD_COLUMN] = float(distance)
+        if contract.ood is not None and distance > contract.ood.threshold:  # NaN (not scored) compares False
+            # Unlike anything the federation trained on: no score is stated, as for a file the decoder refused.
+            p = np.full_like(p, np.nan)
+            row.update(status=REFUSED, reason=OUT_OF_DISTRIBUTION, detail=(
+                f"{row['source']}: Mahalanobis distance {distance:.1f} to the training images' features, above "
+                f"the threshold {contract.ood.threshold:.1f} (which refuses "
+                f"{contract.ood.valid_false_refusal:.1%} of the pooled validation images)"))
         row.update({probability_column(d): float(v) for d, v in zip(contract.diseases, p)})
+        row.update({calibrated_column(d): float(contract.calibration.apply(d, v)) if contract.calibration else np.nan
+                    for d, v in zip(contract.diseases, p)})
     return rows
 
 

@@ -29,13 +29,22 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from federated import ood
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import check_flare_algorithm, check_flare_env
 from federated.flare.centre.feed import LiveFeed, admin_reader, local_reader, progress_printer
 from federated.flare.centre.session import quiet_session
 from federated.flare.installed import SERVER_MODULE, SITE_MODULE, InstalledRecipe, allow_components
-from federated.flare.protocol import FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
+from federated.flare.protocol import (
+    FAILURE_MARK,
+    GRID_SUFFIX,
+    JOB_PROP,
+    OOD_STATE_FILE,
+    RESULT_DIR,
+    RESULT_FILE,
+    STATE_FILE,
+)
 from federated.flare.spec import FlareJob
 from federated.health import as_diverged, warn_outliers
 from federated.sites import check_site_reports, site_names
@@ -139,19 +148,21 @@ def deliver_rest(feed: LiveFeed, history: list[dict]) -> None:
 
 
 def read_result(result_root: str | Path, config: TrainConfig) -> FlareResult:
-    """The global model, history and summed valid and test histograms site 0 returned and every site's report, from
-    the job's result folder."""
+    """The global model, history, summed valid and test histograms and out-of-distribution model site 0 returned and
+    every site's report, from the job's result folder."""
     folder = result_folder(result_root)
     meta = json.loads((folder / RESULT_FILE).read_text())
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     test, valid = (None if meta[key] is None else np.asarray(meta[key], dtype=np.float64)
                    for key in ("test_histograms", "valid_histograms"))
+    ood_file = folder / OOD_STATE_FILE
+    fitted = ood.from_saved(torch.load(ood_file, map_location="cpu", weights_only=True)) if ood_file.is_file() else None
     reports = meta["sites"]
     for report in reports:
         grid = folder / f"{report['site']}.{GRID_SUFFIX}"
         report["qc_grid"] = grid.read_bytes() if grid.is_file() else None
     return FlareResult(state, meta["history"], config, tuple(meta["input_shape"]), meta["num_classes"],
-                       test_histograms=test, valid_histograms=valid, site_reports=reports)
+                       test_histograms=test, valid_histograms=valid, ood=fitted, site_reports=reports)
 
 
 def submit_simulated(job: FlareJob, workspace: Path, name: str, server_files: Sequence[Path] = (),

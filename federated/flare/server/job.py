@@ -3,7 +3,7 @@
 ``run`` (``@collab.main``) calls every site's ``train`` once; while the sites train, their transports call
 ``collective`` here, which returns only when all K sites have contributed (``Rendezvous``). The server
 holds no model of its own and sees what the sites' engines declared for communication. Site 0's final
-model, history and summed test histograms, and every site's report on its data (hash, QC summary, model
+model, history, summed test histograms and out-of-distribution model (pooled sums), and every site's report on its data (hash, QC summary, model
 input) are written to the job's run folder (``RESULT_DIR``), which comes back with the job result; a
 failed site fails the job with a message naming it. A job of kind ``"evaluate"`` runs
 ``federated.flare.server.evaluate.serve_evaluation`` instead (every site's ``evaluate``, no collective)
@@ -19,7 +19,16 @@ from pathlib import Path
 import torch
 from nvflare.collab import collab
 
-from federated.flare.protocol import FAILED, FAILURE_MARK, GRID_SUFFIX, JOB_PROP, RESULT_DIR, RESULT_FILE, STATE_FILE
+from federated.flare.protocol import (
+    FAILED,
+    FAILURE_MARK,
+    GRID_SUFFIX,
+    JOB_PROP,
+    OOD_STATE_FILE,
+    RESULT_DIR,
+    RESULT_FILE,
+    STATE_FILE,
+)
 from federated.flare.server.evaluate import serve_evaluation
 from federated.flare.server.live import LiveRecords, left_reason
 from federated.flare.server.rendezvous import COMBINE, Rendezvous
@@ -118,6 +127,8 @@ def run() -> str:
     leader = returned[spec.sites[0]]
     out = result_dir()
     torch.save(leader["global_state"], out / STATE_FILE)
+    if leader.get("ood") is not None:  # pooled sums only, as site 0 decoded them (federated/ood.py)
+        torch.save(leader["ood"], out / OOD_STATE_FILE)
     reports = [returned[site]["report"] for site in spec.sites]
     for report in reports:  # the PNG bytes of a site that shares its sample grid, beside the JSON
         grid = report.pop("qc_grid")

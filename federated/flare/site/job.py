@@ -6,7 +6,8 @@ The engine is the one every transport runs (federated/engine.py); its collective
 lives in this call's engine; only the tensors a collective carries, every site's report on its data
 (``federated.sites.site_report``: shard hash, QC summary as its sharing policy allows, model input) and,
 from site 0, the final global model, the round history (bytes, losses, metrics: what the in-process run
-reports) and the test histograms summed over sites (the pooled ROC) are returned.
+reports), the test histograms summed over sites (the pooled ROC) and the out-of-distribution refusal's model
+(fitted from sums over sites, federated/ood.py) are returned.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from nvflare.collab import collab
 
+from federated import ood
 from federated.engine import Engine
 from federated.flare.protocol import HEARTBEAT_S, INPUTS_SEQ, Collective
 from federated.flare.site.backend import FlareTransport
@@ -103,7 +105,8 @@ def _train(job: dict) -> dict:
 
     return {"report": report, "global_state": result.global_state, "history": result.history,
             "input_shape": list(result.input_shape), "num_classes": result.num_classes,
-            "test_histograms": listed(result.test_histograms), "valid_histograms": listed(result.valid_histograms)}
+            "test_histograms": listed(result.test_histograms), "valid_histograms": listed(result.valid_histograms),
+            "ood": ood.to_saved(result.ood)}
 
 
 @collab.publish

@@ -1,0 +1,173 @@
+"""The champion refuses what it was not trained on (federated/ood.py): a chest X-ray federation trained for two
+rounds, registered with its Mahalanobis threshold, given foreign images through predict and the pyfunc."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from federated import ood
+from pipelines.cli import app
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def chest(tmp_path_factory):
+    """Two CheXpert-layout phantom hospitals at 32 px, trained two rounds and registered in a store of their own."""
+    from preprocessing.scan import scan_site
+    from preprocessing.shards import shard_site
+    from preprocessing.sites import load_site
+    from preprocessing.synth import generate_site
+
+    root = tmp_path_factory.mktemp("ood-chest")
+    entries = []
+    for seed, name in enumerate(("stanford", "boston")):
+        generate_site("chexpert", root / "data" / name, n=160, seed=seed, workers=0, progress=False)
+        site = {"name": name, "format": "chexpert", "root": f"data/{name}/CheXpert-v1.0-small", "task": "chest-xray",
+                "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.25, "test": 0.25}}
+        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
+        config = load_site(root / f"{name}.yaml")
+        shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)
+        entries.append({"config": f"{name}.yaml"})
+    federation = root / "chest.yaml"
+    federation.write_text(yaml.safe_dump({"name": "tiny-chest", "task": "chest-xray", "sites": entries}))
+    uri = f"sqlite:///{root / 'mlruns.db'}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        result = runner.invoke(app, ["train", "--federation", str(federation), "--shards", str(root / "shards"),
+                                     "--algorithm", "fedavg", "--rounds", "2", "--local-steps", "4",
+                                     "--batch-size", "16", "--lr", "0.3", "--run-name", "ood"])
+        assert result.exit_code == 0, result.output
+    return root, uri
+
+
+@pytest.fixture
+def store(chest, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", chest[1])
+    mlflow.set_tracking_uri(chest[1])
+    return chest[0]
+
+
+def foreign_images(folder):
+    """A noise PNG, a dermoscopy phantom (JPEG), and pydicom-data's CT slice exported as an 8-bit PNG."""
+    import pydicom
+    from PIL import Image
+    from pydicom.data import get_testdata_file
+
+    from preprocessing.synth import generate_site
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (256, 256), dtype=np.uint8)).save(folder / "noise.png")
+    generate_site("siim-isic-2020", folder / "skin", n=3, seed=1, image_format="jpeg", workers=0, progress=False)
+    dermoscopy = sorted((folder / "skin").rglob("*.jpg"))[0]
+    ct = pydicom.dcmread(get_testdata_file("CT_small.dcm")).pixel_array.astype(np.float64)
+    ct = (ct - ct.min()) / (ct.max() - ct.min()) * 255
+    Image.fromarray(ct.astype(np.uint8)).save(folder / "ct.png")
+    return {"noise": folder / "noise.png", "dermoscopy": dermoscopy, "ct": folder / "ct.png"}
+
+
+def _predict(*args) -> pd.DataFrame:
+    result = runner.invoke(app, ["predict", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return pd.read_csv(args[list(args).index("--out") + 1], keep_default_na=False)
+
+
+def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
+    from pipelines.model_package import loading
+
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(None, "chest-xray", folder)
+    reference = scorer.contract.ood
+    assert reference is not None and scorer.ood is not None
+    assert reference.target_false_refusal == 0.01
+    assert reference.valid_false_refusal <= 0.01
+    assert reference.dimension == scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0]
+    assert np.isfinite(reference.threshold) and reference.threshold > 0
+
+
+def test_foreign_images_are_refused_and_the_sites_own_images_mostly_scored(store, tmp_path):
+    files = foreign_images(tmp_path / "foreign")
+    table = _predict("--task", "chest-xray", *files.values(), "--out", tmp_path / "foreign.csv")
+    assert list(table["reason"]) == ["out_of_distribution"] * 3, table[["source", "reason", "detail"]]
+    assert table["p_Cardiomegaly"].astype(float).isna().all()  # no probability stated for a refused image
+    assert "above the threshold" in table["detail"][0]
+
+    own = _predict("--task", "chest-xray", store / "data" / "stanford", "--out", tmp_path / "own.csv")
+    # The site trained on frontal views (its YAML's default); a lateral film is not what it was trained on.
+    decoded = own[own["ood_distance"].astype(float).notna() & ~own["source"].str.contains("lateral")]
+    refused = (decoded["reason"] == "out_of_distribution").mean()
+    assert len(decoded) > 100 and refused <= 0.05, (refused, own.groupby([own["source"].str.contains("lateral"),
+                                                                         "reason"]).size())
+
+
+def test_the_pyfunc_refuses_the_same_files_with_the_same_distance(store, tmp_path):
+    files = foreign_images(tmp_path / "foreign")
+    own = sorted((store / "data" / "boston").rglob("*.jpg"))[:3]
+    paths = [*map(str, files.values()), *map(str, own)]
+    model = mlflow.pyfunc.load_model("models:/fedauc-chest-xray@champion")
+    served = model.predict(pd.DataFrame({"path": paths}))
+    table = _predict("--task", "chest-xray", *paths, "--out", tmp_path / "t.csv")
+    assert list(served["reason"]) == list(table["reason"])
+    # The float32 network's features differ in their last bits with the batch a file is scored in.
+    np.testing.assert_allclose(served["ood_distance"], table["ood_distance"].astype(float), rtol=1e-5)
+
+
+def test_calibrated_probabilities_are_in_the_contract_the_table_the_pyfunc_and_the_run(store, tmp_path):
+    from pipelines.champion import RELIABILITY_ARTIFACT
+    from pipelines.model_package import loading
+
+    with loading.scratch_folder() as folder:
+        contract = loading.load_registered(None, "chest-xray", folder).contract
+    calibration = contract.calibration
+    assert calibration is not None and calibration.source == "pooled validation of federation tiny-chest"
+    assert set(calibration.diseases) | set(calibration.undefined) == set(contract.diseases)
+    for fitted in calibration.diseases.values():
+        assert fitted.slope > 0 and fitted.test_before is not None
+        # The ECE is biased upwards on few images: its bootstrap interval may lie above the estimate, never reversed.
+        assert 0 <= fitted.valid_after.low <= fitted.valid_after.high
+    own = sorted((store / "data" / "boston").rglob("*.jpg"))[:4]
+    table = _predict("--task", "chest-xray", *own, "--out", tmp_path / "c.csv")
+    served = mlflow.pyfunc.load_model("models:/fedauc-chest-xray@champion").predict(
+        pd.DataFrame({"path": list(map(str, own))}))
+    scored = table["status"] == "scored"
+    assert scored.any()
+    for disease in contract.diseases:
+        raw, stated = table[f"p_{disease}"].astype(float), table[f"calibrated_{disease}"].astype(float)
+        expected = calibration.apply(disease, raw[scored])
+        np.testing.assert_allclose(stated[scored], expected, rtol=1e-9, equal_nan=True)
+        np.testing.assert_allclose(served[f"calibrated_{disease}"][scored], expected, rtol=1e-5, equal_nan=True)
+    run_id = contract.provenance.training_run
+    assert RELIABILITY_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(run_id)]
+
+
+def test_drift_counts_refusals_by_reason():
+    from pipelines.hospital import drift
+
+    rows = [{"status": "refused", "reason": "out_of_distribution"}] * 2 + [{"status": "refused", "reason": "too_large"}]
+    assert drift.tally(rows, np.zeros((0, 1)), ["A"])["refused"] == {"out_of_distribution": 2, "too_large": 1}
+
+
+def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_numpy():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(500, 4)) @ np.diag([1.0, 2.0, 0.5, 3.0]) + 1.0
+    halves = [ood.feature_sums(part, 4) for part in (features[:200], features[200:])]
+    fitted, n = ood.gaussian(halves[0] + halves[1], 4)  # the sum of the sites' sums, as the transport adds them
+    assert n == 500
+    np.testing.assert_allclose(fitted.mean, features.mean(axis=0))
+    weight = 4 / (500 + 4)
+    covariance = np.cov(features, rowvar=False)
+    shrunk = (1 - weight) * covariance + weight * np.trace(covariance) / 4 * np.eye(4)
+    np.testing.assert_allclose(np.linalg.inv(fitted.precision), shrunk, rtol=1e-9)
+
+    distances = fitted.distances(features)
+    histogram = ood.distance_histogram(distances, 4)
+    threshold, refused = ood.threshold_at(histogram, 4, 0.01)
+    assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)
+    assert (distances > threshold).mean() >= 0.01 - 2 / 500  # not far more conservative than asked
