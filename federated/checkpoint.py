@@ -39,7 +39,7 @@ LATEST = "LATEST"
 # round's record says the rate it ran with).
 RESUMABLE_FIELDS = frozenset({"rounds", "eval_every", "eval_bins", "eval_min_count", "device",
                               "timeout_s", "checkpoint_dir", "resume", "loader_workers", "progress", "lr",
-                              "divergence_factor", "outlier_factor"})
+                              "divergence_factor", "outlier_factor", "ood_false_refusal"})
 
 
 # Settings added after checkpoints were first written, with the value that computes what a checkpoint without
