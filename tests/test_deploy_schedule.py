@@ -18,7 +18,12 @@ configure_prefect_env()
 
 from prefect import get_client  # noqa: E402
 from prefect.client.schemas.actions import DeploymentScheduleCreate  # noqa: E402
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId  # noqa: E402
+from prefect.client.schemas.filters import (  # noqa: E402
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterId,
+)
 from prefect.client.schemas.schedules import IntervalSchedule  # noqa: E402
 
 from pipelines.servers import stop_server  # noqa: E402
@@ -131,6 +136,9 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
         f"no completed scheduled run; server log:\n{prefect_server['log'].read_text()[-3000:]}\n"
         f"worker log:\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
     assert completed.parameters == {"site": "stanford"}
+    # Named from its own parameters, and its tasks from theirs, as a worker runs them (tests/test_run_names.py).
+    assert completed.name == "onboard stanford"
+    assert _task_run_names(completed.id) == {"validate stanford", "labels-report stanford"}
     assert completed.auto_scheduled  # made by the scheduler service, not by this test
     assert "InvalidRequestError" not in prefect_server["log"].read_text()
 
@@ -204,6 +212,13 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(pr
     assert run.info.run_name == f"consortium-melanoma-codasca-{str(flow_run.id)[:8]}"
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run.id).name == f"train melanoma {run.info.run_name}"
+    assert _task_run_names(flow_run.id) == {f"train melanoma {run.info.run_name}"}
+
+
+def _task_run_names(flow_run_id) -> set[str]:
+    with get_client(sync_client=True) as client:
+        return {task_run.name for task_run in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))}
 
 
 def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_path):
