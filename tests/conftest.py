@@ -44,6 +44,43 @@ def pytest_unconfigure(config):
         shutil.rmtree(state, ignore_errors=True)
 
 
+# `make test`'s work units (`--dist loadgroup`): every module that starts an NVIDIA FLARE POC consortium
+# (its tests take ``poc_slot``) in this one group, the rest a unit per file as under `--dist loadfile` (a
+# module's fixtures set up once). Two consortia at once time out on two cores, so the modules that start one
+# run one after another on one worker: under loadfile each was a unit of its own, and the second worker to
+# reach one stood idle in ``poc_slot`` for the whole of the other's run.
+CONSORTIUM_GROUP = "poc-consortium"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The consortium group first, then the modules with slow tests, then the rest (longest first: the second
+    worker works through the long files while the first runs the consortia, and the short ones fill in at the
+    end). Before xdist's own hook, which reads the ``xdist_group`` marks."""
+    consortium = {item.path for item in items if "poc_slot" in item.fixturenames}
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        if item.path in consortium:
+            item.add_marker(pytest.mark.xdist_group(CONSORTIUM_GROUP))
+    if config.getoption("loadgroup", default=False):  # an xdist worker's view of `--dist loadgroup`
+        items.sort(key=lambda item: (item.path not in consortium, item.path not in slow))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` as xdist does it for the ``xdist_group`` marks, with a test that has none kept with
+    its module (xdist would send it alone, and its module's fixtures would be set up on both workers)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class GroupOrFileScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+    return GroupOrFileScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def public_metadata():
     """Directory of the real public metadata CSVs from the torchxrayvision wheel (fetched once)."""
