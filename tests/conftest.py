@@ -261,8 +261,9 @@ def prefect_server(tmp_path_factory):
 def poc_slot():
     """One NVIDIA FLARE POC consortium on this machine at a time, across pytest-xdist workers: a consortium
     is a server and three clients, each a few processes, and two at once on CI's two cores time out. A test
-    module that starts one (``LocalConsortium``, ``--flare-env poc``) takes this fixture first; a second
-    module waits here, not in a collective."""
+    module that starts one (``LocalConsortium``, ``--flare-env poc``) takes this fixture first, which also puts
+    it in `make test`'s CONSORTIUM_GROUP; under any other distribution, or beside another pytest run on the
+    same machine, a second module waits here, not in a collective."""
     import fcntl
 
     with open(os.path.join(tempfile.gettempdir(), "fedauc-poc-slot.lock"), "w") as lock:
