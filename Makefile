@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 # one worker, first (tests/conftest.py: CONSORTIUM_GROUP); the 25 slowest tests are printed at the end.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 demo: setup
 	$(VENV)/bin/fedauc demo

@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -44,41 +45,50 @@ def pytest_unconfigure(config):
         shutil.rmtree(state, ignore_errors=True)
 
 
-# `make test`'s work units (`--dist loadgroup`): every module that starts an NVIDIA FLARE POC consortium
-# (its tests take ``poc_slot``) in this one group, the rest a unit per file as under `--dist loadfile` (a
-# module's fixtures set up once). Two consortia at once time out on two cores, so the modules that start one
-# run one after another on one worker: under loadfile each was a unit of its own, and the second worker to
-# reach one stood idle in ``poc_slot`` for the whole of the other's run.
-CONSORTIUM_GROUP = "poc-consortium"
+# `make test`'s work units (`--dist loadfile`, tests/conftest.py's scheduler): a module each, as loadfile
+# does (its module fixtures set up once), except that every module starting an NVIDIA FLARE POC consortium is
+# in one unit. Two consortia at once time out on two cores, so those modules run one after another on one
+# worker: as units of their own they came last, on both workers, and the second worker to reach one stood
+# idle in ``poc_slot`` for the whole of the other's run. (xdist's own ``xdist_group`` marks do nothing under
+# pytest 9: xdist 3.8 renames a marked test through an attribute pytest no longer reads.)
+CONSORTIUM_GROUP, CONSORTIUM_FIXTURE = "poc-consortium", "poc_slot"
+
+
+@functools.cache
+def starts_a_consortium(module: Path) -> bool:
+    """Whether a test module takes ``poc_slot``, read from its text: xdist's controller, which hands out the
+    units, sees test ids only. A module takes it by name (a test's or its module fixture's argument); the
+    workers check that against the fixtures each test really requests."""
+    return CONSORTIUM_FIXTURE in module.read_text()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The consortium group first, then the modules with slow tests, then the rest (longest first: the second
-    worker works through the long files while the first runs the consortia, and the short ones fill in at the
-    end). Before xdist's own hook, which reads the ``xdist_group`` marks."""
-    consortium = {item.path for item in items if "poc_slot" in item.fixturenames}
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    for item in items:
-        if item.path in consortium:
-            item.add_marker(pytest.mark.xdist_group(CONSORTIUM_GROUP))
-    if config.getoption("loadgroup", default=False):  # an xdist worker's view of `--dist loadgroup`
+    """In an xdist worker: the consortium modules first, then the modules with slow tests, then the rest, the
+    order `--no-loadscope-reorder` hands the units out in (longest first: the second worker works through the
+    long files while the first runs the consortia, and the short ones fill in at the end)."""
+    consortium = {item.path for item in items if CONSORTIUM_FIXTURE in item.fixturenames}
+    for module in consortium:
+        if not starts_a_consortium(module):
+            raise pytest.UsageError(f"{module}: its tests take poc_slot through another fixture; name poc_slot "
+                                    "in the module (a test's or its module fixture's argument) so that make test "
+                                    "runs it with the other consortium modules")
+    if hasattr(config, "workerinput"):
+        slow = {item.path for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: (item.path not in consortium, item.path not in slow))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` as xdist does it for the ``xdist_group`` marks, with a test that has none kept with
-    its module (xdist would send it alone, and its module's fixtures would be set up on both workers)."""
-    if config.getoption("dist") != "loadgroup":
+    if config.getoption("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadFileScheduling
 
-    class GroupOrFileScheduling(LoadGroupScheduling):
+    class ConsortiumModulesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+            module = super()._split_scope(nodeid)
+            return CONSORTIUM_GROUP if starts_a_consortium(config.rootpath / module) else module
 
-    return GroupOrFileScheduling(config, log)
+    return ConsortiumModulesTogether(config, log)
 
 
 @pytest.fixture(scope="session")
