@@ -45,7 +45,7 @@ def pytest_unconfigure(config):
         shutil.rmtree(state, ignore_errors=True)
 
 
-# `make test`'s work units (`--dist loadfile`, tests/conftest.py's scheduler): a module each, as loadfile
+# `make test`'s work units (`--dist loadfile`, with the scheduler below): a module each, as loadfile
 # does (its module fixtures set up once), except that every module starting an NVIDIA FLARE POC consortium is
 # in one unit. Two consortia at once time out on two cores, so those modules run one after another on one
 # worker: as units of their own they came last, on both workers, and the second worker to reach one stood
@@ -70,15 +70,17 @@ def pytest_collection_modifyitems(config, items):
     consortium = {item.path for item in items if CONSORTIUM_FIXTURE in item.fixturenames}
     for module in consortium:
         if not starts_a_consortium(module):
-            raise pytest.UsageError(f"{module}: its tests take poc_slot through another fixture; name poc_slot "
-                                    "in the module (a test's or its module fixture's argument) so that make test "
-                                    "runs it with the other consortium modules")
+            raise pytest.UsageError(
+                f"{module}: its tests take {CONSORTIUM_FIXTURE} through another fixture; name {CONSORTIUM_FIXTURE} "
+                "in the module (a test's or its module fixture's argument) so that make test runs it with the other "
+                "consortium modules")
     if hasattr(config, "workerinput"):
         slow = {item.path for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: (item.path not in consortium, item.path not in slow))
 
 
 def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the consortium modules in one unit."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling

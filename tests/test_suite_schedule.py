@@ -95,3 +95,21 @@ def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_eve
     assert set(order[consortium_worker][:2]) == consortia
     assert all(setups[module] == 1 for module in others)
     assert sum(what.startswith("test") for *_, what in lines) == 2 * 6 + 5 * 3
+
+
+def test_a_module_taking_the_consortium_slot_without_naming_it_is_refused_with_the_fix(tmp_path):
+    """The controller groups modules by their text: one that gets the slot through a fixture of the conftest
+    would run beside a consortium, so collection stops and says what to write."""
+    conftest = (PROJECT_ROOT / "tests" / "conftest.py").read_text()
+    (tmp_path / "conftest.py").write_text(
+        f"{conftest}\n\n@pytest.fixture(scope='module')\ndef consortium({CONSORTIUM_FIXTURE}):\n    yield\n")
+    (tmp_path / "test_indirect.py").write_text("def test_trains(consortium):\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "test_indirect.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert (f"test_indirect.py: its tests take {CONSORTIUM_FIXTURE} through another fixture; name "
+            f"{CONSORTIUM_FIXTURE} in the module") in done.stderr + done.stdout
