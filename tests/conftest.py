@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -42,6 +43,54 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     for state in _session_state:
         shutil.rmtree(state, ignore_errors=True)
+
+
+# `make test`'s work units (`--dist loadfile`, with the scheduler below): a module each, as loadfile
+# does (its module fixtures set up once), except that every module starting an NVIDIA FLARE POC consortium is
+# in one unit. Two consortia at once time out on two cores, so those modules run one after another on one
+# worker: as units of their own they came last, on both workers, and the second worker to reach one stood
+# idle in ``poc_slot`` for the whole of the other's run. (xdist's own ``xdist_group`` marks do nothing under
+# pytest 9: xdist 3.8 renames a marked test through an attribute pytest no longer reads.)
+CONSORTIUM_GROUP, CONSORTIUM_FIXTURE = "poc-consortium", "poc_slot"
+
+
+@functools.cache
+def starts_a_consortium(module: Path) -> bool:
+    """Whether a test module takes ``poc_slot``, read from its text: xdist's controller, which hands out the
+    units, sees test ids only. A module takes it by name (a test's or its module fixture's argument); the
+    workers check that against the fixtures each test really requests."""
+    return CONSORTIUM_FIXTURE in module.read_text()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: the consortium modules first, then the modules with slow tests, then the rest, the
+    order `--no-loadscope-reorder` hands the units out in (longest first: the second worker works through the
+    long files while the first runs the consortia, and the short ones fill in at the end)."""
+    consortium = {item.path for item in items if CONSORTIUM_FIXTURE in item.fixturenames}
+    for module in consortium:
+        if not starts_a_consortium(module):
+            raise pytest.UsageError(
+                f"{module}: its tests take {CONSORTIUM_FIXTURE} through another fixture; name {CONSORTIUM_FIXTURE} "
+                "in the module (a test's or its module fixture's argument) so that make test runs it with the other "
+                "consortium modules")
+    if hasattr(config, "workerinput"):
+        slow = {item.path for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: (item.path not in consortium, item.path not in slow))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the consortium modules in one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ConsortiumModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return CONSORTIUM_GROUP if starts_a_consortium(config.rootpath / module) else module
+
+    return ConsortiumModulesTogether(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -224,8 +273,9 @@ def prefect_server(tmp_path_factory):
 def poc_slot():
     """One NVIDIA FLARE POC consortium on this machine at a time, across pytest-xdist workers: a consortium
     is a server and three clients, each a few processes, and two at once on CI's two cores time out. A test
-    module that starts one (``LocalConsortium``, ``--flare-env poc``) takes this fixture first; a second
-    module waits here, not in a collective."""
+    module that starts one (``LocalConsortium``, ``--flare-env poc``) takes this fixture first, which also puts
+    it in `make test`'s CONSORTIUM_GROUP; under any other distribution, or beside another pytest run on the
+    same machine, a second module waits here, not in a collective."""
     import fcntl
 
     with open(os.path.join(tempfile.gettempdir(), "fedauc-poc-slot.lock"), "w") as lock:
