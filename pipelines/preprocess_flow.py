@@ -91,8 +91,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
     _, budget_change = set_budget(config.name, summary.site_dir, config.privacy, raise_budget, config_path,
                                   declared_before, binding)
     print(f"site {config.name!r}: privacy ledger {ledger} (binding {binding.id}: this data root and label table)"
-          if ledger.exists() else f"site {config.name!r}: no privacy budget, no ledger (its data's binding "
-          f"{binding.id}; a budget would be kept in {ledger})", flush=True)
+          if ledger.exists() else f"site {config.name!r}: no privacy budget, no ledger", flush=True)
     if budget_change is not None:
         print(budget_change, flush=True)
     paths = report(config, summary, result.ages)
