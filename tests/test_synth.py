@@ -63,10 +63,14 @@ def test_file_types_and_photometric_variety_match_the_releases(tmp_path, public_
     import pydicom
     from PIL import Image
 
+    from federated.subgroups import vendor
+
     vindr = generate_site("vindr-cxr", tmp_path / "v", n=40, seed=0, workers=0, progress=False)
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in sorted((vindr.root / "train").glob("*.dicom"))]
     assert {h.PhotometricInterpretation for h in headers} == {"MONOCHROME1", "MONOCHROME2"}
     assert {int(h.BitsStored) for h in headers} <= {12, 14, 16} and all(h.Modality == "DX" for h in headers)
+    # Two vendors the model card names (not "other"), so the demo's card compares manufacturers.
+    assert {vendor(h.Manufacturer) for h in headers} == {"DRTECH", "Philips"}
     padchest = generate_site("padchest", tmp_path / "p", n=10, seed=0, workers=0, progress=False)
     png = next(padchest.root.rglob("*.png"))
     assert Image.open(png).mode.startswith("I;16")

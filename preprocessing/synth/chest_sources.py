@@ -282,7 +282,8 @@ def _vindr_fallback(n: int, rng: np.random.Generator) -> pd.DataFrame:
 
 
 def sample_vindr(n: int, rng: np.random.Generator, use_real: bool = True, monochrome1: float = 0.35,
-                 window: float = 0.6) -> SiteSample:
+                 window: float = 0.6, manufacturers: tuple[tuple[str, float], ...] = (("GE Healthcare", 1.0),)
+                 ) -> SiteSample:
     """``train.csv`` (one row per radiologist finding) and DICOMs ``train/<image_id>.dicom``.
 
     Each image is its own patient in the release. A disease's evidence is the fraction of the image's
@@ -311,4 +312,7 @@ def sample_vindr(n: int, rng: np.random.Generator, use_real: bool = True, monoch
     images["bits"] = rng.choice([12, 14, 16], size=n, p=[0.4, 0.3, 0.3])
     images["monochrome1"] = rng.random(n) < monochrome1
     images["window"] = rng.random(n) < window
+    # Drawn last, so that adding the tag left every earlier draw, hence every image, as it was.
+    names, shares = zip(*manufacturers)
+    images["manufacturer"] = rng.choice(names, size=n, p=np.asarray(shares) / sum(shares))
     return SiteSample({"train.csv": rows}, images, real_metadata=real)

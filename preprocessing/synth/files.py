@@ -29,8 +29,12 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def write_image(path: Path, file_type: str, image: np.ndarray, *, jpeg_quality: int = 90, bits: int = 12,
-                monochrome1: bool = False, window: bool = False, uid_seed: str = "") -> None:
-    """Write ``image`` (float [0, 1] grayscale, or uint8 RGB for the ``-rgb`` types) as ``file_type``."""
+                monochrome1: bool = False, window: bool = False, manufacturer: str | None = None,
+                uid_seed: str = "") -> None:
+    """Write ``image`` (float [0, 1] grayscale, or uint8 RGB for the ``-rgb`` types) as ``file_type``.
+
+    ``manufacturer``: a grayscale DICOM's Manufacturer tag (none written when None).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     # PNGs at zlib level 1: noisy 16-bit data costs 35 ms per image at the default level, 5 ms here.
     if file_type == "jpeg":
@@ -44,7 +48,8 @@ def write_image(path: Path, file_type: str, image: np.ndarray, *, jpeg_quality: 
     elif file_type == "jpeg-rgb":
         Image.fromarray(image, mode="RGB").save(path, format="JPEG", quality=jpeg_quality)
     elif file_type == "dicom":
-        _write_gray_dicom(path, image, bits=bits, monochrome1=monochrome1, window=window, uid_seed=uid_seed)
+        _write_gray_dicom(path, image, bits=bits, monochrome1=monochrome1, window=window, manufacturer=manufacturer,
+                          uid_seed=uid_seed)
     elif file_type == "dicom-rgb":
         _write_rgb_dicom(path, image, jpeg_quality=jpeg_quality, uid_seed=uid_seed)
     else:
@@ -69,7 +74,8 @@ def _base_dataset(sop_class: str, uid_seed: str, modality: str) -> Dataset:
     return ds
 
 
-def _write_gray_dicom(path: Path, image: np.ndarray, *, bits: int, monochrome1: bool, window: bool, uid_seed: str) -> None:
+def _write_gray_dicom(path: Path, image: np.ndarray, *, bits: int, monochrome1: bool, window: bool,
+                      manufacturer: str | None, uid_seed: str) -> None:
     """A DX image as VinDr ships them: ``bits`` stored in 16, MONOCHROME1 stored inverted."""
     top = 2**bits - 1
     stored = np.round(np.clip(image, 0.0, 1.0) * top).astype(np.uint16)
@@ -77,6 +83,8 @@ def _write_gray_dicom(path: Path, image: np.ndarray, *, bits: int, monochrome1: 
         stored = (top - stored).astype(np.uint16)
     ds = _base_dataset(DigitalXRayImageStorageForPresentation, uid_seed, "DX")
     ds.PresentationIntentType = "FOR PRESENTATION"
+    if manufacturer is not None:
+        ds.Manufacturer = manufacturer
     ds.Rows, ds.Columns = stored.shape
     ds.SamplesPerPixel = 1
     ds.PhotometricInterpretation = "MONOCHROME1" if monochrome1 else "MONOCHROME2"

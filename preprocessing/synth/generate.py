@@ -93,7 +93,7 @@ def _render_job(job: tuple) -> None:
     image = acquire(upsample(density, xray.height, xray.width), xray, rng)
     write_image(path, row["file_type"], image, jpeg_quality=site.jpeg_quality, bits=int(row.get("bits", 12)),
                 monochrome1=bool(row.get("monochrome1", False)), window=bool(row.get("window", False)),
-                uid_seed=uid_seed)
+                manufacturer=row.get("manufacturer"), uid_seed=uid_seed)
 
 
 def render_all(sample: SiteSample, root: Path, profile_name: str, seed: list[int], workers: int, progress: bool,
@@ -175,7 +175,7 @@ def generate_site(fmt: str, out: str | Path, n: int, seed: int = 0, *, profile: 
     options = {}
     if fmt == "vindr-cxr":
         site = chest_profile(profile_name)
-        options = {"monochrome1": site.monochrome1, "window": site.window}
+        options = {"monochrome1": site.monochrome1, "window": site.window, "manufacturers": site.manufacturers}
     elif skin:
         options = {k: v for k, v in (("image_format", image_format), ("prevalence", prevalence)) if v is not None}
     if metadata == "real":

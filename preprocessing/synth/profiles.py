@@ -21,6 +21,9 @@ class ChestSite:
     jpeg_quality: int = 90  # JPEG exports only
     monochrome1: float = 0.0  # DICOM exports: fraction of files stored inverted (MONOCHROME1)
     window: float = 0.5  # DICOM exports: fraction of files carrying WindowCenter/WindowWidth
+    # DICOM exports: the Manufacturer tag's vendors with their share of the files, so that the model card's
+    # manufacturer rows (federated/subgroups.py VENDORS) have something to compare; JPEG/PNG carry no tag.
+    manufacturers: tuple[tuple[str, float], ...] = (("GE Healthcare", 1.0),)
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ CHEST_PROFILES: dict[str, ChestSite] = {
                                        border=0.5, border_value=1.0, marker="L")),
     # Hanoi (VinDr): DR detectors, high dynamic range, noisier, many MONOCHROME1 files.
     "hanoi": ChestSite(ChestProfile(height=256, width=256, gamma=1.5, contrast=0.95, blur_px=0.5, noise=0.05,
-                                    heel_effect=0.02), monochrome1=0.35, window=0.6),
+                                    heel_effect=0.02), monochrome1=0.35, window=0.6,
+                   # Two hospitals' detectors in one release, as VinDr pools two: a Korean DR panel and a Philips room.
+                   manufacturers=(("DRTECH", 0.6), ("Philips Medical Systems", 0.4))),
 }
 
 SKIN_PROFILES: dict[str, SkinSite] = {
