@@ -39,7 +39,7 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 
 from pipelines.model_package.loading import load_registered
-from pipelines.model_package.predict import OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
+from pipelines.model_package.predict import OOD_COLUMN, OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
 from pipelines.store_uri import default_tracking_uri
 from preprocessing.federation import load_federation
 from preprocessing.shard_format import manifest_path
@@ -146,7 +146,9 @@ def refusals(scorer: Scorer, items: list[Item]) -> dict:
     refused = rows["status"] != SCORED
     reasons = rows.loc[refused & (rows["reason"] != OUT_OF_DISTRIBUTION), "reason"].value_counts()
     return {"images": len(rows), "refused": int(refused.sum()), "ood": int((rows["reason"] == OUT_OF_DISTRIBUTION).sum()),
-            "other": ", ".join(f"{reason} {n}" for reason, n in reasons.items()) or "-"}
+            "other": ", ".join(f"{reason} {n}" for reason, n in reasons.items()) or "-",
+            "accepted": [(Path(source).name, distance) for source, distance in
+                         zip(rows.loc[~refused, "source"], rows.loc[~refused, OOD_COLUMN])]}
 
 
 def _line(model: str, images: str, counts: dict, target: str, met: bool) -> str:
@@ -184,10 +186,12 @@ def main() -> None:
                                   "dermoscopy (melanoma sites' test)": list(itertools.chain(*tests["melanoma"].values()))},
                    "melanoma": {"chest radiographs (chest sites' test)": list(itertools.chain(*tests["chest-xray"].values()))}}
         print("\n| model | images | n | refused | of which OOD | other reasons | target | met |\n|---|---|---|---|---|---|---|---|")
+        accepted = []
         for task, sets in foreign.items():
             for name, items in sets.items():
                 counts = refusals(scorers[task], items)
                 print(_line(task, name, counts, f">= {FOREIGN_TARGET:.0%}", counts["refused"] >= FOREIGN_TARGET * counts["images"]))
+                accepted += [f"{task} scored {file} ({name}) at distance {distance:.1f}" for file, distance in counts["accepted"]]
         for task, sites in tests.items():
             limit = scorers[task].contract.ood.target_false_refusal + FALSE_REFUSAL_MARGIN
             pooled = {"images": 0, "refused": 0, "ood": 0}
@@ -197,6 +201,7 @@ def main() -> None:
                 pooled = {k: pooled[k] + counts[k] for k in pooled}
             print(_line(task, "pooled own test", {**pooled, "other": "see sites"}, f"<= {limit:.0%}",
                         pooled["refused"] <= limit * pooled["images"]))
+        print("\nForeign images scored, not refused:" if accepted else "", *accepted, sep="\n  ")
         print("\n| model | disease | test ECE before | test ECE after |\n|---|---|---|---|")
         for task, scorer in scorers.items():
             calibration = scorer.contract.calibration
