@@ -16,8 +16,7 @@ from federated.schema import PARENT_RUN_TAG, QC_FOLDER, QC_SUMMARY_JSON, ROLE_TA
 FEW_POSITIVES = 30
 # A site or subgroup whose 95 % interval is wider than this (high - low) on a disease is named a limitation.
 WIDE_INTERVAL = 0.2
-# What a newer fedauc (issue "The champion knows what it does not know") records about calibration and
-# out-of-distribution refusal: the contract's fields and the evaluation's metric keys holding these words.
+# Evaluation metric keys holding these words are calibration or refusal figures measured after registration.
 CALIBRATION_WORDS = ("calibrat", "ece", "brier", "ood", "out_of_distribution", "refus")
 
 
@@ -60,15 +59,42 @@ def _privacy_spent(training) -> dict[str, float]:
             if "privacy/epsilon_job" in run.data.metrics}
 
 
-def calibration_and_ood(blocks, contract: dict, metrics: dict[str, float]) -> None:
-    """A section only where the version has calibration or out-of-distribution figures (contract or evaluation)."""
-    fields = {k: v for k, v in contract.items() if any(w in k.lower() for w in CALIBRATION_WORDS)}
-    measured = {k: v for k, v in metrics.items() if any(w in k.lower() for w in CALIBRATION_WORDS)}
-    if not fields and not measured:
-        return
+def calibration_and_ood(blocks, contract, metrics: dict[str, float]) -> None:
+    """The contract's calibration map with its errors and its out-of-distribution refusal with the rates it was read
+    at (docs/algorithms.md sections 15 and 16), and any such figure an evaluation measured; each said absent
+    when the version has none, so a reviewer knows the scores are not probabilities or that nothing is refused."""
     blocks.heading("Calibration and out-of-distribution policy")
-    blocks.bullets([f"{key}: `{value}`" for key, value in fields.items()]
-                   + [f"{key}: {value:.3f}" for key, value in sorted(measured.items())])
+    calibration = contract.calibration if contract else None
+    if calibration is None:
+        blocks.paragraph("No calibration map: the scores rank images, they are not probabilities of disease.")
+    else:
+        blocks.paragraph(f"Calibrated probabilities: {calibration.method}, fitted on the {calibration.source}; "
+                         "predict, the pyfunc and the PACS job state them beside the raw score. Expected calibration "
+                         "error (10 bins) with its 95 % bootstrap interval, raw score -> calibrated (validation: the "
+                         "split the map was fitted on, in sample; test: out of sample).")
+        blocks.table(["disease", "Platt slope, intercept", "validation ECE", "test ECE"],
+                     [[disease, f"{fitted.slope:.3f}, {fitted.intercept:.3f}",
+                       f"{_ece(fitted.valid_before)} -> {_ece(fitted.valid_after)}",
+                       f"{_ece(fitted.test_before)} -> {_ece(fitted.test_after)}" if fitted.test_before else "no test split"]
+                      for disease, fitted in calibration.diseases.items()])
+        blocks.bullets([f"{disease}: no calibration map ({why})." for disease, why in calibration.undefined.items()])
+    ood = contract.ood if contract else None
+    if ood is None:
+        blocks.paragraph("No out-of-distribution refusal: any image the contract's modality, view and body-part "
+                         "checks let through is scored (a training under a privacy budget computes none).")
+    else:
+        test = "no test split" if ood.test_false_refusal is None else f"{ood.test_false_refusal:.1%}"
+        blocks.paragraph(f"Out-of-distribution refusal: {ood.method}, fitted on {ood.train_images} training images "
+                         f"({ood.dimension} features). An image farther than {ood.threshold:.1f} is refused "
+                         "`out_of_distribution` with no score; the threshold was read at a false-refusal rate of "
+                         f"{ood.target_false_refusal:.0%} and refuses {ood.valid_false_refusal:.1%} of the pooled "
+                         f"validation images and {test} of the pooled test images.")
+    measured = {k: v for k, v in metrics.items() if any(w in k.lower() for w in CALIBRATION_WORDS)}
+    blocks.bullets([f"{key}: {value:.3f}" for key, value in sorted(measured.items())])
+
+
+def _ece(error) -> str:
+    return f"{error.value:.3f} [{error.low:.3f}, {error.high:.3f}]"
 
 
 def limitations(src, metrics: dict[str, float], diseases: list[str], groups: dict[str, list[str]]) -> list[str]:

@@ -58,7 +58,6 @@ class Sources:
     task: str
     version: str
     contract: ModelContract | None
-    raw_contract: dict  # the contract as stored (fields a newer fedauc adds are shown when present)
     tags: dict[str, str]  # the version's
     training: object | None  # the training run (mlflow Run), None where it is gone
     evaluation: object | None  # the latest evaluation run of the version
@@ -93,7 +92,7 @@ def gather(task: str, version: str) -> Sources:
             suppressed = mlflow.artifacts.load_dict(f"runs:/{evaluation.info.run_id}/{SUPPRESSED_ARTIFACT}")
         except (MlflowException, OSError):
             suppressed = {}
-    return Sources(task, str(version), contract, raw, dict(mv.tags), training, evaluation, suppressed, champion_version(task),
+    return Sources(task, str(version), contract, dict(mv.tags), training, evaluation, suppressed, champion_version(task),
                    client.search_model_versions(f"name = '{name}'"))
 
 
@@ -195,7 +194,7 @@ def compose(src: Sources) -> tuple[Blocks, list]:
     points = descriptions.operating_point_lines(contract.operating_points) if contract else ["Unknown."]
     b.paragraph(points[0])
     b.bullets([line.removeprefix("- ") for line in points[1:]])
-    card_limits.calibration_and_ood(b, src.raw_contract, metrics)
+    card_limits.calibration_and_ood(b, contract, metrics)
     b.heading("Limitations")
     b.bullets(card_limits.limitations(src, metrics, diseases, groups))
     b.heading("Provenance")

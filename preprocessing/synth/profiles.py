@@ -48,8 +48,9 @@ CHEST_PROFILES: dict[str, ChestSite] = {
     # Hanoi (VinDr): DR detectors, high dynamic range, noisier, many MONOCHROME1 files.
     "hanoi": ChestSite(ChestProfile(height=256, width=256, gamma=1.5, contrast=0.95, blur_px=0.5, noise=0.05,
                                     heel_effect=0.02), monochrome1=0.35, window=0.6,
-                   # Two hospitals' detectors in one release, as VinDr pools two: a Korean DR panel and a Philips room.
-                   manufacturers=(("DRTECH", 0.6), ("Philips Medical Systems", 0.4))),
+                   # VinDr pools two hospitals: two vendors, evenly, so that the demo's 160 test images give each
+                   # vendor at least 10 Cardiomegaly positives and the card a vendor comparison.
+                   manufacturers=(("DRTECH", 0.5), ("Philips Medical Systems", 0.5))),
 }
 
 SKIN_PROFILES: dict[str, SkinSite] = {
