@@ -18,8 +18,8 @@ out-of-distribution reason alone) out of scored:
 The calibration errors are read from the champion's contract: the pooled test split's ECE before and after the
 Platt map, with their bootstrap intervals (pipelines/model_package/calibration.py).
 
-Run: ``.venv/bin/python benchmarks/ood_demo.py --home /tmp/m54 [--noise 100]`` after
-``FEDAUC_HOME=/tmp/m54 fedauc demo``.
+Run: ``.venv/bin/python benchmarks/ood_demo.py [--home /tmp/m54] [--noise 100]`` after
+``[FEDAUC_HOME=/tmp/m54] fedauc demo`` (``--home``: the folder the demo ran in, by default this machine's).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from pydicom.data import get_testdata_file
 from pipelines.model_package.loading import load_registered
 from pipelines.model_package.predict import OOD_COLUMN, OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
 from pipelines.store_uri import default_tracking_uri
+from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
+from preprocessing.home import fedauc_home
 from preprocessing.shard_format import manifest_path
 
 FOREIGN_TARGET, FALSE_REFUSAL_MARGIN = 0.99, 0.01
@@ -163,16 +165,22 @@ def _ece(error) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--home", type=Path, required=True, help="the FEDAUC_HOME the demo ran in")
+    parser.add_argument("--home", type=Path, default=fedauc_home(),
+                        help="the FEDAUC_HOME the demo ran in (default: this machine's, as fedauc commands find it)")
     parser.add_argument("--noise", type=int, default=100, help="noise PNGs to score")
     args = parser.parse_args()
     home = args.home.resolve()
+    if not (home / "mlruns.db").is_file():  # MLflow would create an empty store there
+        raise SystemExit(f"{home}: no fedauc store (mlruns.db)\n  fix: run `FEDAUC_HOME={home} fedauc demo` first")
     mlflow.set_tracking_uri(default_tracking_uri(home))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"store {home}; code {commit}; {platform.processor() or platform.machine()}, {platform.python_version()}")
     with tempfile.TemporaryDirectory(prefix="fedauc-ood-") as scratch:
         scratch = Path(scratch)
-        scorers = {task: load_registered(None, task, scratch / task) for task in FEDERATIONS}
+        try:
+            scorers = {task: load_registered(None, task, scratch / task) for task in FEDERATIONS}
+        except FedaucError as error:
+            raise SystemExit(str(error)) from None
         tests = {task: test_images(home, task) for task in FEDERATIONS}
         for task, scorer in scorers.items():
             ood = scorer.contract.ood

@@ -77,6 +77,16 @@ def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
         images = ", ".join(f"{split} {n}" for split, n in qc["kept_per_split"].items())
         assert f"- `{site.name}`: images {images}; Melanoma positives train " in markdown
     assert "### By view" not in markdown  # a skin photograph has no projection
+    # Calibration and refusal as the registered contract states them, read as figures, not a dump of its fields.
+    contract = model_card.gather("melanoma", version).contract
+    fitted = contract.calibration.diseases.get("Melanoma")
+    if fitted is not None:
+        calibrated = _cells(markdown, "## Calibration and out-of-distribution policy")["Melanoma"]
+        assert calibrated[0] == f"{fitted.slope:.3f}, {fitted.intercept:.3f}"
+        assert calibrated[2].startswith(f"{fitted.test_before.value:.3f} [") and "-> " in calibrated[2]
+    else:
+        assert f"Melanoma: no calibration map ({contract.calibration.undefined['Melanoma']})" in markdown
+    assert f"farther than {contract.ood.threshold:.1f} is refused" in markdown and "{'" not in markdown
     assert png.startswith(b"\x89PNG") and "data:image/png;base64," in page and "<table>" in page
     assert evaluated["run_id"] in markdown
 
