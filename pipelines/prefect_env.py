@@ -53,6 +53,9 @@ def configure_prefect_env() -> dict[str, str]:
         if name not in os.environ:
             os.environ[name] = value
             applied[name] = value
+    # A fresh $FEDAUC_HOME (`FEDAUC_HOME=/tmp/try fedauc demo`) does not exist yet: Prefect creates its home
+    # without parents, fails, and its server then cannot open its database.
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     return applied
 
 

@@ -2,6 +2,8 @@
 user's .prefect, mlruns.db or servers."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from pipelines.prefect_env import PROJECT_ROOT, configure_prefect_env
@@ -39,3 +41,13 @@ def test_flow_and_tracking_runs_stay_out_of_the_project():
     assert uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_relative_to(PROJECT_ROOT)
     assert any(home.rglob("*.db")), "the flow run went to a Prefect database outside the session's home"
     assert {p: _stamp(p) for p in project_state} == project_state
+
+
+def test_a_fedauc_home_that_does_not_exist_yet_gets_its_prefect_home(tmp_path):
+    """`FEDAUC_HOME=/tmp/try fedauc demo` on a folder not made yet: Prefect's home must exist before Prefect is
+    imported, or its server cannot open its database and the demo never starts."""
+    home = tmp_path / "not-made-yet"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"} | {"FEDAUC_HOME": str(home)}
+    subprocess.run([sys.executable, "-c", "from pipelines.prefect_env import configure_prefect_env; "
+                    "configure_prefect_env(); import prefect"], env=env, check=True, timeout=120)
+    assert (home / ".prefect").is_dir()
