@@ -31,16 +31,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 import pydicom
 from PIL import Image
 from pydicom.data import get_testdata_file
 
+from pipelines import tracking
 from pipelines.model_package.loading import load_registered
 from pipelines.model_package.predict import OOD_COLUMN, OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
-from pipelines.store_uri import default_tracking_uri
+from pipelines.store_uri import default_tracking_uri, tracking_uri
 from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
 from preprocessing.home import fedauc_home
@@ -170,9 +170,10 @@ def main() -> None:
     parser.add_argument("--noise", type=int, default=100, help="noise PNGs to score")
     args = parser.parse_args()
     home = args.home.resolve()
-    if not (home / "mlruns.db").is_file():  # MLflow would create an empty store there
+    if tracking_uri(home) == default_tracking_uri(home) and not (home / "mlruns.db").is_file():
+        # MLflow would create an empty store there, then say it holds no champion.
         raise SystemExit(f"{home}: no fedauc store (mlruns.db)\n  fix: run `FEDAUC_HOME={home} fedauc demo` first")
-    mlflow.set_tracking_uri(default_tracking_uri(home))
+    tracking.configure(home)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"store {home}; code {commit}; {platform.processor() or platform.machine()}, {platform.python_version()}")
     with tempfile.TemporaryDirectory(prefix="fedauc-ood-") as scratch:
