@@ -172,10 +172,12 @@ def refused_fraction(histogram: np.ndarray, dimension: int, threshold: float) ->
 
 
 def federated_statistics(model: nn.Module, sites, transport, device: torch.device, rate: float, source: str,
-                         bytes_of, amp: bool = False, channels_last: bool = False) -> tuple[OodModel, list[int]]:
+                         bytes_of, amp: bool = False, channels_last: bool = False) -> tuple[OodModel | None, list[int]]:
     """Steps 1-4 over ``sites`` (this process's; a collective: every process calls it): the OOD model of
     ``model`` (the global one, as it is registered) and the bytes each site here sent (``bytes_of(tensor)``,
-    what the transport moves for a summed tensor)."""
+    what the transport moves for a summed tensor). None where the federation holds fewer than two training
+    images or no validation image to read a threshold from: the model then refuses nothing as out of
+    distribution and its contract has no ``ood``. Every process decides alike, from the same pooled sums."""
     dimension = head_layer(model).in_features
     sums = []
     for site in sites:
@@ -184,6 +186,8 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
             None, np.zeros((0, dimension)))
         sums.append(torch.from_numpy(feature_sums(features, dimension)).to(device))
     transport.mean_([[s] for s in sums], [1.0] * len(sites))
+    if float(sums[0][0]) < 2:
+        return None, [bytes_of(s) for s in sums]
     fitted, n = gaussian(sums[0].cpu().numpy(), dimension)
     histograms = {}
     for split in ("valid", "test"):
@@ -197,6 +201,8 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
         transport.mean_([[c] for c in counts], [1.0] * len(sites))
         histograms[split] = counts[0].cpu().numpy()
     sent = [bytes_of(s) + 2 * bytes_of(counts[0]) for s in sums]  # the sums and the two splits' histograms
+    if histograms["valid"].sum() <= 0:
+        return None, sent
     threshold, valid_refused = threshold_at(histograms["valid"], dimension, rate)
     reference = OodReference(dimension=dimension, threshold=threshold, target_false_refusal=rate,
                              valid_false_refusal=valid_refused,
