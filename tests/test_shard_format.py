@@ -28,8 +28,9 @@ def _records(root: Path) -> pd.DataFrame:
     splits = ["train", "train", "train", "test"]
     for k in range(len(splits)):
         if not (root / f"{k}.png").exists():  # rewriting would change the files' mtime, and so the content hash
-            pixels = np.full((20, 24), 40 * k, dtype=np.uint8)
-            pixels[0, 0] = 255  # a constant image is quarantined (constant_image)
+            # Each its own picture: one gray level with a bright corner at another brightness is the same picture
+            # (a near_duplicate), and a constant image is quarantined (constant_image).
+            pixels = np.random.default_rng(k).integers(0, 256, (20, 24)).astype(np.uint8)
             Image.fromarray(pixels).save(root / f"{k}.png")
     records = pd.DataFrame({
         "record_id": [f"r{k}" for k in range(len(splits))], "source_row": [f"labels.csv:{k + 2}" for k in range(4)],

@@ -30,7 +30,9 @@ def records(tmp_path):
     root = tmp_path / "data"
     root.mkdir()
     for k in range(7):
-        Image.fromarray((np.add.outer(np.arange(32), np.arange(32)) + 10 * k).astype(np.uint8)).save(root / f"{k}.png")
+        # Each its own picture: the ramp at another brightness alone would be the same one (a near_duplicate).
+        texture = np.random.default_rng(k).integers(0, 60, (32, 32))
+        Image.fromarray((np.add.outer(np.arange(32), np.arange(32)) + 10 * k + texture).astype(np.uint8)).save(root / f"{k}.png")
     frame = pd.DataFrame({
         "record_id": [str(k) for k in range(7)], "source_row": [f"l.csv:row {k + 1}" for k in range(7)],
         "patient_id": [f"p{k}" for k in range(7)], "study_id": [str(k) for k in range(7)],

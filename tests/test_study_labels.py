@@ -17,9 +17,17 @@ from preprocessing.shards import shard_site
 from preprocessing.sites import SiteConfig
 
 
-def radiograph(target: Path, source: str, accession: str, study_uid: str, view: str | None) -> Path:
-    """pydicom-data's ``source`` as a new instance of the study (pixel data untouched)."""
+def radiograph(target: Path, source: str, accession: str, study_uid: str, view: str | None, picture: int) -> Path:
+    """pydicom-data's ``source`` as a new instance of the study, its ``picture``-th window (a quarter of each side
+    cut off at another corner, flipped on odd ``picture``): each file its own picture, or the near-duplicate
+    search would rightly quarantine the copies of one radiograph under several studies."""
     ds = pydicom.dcmread(get_testdata_file(source))
+    pixels = ds.pixel_array
+    rows, columns = pixels.shape[0] * 3 // 4, pixels.shape[1] * 3 // 4
+    top, left = (picture // 2 % 2) * (pixels.shape[0] - rows), (picture % 2) * (pixels.shape[1] - columns)
+    window = pixels[top:top + rows, left:left + columns]
+    window = np.ascontiguousarray(window[:, ::-1] if picture % 2 else window)
+    ds.Rows, ds.Columns, ds.PixelData = rows, columns, window.astype(pixels.dtype).tobytes()
     ds.AccessionNumber, ds.StudyInstanceUID = accession, study_uid
     ds.SeriesInstanceUID, ds.SOPInstanceUID = generate_uid(), generate_uid()
     ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
@@ -38,10 +46,12 @@ def export(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     ViewPosition), study ACC2 (a PA), study ACC3 (a PA no labels row names)."""
     root = tmp_path_factory.mktemp("pacs-export")
     uids = {accession: generate_uid() for accession in ("ACC1", "ACC2", "ACC3", "ACC9")}
-    for accession, source, view, series in [("ACC1", "RG1_UNCR.dcm", "PA", "SE1"), ("ACC1", "RG1_UNCI.dcm", "LL", "SE2"),
-                                            ("ACC1", "RG1_UNCR.dcm", None, "SE3"), ("ACC2", "RG1_UNCI.dcm", "PA", "SE1"),
-                                            ("ACC3", "RG1_UNCR.dcm", "PA", "SE1")]:
-        radiograph(root / "dicom" / accession / series / "IM00001.dcm", source, accession, uids[accession], view)
+    for picture, (accession, source, view, series) in enumerate([
+            ("ACC1", "RG1_UNCR.dcm", "PA", "SE1"), ("ACC1", "RG1_UNCI.dcm", "LL", "SE2"),
+            ("ACC1", "RG1_UNCR.dcm", None, "SE3"), ("ACC2", "RG1_UNCI.dcm", "PA", "SE1"),
+            ("ACC3", "RG1_UNCR.dcm", "PA", "SE1")]):
+        radiograph(root / "dicom" / accession / series / "IM00001.dcm", source, accession, uids[accession], view,
+                   picture)
     (root / "dicom" / "ACC1" / "notes.txt").write_text("not a DICOM")
     return root, uids
 
