@@ -17,7 +17,15 @@ from pydantic import ValidationError
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig, TrainSettings
 from preprocessing.errors import ConfigError, DataError, problem_message
 from preprocessing.qc_counts import SAMPLE_GRID_FILE, central_summary, qc_counts
-from preprocessing.shard_format import QC_DIR, SHARD_FILE, is_finished, read_shard_info, read_split, shard_content_hash
+from preprocessing.shard_format import (
+    QC_DIR,
+    SHARD_FILE,
+    float_columns,
+    is_finished,
+    manifest_path,
+    read_shard_info,
+    shard_content_hash,
+)
 from preprocessing.sharing import SharingPolicy
 
 if TYPE_CHECKING:  # a hospital's training process has no federation YAML to read (nor its dataset adapters)
@@ -152,7 +160,11 @@ def trained_diseases(config: TrainConfig, federation: Federation) -> tuple[str, 
 def check_learnable(federation: Federation, dirs: list[Path], diseases: tuple[str, ...]) -> None:
     """A ``ConfigError`` naming the first of ``diseases`` that no site's training split labels (the model could not
     learn it, nor its AUC be measured), before anything starts."""
-    known = sum(np.sum(~np.isnan(read_split(d, "train", diseases)[1]), axis=0) for d in dirs)
+    # The manifests' label columns only: the images are the integrity check's to open (a truncated image file is
+    # named there, not met as an mmap error here).
+    known = sum(np.sum(~np.isnan(float_columns(manifest_path(d, "train"), diseases, "run `fedauc preprocess` again "
+                                               "for this site")), axis=0)
+                for d in dirs if manifest_path(d, "train").is_file())
     for disease, count in zip(diseases, known):
         if count == 0:
             rest = [d for d, c in zip(diseases, known) if c > 0]

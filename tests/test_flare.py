@@ -15,6 +15,7 @@ from federated.backends import SiteFailure
 from federated.flare.centre.job import train_flare
 from federated.flare.server.rendezvous import COMBINE, Rendezvous
 from federated.sites import federation_config
+from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow
@@ -129,7 +130,12 @@ def test_a_site_whose_images_give_another_model_input_stops_the_job_before_train
     settings = dict(algorithm="fedavg", network="small_resnet", network_kwargs={"widths": [8, 16, 32]}, rounds=2,
                     local_steps=2, batch_size=16, progress=False, loader_workers=0, timeout_s=60, device="cpu",
                     checkpoint_dir=str(tmp_path / "checkpoints"))
-    cfg = federation_config(load_federation(federation), tmp_path / "shards", settings)
+    # Where the centre reads the shards (here, the simulator's), it refuses before any job (federated/sites.py
+    # check_shards_fit); a running consortium's centre reads none, and the sites' own check stops the job.
+    with pytest.raises(DataError, match=r"the sites' shards do not fit together: vienna 32 px x 3 channel\(s\), "
+                                        r"barcelona 32 px x 3 channel\(s\), new-york 40 px x 3 channel\(s\)"):
+        federation_config(load_federation(federation), tmp_path / "shards", settings)
+    cfg = federation_config(load_federation(federation), tmp_path / "shards", settings, read_shards=False)
     with pytest.raises(FlareJobFailed, match=r"site 'new-york': its model input shape is \[3, 40, 40\], "
                                              r"site 'vienna''s is \[3, 32, 32\]"):
         train_flare(cfg, load_federation(federation), tmp_path / "shards", "sim", tmp_path / "sim", name="test-inputs")
