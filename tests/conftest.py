@@ -122,6 +122,18 @@ def on_session_store() -> None:
 
 
 @pytest.fixture(autouse=True)
+def fedauc_environment():
+    """Every test starts with the session's FEDAUC_* variables: a command a test runs in process (CliRunner) sets
+    its entry's (``fedauc preprocess`` its FEDAUC_SHARDS) for the rest of the worker, and a later test's own
+    command then looked for its shards in the earlier test's folder."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith("FEDAUC_")}
+    yield
+    for name in [name for name in os.environ if name.startswith("FEDAUC_") and name not in saved]:
+        del os.environ[name]
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def fresh_site_ledgers():
     """Every test starts with no site ledger: sites are keyed by name (vienna, ...) in the session's one state
     directory, which the site processes of a module's consortium also use."""
