@@ -34,22 +34,24 @@ FEDAUC = str(Path(sys.executable).parent / "fedauc")
 STORE_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "PREFECT_HOME", "PREFECT_API_URL")
 
 
-def _as_a_user(home: Path) -> dict[str, str]:
+def _as_a_user(home: Path, cache: Path) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in STORE_VARIABLES}
-    # The public metadata the phantoms' labels come from, fetched once per machine (the checkout's cache).
-    return {**env, "FEDAUC_HOME": str(home), "FEDAUC_CACHE": str(PROJECT_ROOT / ".cache")}
+    return {**env, "FEDAUC_HOME": str(home), "FEDAUC_CACHE": str(cache)}
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """``fedauc demo`` in a fresh folder, from another folder (where nothing may be written)."""
+def demo_run(tmp_path_factory, public_metadata):
+    """``fedauc demo`` in a fresh folder, from another folder (where nothing may be written). The public
+    metadata the phantoms' labels come from is the session's, fetched before the checkout is listed: on a
+    fresh clone that fetch creates the checkout's ``.cache``, which is the test run's doing, not the demo's."""
     home, cwd = tmp_path_factory.mktemp("fedauc-home"), tmp_path_factory.mktemp("where-the-user-is")
+    cache = public_metadata.parent.parent
     checkout_before = {path.name for path in PROJECT_ROOT.iterdir()}
     started = time.monotonic()
     result = subprocess.run([FEDAUC, "demo", "--scale", str(SCALE), "--rounds", str(ROUNDS)], cwd=cwd,
-                            env=_as_a_user(home), capture_output=True, text=True, timeout=1200)
+                            env=_as_a_user(home, cache), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
-    return {"home": home, "cwd": cwd, "out": result.stdout, "seconds": time.monotonic() - started,
+    return {"home": home, "cwd": cwd, "cache": cache, "out": result.stdout, "seconds": time.monotonic() - started,
             "checkout_before": checkout_before}
 
 
@@ -93,7 +95,7 @@ def ui_links(demo_run, tmp_path_factory):
     ports = [free_port(), free_port()]
     with open(log, "w") as out:
         ui = subprocess.Popen([FEDAUC, "ui", "--mlflow-port", str(ports[0]), "--prefect-port", str(ports[1])],
-                              cwd=demo_run["cwd"], env=_as_a_user(demo_run["home"]), stdout=out,
+                              cwd=demo_run["cwd"], env=_as_a_user(demo_run["home"], demo_run["cache"]), stdout=out,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
