@@ -98,37 +98,40 @@ def test_the_site_yaml_chooses_the_sinks_and_a_wrong_one_is_one_line(tmp_path, m
     assert CliRunner().invoke(app, ["sites", "validate", str(site)]).exit_code == 0
 
 
-def test_a_retry_after_the_sr_failed_writes_nothing_twice(orthanc, tmp_path, monkeypatch):
+def test_a_retry_after_the_sr_failed_writes_nothing_twice(tmp_path, monkeypatch):
     """The SR store fails after the outbox delivered the result: the study is failed, without an SR; the retry
-    stores the SR, and the outbox file is the one written the first time, naming the SR's UID."""
+    stores the SR, and the outbox file is the one written the first time, naming the SR's UID. A PACS of its
+    own: the job scores every study of the day."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", register_chest_model(tmp_path / "store"))
     monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
     study = generate_uid()
-    upload(orthanc, restudy(Path(get_testdata_file("RG1_UNCR.dcm")), tmp_path / "rg1.dcm", study, "P1", 1))
-    adversary = Adversary(orthanc)
     outbox = tmp_path / "outbox"
-    site = _site_yaml(tmp_path, f"{adversary.url}/dicom-web", [{"json-outbox": {"folder": str(outbox)}}, "dicom-sr"])
     now = dt.datetime.now().astimezone()
+    with orthanc_server(tmp_path / "orthanc") as orthanc:
+        upload(orthanc, restudy(Path(get_testdata_file("RG1_UNCR.dcm")), tmp_path / "rg1.dcm", study, "P1", 1))
+        adversary = Adversary(orthanc)
+        site = _site_yaml(tmp_path, f"{adversary.url}/dicom-web",
+                          [{"json-outbox": {"folder": str(outbox)}}, "dicom-sr"])
 
-    def run(at: dt.datetime) -> dict:
-        return job.run(site, tmp_path / "shards", MODEL, echo=lambda _: None, local=lambda _: None, now=at,
-                       report_to_centre=False)
+        def run(at: dt.datetime) -> dict:
+            return job.run(site, tmp_path / "shards", MODEL, echo=lambda _: None, local=lambda _: None, now=at,
+                           report_to_centre=False)
 
-    try:
-        adversary.refuse_stores = True
-        with pytest.raises(job.StudiesNotRetrieved, match="storing its report answered HTTP 500"):
-            run(now)
         direct = pacs.Pacs(f"{orthanc}/dicom-web", (USER, PASSWORD))
-        assert reports_in(direct, study, tmp_path / "none") == []
-        (delivered,) = outbox.glob("*.json")
-        before = delivered.stat()
-        assert before.st_mode & 0o777 == 0o600
-        adversary.refuse_stores = False
-        assert run(now + dt.timedelta(minutes=16))["studies_reported"] == 1  # after the first backoff
-        assert run(now + dt.timedelta(minutes=17))["studies_reported"] == 0
-    finally:
-        adversary.close()
-    (sr,) = reports_in(direct, study, tmp_path / "read-back")
+        try:
+            adversary.refuse_stores = True
+            with pytest.raises(job.StudiesNotRetrieved, match="storing its report answered HTTP 500"):
+                run(now)
+            assert reports_in(direct, study, tmp_path / "none") == []
+            (delivered,) = outbox.glob("*.json")
+            before = delivered.stat()
+            assert before.st_mode & 0o777 == 0o600
+            adversary.refuse_stores = False
+            assert run(now + dt.timedelta(minutes=16))["studies_reported"] == 1  # after the first backoff
+            assert run(now + dt.timedelta(minutes=17))["studies_reported"] == 0
+        finally:
+            adversary.close()
+        (sr,) = reports_in(direct, study, tmp_path / "read-back")
     assert list(outbox.glob("*.json")) == [delivered]
     after = delivered.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
