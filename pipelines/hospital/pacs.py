@@ -13,9 +13,10 @@ Each run (docs/deploy.md section 3 has the states a study goes through):
   the one prediction path, so the SR's numbers are ``fedauc predict``'s for the same files.
 * Each of the site's result sinks (``pacs.sinks`` in the site YAML, ``sink_registry``) that has not yet
   delivered the result gets it, the DICOM SR last (``sinks``): one instance in one STOW-RS request, the mark
-  that the study is done. The result's identifier is derived from the study, the model version and the images
-  (``result``), so a study tried again after a failure writes nothing twice. A study that gains an image the model takes after its SR gets a new SR naming the
-  earlier ones in its Predecessor Documents Sequence.
+  that the study is done. The result's identifier is derived from the study, the model version and the
+  images (``result``), so a study tried again after a failure writes nothing twice. A study that gains an
+  image the model takes after its SR gets a new SR naming the earlier ones in its Predecessor Documents
+  Sequence.
 * A study that cannot be retrieved whole is failed: nothing of it is stored, it is tried again after a
   backoff, the other studies go on, and the run's summary names it (locally only). A PACS that cannot be
   used at all ends the run with one line (``dicomweb.PacsUnavailable``); the state is written either way.
