@@ -95,7 +95,7 @@ class PacsSettings(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     # Where each scored study's result goes, in order, the DICOM SR last: a name, or a name with its options
     # (`- json-outbox: {folder: /srv/outbox}`); pipelines/hospital/sink_registry.py knows the names.
-    sinks: list[str | dict[str, dict]] = Field(default_factory=lambda: ["dicom-sr"], min_length=1)
+    sinks: list[str | dict[str, dict | None]] = Field(default_factory=lambda: ["dicom-sr"], min_length=1)
 
 
 class SiteConfig(BaseModel):

@@ -37,12 +37,12 @@ def resolve_sink(name: str, field: str = "pacs.sinks") -> type[ResultSink]:
     return _SINKS[name]
 
 
-def build_sinks(choices: list[str | dict[str, dict]], pacs: Pacs) -> list[ResultSink]:
+def build_sinks(choices: list[str | dict[str, dict | None]], pacs: Pacs) -> list[ResultSink]:
     """The run's sinks, in the YAML's order (``check_sinks``)."""
     return [sink(pacs, options) for sink, options in check_sinks(choices)]
 
 
-def check_sinks(choices: list[str | dict[str, dict]]) -> list[tuple[type[ResultSink], BaseModel]]:
+def check_sinks(choices: list[str | dict[str, dict | None]]) -> list[tuple[type[ResultSink], BaseModel]]:
     """Each sink of the site YAML's ``pacs.sinks`` with its parsed options, or a ``ConfigError`` naming the
     field: each entry a name, or a name with its options (``{json-outbox: {folder: ...}}``); the DICOM SR
     last, the study's commit mark."""
