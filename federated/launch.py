@@ -1,7 +1,13 @@
 """Where a training or an evaluation runs: the ``Launcher``.
 
 One value says it, built once by the command line, a Prefect flow's parameters or a deployment, and passed
-down; nothing downstream branches on where the sites are. A launcher owns what differs between places:
+down; nothing downstream branches on where the sites are. A launcher (``_Launcher``, the contract) owns what
+differs between places:
+
+- ``kind``: its name, in ``LAUNCHERS``, in ``--backend`` and in the flows' JSON (``{"kind": ...}``);
+- ``options``: the command line's options it takes, by the field each sets (``from_options``: an option of
+  another launcher is refused, not ignored), and ``waits_for_sites``: whether the training's ``timeout_s``
+  applies (sites in processes of their own, one of which may leave the others waiting);
 
 - ``reads_shards_here``: whether this machine holds the sites' shards (in-process, torchrun, and NVIDIA
   FLARE's ``sim`` and ``poc``, which run every site here) or each hospital reads its own (FLARE ``prod``:
@@ -19,22 +25,25 @@ down; nothing downstream branches on where the sites are. A launcher owns what d
   relative to each hospital's own working directory);
 - ``params()``: what MLflow records about the place (``backend``, and FLARE's environment).
 
-``LAUNCHERS`` lists the kinds; its keys are ``federated.settings.LAUNCHER_KINDS``, the command line's ``--backend``
-choices, which load no torch (tests/test_cli_startup.py checks they agree). Adding a launcher: README.md "Adding a
-launcher or a transport".
+``LAUNCHERS`` registers them by kind; its keys are ``federated.settings.LAUNCHER_KINDS``, the command line's
+``--backend`` choices, which load no torch (tests/test_cli_startup.py checks they agree); tests/test_launch.py runs
+every registered launcher through the contract. Adding a launcher: README.md "Adding a launcher or a transport".
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -47,7 +56,7 @@ from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
 from federated.scoring import ModelToScore, Scores
 from federated.sites import check_site_reports, site_report, site_shard_dirs
-from preprocessing.errors import FedaucError
+from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
 
 
@@ -60,9 +69,26 @@ class Trained:
     pooled: bool  # one site held every site's data (its records are the federation's, not a site's)
 
 
-class _Launcher(BaseModel):
+class _Launcher(BaseModel, ABC):
+    """What every launcher keeps (module docstring); ``LAUNCHERS`` registers it by ``kind``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str  # each launcher's Literal: the discriminator of ``Launcher``
     reads_shards_here: ClassVar[bool] = True
+    options: ClassVar[dict[str, str]] = {}  # command-line option: the field it sets
+    waits_for_sites: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, given: dict[str, Any]) -> Self:
+        """This launcher from the command line's launcher options (option: value, None where not given)."""
+        foreign = [option for option, value in given.items() if value is not None and option not in cls.options]
+        if foreign:
+            kind = cls.model_fields["kind"].default
+            takers = [name for name, other in LAUNCHERS.items() if set(foreign) <= set(other.options)]
+            raise ConfigError(f"{', '.join(foreign)} {'goes' if len(foreign) == 1 else 'go'} with --backend "
+                              f"{' or '.join(takers) or 'none'}, not {kind}",
+                              fix=f"leave out {' and '.join(foreign)}, or choose that --backend")
+        return cls(**{field: given[option] for option, field in cls.options.items() if given.get(option) is not None})
 
     def pools(self, algorithm: str) -> bool:
         return False
@@ -82,6 +108,11 @@ class _Launcher(BaseModel):
 
     def params(self) -> dict[str, str]:
         return {"backend": self.kind}
+
+    @abstractmethod
+    def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
+              callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
+        """The training, its records to ``callbacks`` as rounds end, with every site's report on its data."""
 
     def score(self, models: list[ModelToScore], states: list[dict[str, torch.Tensor]], federation: Federation,
               shards_root: Path | None, bins: int, min_count: int, eval_noise_multiplier: float | None = None
@@ -126,6 +157,7 @@ class Torchrun(_Launcher):
     CPU, NCCL on GPU, one site per GPU. The records reach ``callbacks`` when the job ends."""
 
     kind: Literal["torchrun"] = "torchrun"
+    waits_for_sites: ClassVar[bool] = True
 
     def train(self, config: TrainConfig, federation: Federation, shards_root: Path | None,
               callbacks: Sequence[RoundCallback] = (), name: str = "fedauc") -> Trained:
@@ -174,6 +206,8 @@ class Flare(_Launcher):
     env: Literal[FLARE_ENVS] = "sim"
     workspace: Path = Path("flare_workspace")
     kit: Path | None = None
+    options: ClassVar[dict[str, str]] = {"--flare-env": "env", "--flare-workspace": "workspace", "--kit": "kit"}
+    waits_for_sites: ClassVar[bool] = True
 
     def check(self) -> None:
         check_flare_env(self.env, self.kit)
@@ -210,8 +244,10 @@ class Flare(_Launcher):
                               self.env, self.workspace, self.kit, bins, min_count, eval_noise_multiplier)
 
 
-Launcher = Annotated[InProcess | Torchrun | Flare, Field(discriminator="kind")]
+# The registry: a launcher is one class here (or in a module of its own imported here) and its entry in this
+# tuple, its kind in federated.settings.LAUNCHER_KINDS.
 LAUNCHERS: dict[str, type[_Launcher]] = {cls.model_fields["kind"].default: cls for cls in (InProcess, Torchrun, Flare)}
+Launcher = Annotated[functools.reduce(operator.or_, LAUNCHERS.values()), Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(Launcher)
 
 

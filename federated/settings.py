@@ -21,6 +21,7 @@ RULES = ("mean", "trimmed-mean", "median")
 
 # Where a training runs (federated/launch.py ``LAUNCHERS``, whose keys are these, in this order).
 LAUNCHER_KINDS = ("inprocess", "torchrun", "flare")
+DEFAULT_LAUNCHER = "inprocess"  # every site in this process: the research default and the demo's
 
 
 class TrainSettings(BaseModel):

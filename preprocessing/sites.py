@@ -93,6 +93,9 @@ class PacsSettings(BaseModel):
     # A study is scored once what it holds has not changed for this long (modalities send a study in parts).
     stable_minutes: float = Field(5.0, ge=0)
     timeout_s: float = Field(60.0, gt=0)
+    # Where each scored study's result goes, in order, the DICOM SR last: a name, or a name with its options
+    # (`- json-outbox: {folder: /srv/outbox}`); pipelines/hospital/sink_registry.py knows the names.
+    sinks: list[str | dict[str, dict | None]] = Field(default_factory=lambda: ["dicom-sr"], min_length=1)
 
 
 class SiteConfig(BaseModel):

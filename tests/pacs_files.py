@@ -59,10 +59,12 @@ class Adversary:
     """A real HTTP server between the job and Orthanc: it forwards every request and logs its path; a
     request whose path holds a UID in ``cut`` gets Orthanc's 200 headers and half its body, then the
     connection closes (as a PACS that fails mid-stream ends its answer); one holding a UID in ``short``, a
-    well-formed multipart body without its last part; one holding a UID in ``fail``, a 500."""
+    well-formed multipart body without its last part; one holding a UID in ``fail``, a 500; while
+    ``refuse_stores``, every STOW-RS request (a POST), a 500."""
 
     def __init__(self, upstream: str):
         self.upstream, self.log, self.cut, self.short, self.fail = upstream, [], set(), set(), set()
+        self.refuse_stores = False
         adversary = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,7 +73,7 @@ class Adversary:
             def _forward(self, method: str) -> None:
                 adversary.log.append(f"{method} {self.path}")
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if any(uid in self.path for uid in adversary.fail):
+                if any(uid in self.path for uid in adversary.fail) or (method == "POST" and adversary.refuse_stores):
                     self.send_response(500)
                     self.end_headers()
                     return

@@ -261,4 +261,4 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
         finally:
             stop_server(worker)
         assert completed is not None and completed.auto_scheduled, (tmp_path / "worker.log").read_text()[-3000:]
-        assert DicomSrSink(pacs.Pacs(f"{base}/dicom-web", (USER, PASSWORD))).written(study, "fedauc-chest-xray", "1")
+        assert DicomSrSink(pacs.Pacs(f"{base}/dicom-web", (USER, PASSWORD))).latest(study, "fedauc-chest-xray", "1")

@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from pipelines.cli import app
 from pipelines.hospital import dicom_sr, drift, job, pacs
+from pipelines.hospital.result import StudyResult
 from pipelines.hospital.sinks import DicomSrSink
 from pipelines.model_package.contract import METADATA_KEY, ModelContract, contract_for
 from pipelines.model_package.loading import load_registered
@@ -143,8 +144,8 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
     assert registered.provenance.federation == "pacs-test" and not registered.provenance.synthetic
     image = pydicom.dcmread(radiograph(tmp_path / "pa.dcm", generate_uid(), "P1", "PA", 1), stop_before_pixels=True)
     row = {"p_A": 0.25, "calibrated_A": 0.031, "A": False}
-    sr = dicom_sr.study_report([image], [row], ["A"], "fedauc-chest-xray", "3", "youden", "test",
-                             provenance=provenance)
+    sr = dicom_sr.study_report(StudyResult(generate_uid(), [image], [row], ["A"], "fedauc-chest-xray", "3",
+                                           "youden", "test", provenance=provenance))
     content = dicom_sr.read_report(sr)
     # The calibrated probability beside the raw score (docs/algorithms.md section 16).
     (scores,) = content["images"].values()
@@ -156,7 +157,8 @@ def test_the_contract_and_the_sr_say_what_the_model_was_trained_on(chest_store, 
         sr.save_as(tmp_path / "sr.dcm", enforce_file_format=True)
         checked = subprocess.run(["dciodvfy", str(tmp_path / "sr.dcm")], capture_output=True, text=True)
         assert [line for line in (checked.stdout + checked.stderr).splitlines() if line.startswith("Error")] == []
-    unknown = dicom_sr.read_report(dicom_sr.study_report([image], [row], ["A"], "m", "1", "youden", "test"))
+    unknown = dicom_sr.read_report(dicom_sr.study_report(StudyResult(generate_uid(), [image], [row], ["A"], "m", "1",
+                                                                         "youden", "test")))
     assert unknown["Synthetic training data"].startswith("unknown")
 
 
@@ -262,7 +264,7 @@ def test_fedauc_pacs_refuses_a_synthetic_model_unless_told_and_reports_once_a_da
         refused = runner.invoke(app, command)
         assert refused.exit_code == 1 and "Traceback" not in refused.output
         assert "was trained on synthetic images" in refused.output and "--allow-synthetic-model" in refused.output
-        assert sr_sink.written(first, "fedauc-chest-xray", "1") is None
+        assert sr_sink.latest(first, "fedauc-chest-xray", "1") is None
 
         allowed = runner.invoke(app, [*command, "--allow-synthetic-model"])
         assert allowed.exit_code == 0, allowed.output

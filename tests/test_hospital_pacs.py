@@ -77,8 +77,8 @@ def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
         def __init__(self, study: str):
             self.study = study
 
-        def written(self, study, model, version):
-            return None
+        def written(self, result):
+            return False
 
         def write(self, result):
             if result.study == self.study:
@@ -90,8 +90,8 @@ def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
 
     # A run that stops while one study's SR is about to be stored leaves no SR in that study.
     with pytest.raises(KeyboardInterrupt):
-        run(sinks=[StopBefore(generated)])
-    assert sr.written(generated, scorer.name, scorer.version) is None
+        run(sinks=[StopBefore(generated), sr])
+    assert sr.latest(generated, scorer.name, scorer.version) is None
 
     # A real CR of a lower leg (pydicom-data's RG3: BodyPartExamined EXTREMITY, ViewPosition AP) arrives: a
     # body part the chest model does not read. Its series says so: never retrieved, no SR in its study
@@ -102,12 +102,12 @@ def test_pacs_round_trip(orthanc, proxy, chest_model, tmp_path, monkeypatch):
 
     # Whichever study came before the stop was stored whole; this run does the rest. The CT-only study is
     # not a study the model could take: the search leaves it out.
-    done_before = int(sr.written(real_study, scorer.name, scorer.version) is not None)
+    done_before = int(sr.latest(real_study, scorer.name, scorer.version) is not None)
     first = run()
     assert (first.studies_found, first.studies_without_image, first.failed) == (3, 1, {})
     assert (first.studies_reported, first.studies_skipped) == (2 - done_before, done_before)
-    assert sr.written(generated, scorer.name, scorer.version) and sr.written(real_study, scorer.name, scorer.version)
-    assert sr.written(leg_study, scorer.name, scorer.version) is None
+    assert sr.latest(generated, scorer.name, scorer.version) and sr.latest(real_study, scorer.name, scorer.version)
+    assert sr.latest(leg_study, scorer.name, scorer.version) is None
     assert any(leg_study in line for line in proxy.log) and proxy.requested(leg_series) == []
     (refusal,) = [row for row in first.rows if row["status"] == "refused"]  # the DX lateral, retrieved, refused
     assert refusal["reason"] == "excluded_view"

@@ -59,3 +59,33 @@ def test_no_product_code_branches_on_where_it_runs(pattern):
     found = subprocess.run(["git", "grep", "-nE", pattern, "--", "federated", "pipelines", "preprocessing", "models"],
                            cwd=ROOT, capture_output=True, text=True).stdout
     assert not re.findall(r"\S+\.py:\d+:", found), found
+
+
+@pytest.mark.parametrize("kind", list(LAUNCHERS))
+def test_every_registered_launcher_keeps_the_contract(kind):
+    """What a new launcher must do to be offered by the command line, the flows and the deployments."""
+    import typer.main
+
+    from federated.settings import LAUNCHER_KINDS
+    from pipelines.cli import app
+
+    cls = LAUNCHERS[kind]
+    assert not cls.__abstractmethods__  # train (and score) implemented
+    default = cls.from_options({})
+    assert default.kind == kind and kind in LAUNCHER_KINDS
+    assert launcher(default.model_dump(mode="json")) == default  # travels as a flow's JSON parameter
+    assert default.params()["backend"] == kind and isinstance(default.checkpoint_dir("r", Path("out")), str)
+    commands = typer.main.get_command(app).commands
+    for option, field in cls.options.items():
+        assert field in cls.model_fields
+        for command in ("train", "evaluate"):  # the options it declares are the commands' own
+            assert any(option in param.opts for param in commands[command].params), (option, command)
+    for option in {o for other in LAUNCHERS.values() for o in other.options} - set(cls.options):
+        with pytest.raises(ConfigError, match=f"^{option} goes with --backend .*, not {kind}"):
+            cls.from_options({option: "x"})
+
+
+def test_the_command_line_names_no_launcher():
+    found = subprocess.run(["git", "grep", "-nE", "[\"'](" + "|".join(LAUNCHERS) + ")[\"']", "--", "pipelines/cli"],
+                           cwd=ROOT, capture_output=True, text=True).stdout
+    assert found == ""

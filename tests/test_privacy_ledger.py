@@ -200,9 +200,9 @@ def test_which_algorithms_train_under_dp_is_declared_on_their_classes():
 
 
 def test_a_site_composes_its_ledger_with_its_own_accountant_whatever_the_job_says(tmp_path):
-    """The accountant is an object the site's budget names (federated/privacy/accounting.py): a job that asks for RDP
+    """The accountant is an object the site's budget names (preprocessing/accounting.py): a job that asks for RDP
     is charged at a PRV site as PRV composes it, evaluation jobs included (which name none)."""
-    from federated.privacy.accounting import PRV, RDP, SubsampledGaussian
+    from preprocessing.accounting import PRV, RDP, SubsampledGaussian
 
     shard_dir = tmp_path / "shards" / "north"
     path = ledger_path(shard_dir)

@@ -13,7 +13,7 @@ Each entry is one Gaussian mechanism applied ``steps`` times at sampling rate ``
 multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; noised
 evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores). What the site has
 spent is the composition of all entries by the site's accountant (its budget's: RDP, Mironov 2017, or PRV, Gopi et
-al. 2021; federated/privacy/accounting.py) at the budget's delta: not the sum of the entries' epsilons, which would
+al. 2021; preprocessing/accounting.py) at the budget's delta: not the sum of the entries' epsilons, which would
 overstate it.
 """
 
@@ -29,8 +29,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from federated.privacy.policy import PrivacyRefused, SiteBudget
+from preprocessing.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from preprocessing.formats import check as check_format
 from preprocessing.formats import stamp
 from preprocessing.shard_format import BINDING_FIELD, SHARD_FILE

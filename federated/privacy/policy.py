@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from preprocessing.accounting import AccountantName
 from preprocessing.errors import ConfigError
 from preprocessing.privacy_budget import PrivacyBudget
 
@@ -57,8 +58,8 @@ class DPConfig(BaseModel):
     max_grad_norm: float = Field(default=1.0, gt=0)  # C: the L2 bound of one record's gradient
     # delta where a site has no budget (a site with one uses its own)
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    # at sites without a budget (a site with one composes with its own, federated/privacy/accounting.py)
-    accountant: Literal["rdp", "prv"] = "rdp"
+    # at sites without a budget (a site with one composes with its own, preprocessing/accounting.py)
+    accountant: AccountantName = "rdp"
     # The class prior p of the AUC losses comes from every site's label counts (per disease: positives, known
     # labels; records), which leave before the training as without DP: a DP job declares them public (published
     # prevalences), and they are not counted in the ledger (docs/privacy.md section 2).

@@ -37,7 +37,6 @@ from federated.config import TrainConfig
 from federated.data import Batch, SiteData
 from federated.health import TrainingDiverged, lower_lr_fix
 from federated.network import build_model
-from federated.privacy.accounting import ACCOUNTANTS
 from federated.privacy.ledger import (
     Entry,
     Ledger,
@@ -51,6 +50,7 @@ from federated.privacy.ledger import (
 from federated.privacy.policy import PrivacyRefused, SiteBudget, check_dp_job, check_network
 from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
 from federated.registry import get_algorithm
+from preprocessing.accounting import ACCOUNTANTS
 
 NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
 

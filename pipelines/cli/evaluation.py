@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from federated.settings import DEFAULT_LAUNCHER
 from pipelines.cli.application import flows
 from pipelines.cli.training import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend, launcher_from_options
 
@@ -16,7 +17,7 @@ def evaluate_command(
                                "else shards/); refused with --flare-env prod (each hospital reads its own)."),
     model_version: list[str] = typer.Option([], "--model-version", help="A registered version of fedauc-<task>; "
                                             "repeat it to compare several on the same data (default: the champion)."),
-    backend: TrainBackend = typer.Option("inprocess", "--backend",
+    backend: TrainBackend = typer.Option(DEFAULT_LAUNCHER, "--backend",
                                          help="inprocess or torchrun: every site's shards are here and scored in "
                                               "this process; flare: an NVIDIA FLARE job scores them at the sites."),
     flare_env: FlareEnv = FLARE_ENV,

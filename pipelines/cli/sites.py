@@ -12,9 +12,17 @@ federation_app = typer.Typer(help="The hospitals that train together.", no_args_
 @sites_app.command("validate")
 def sites_validate(site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml.")) -> None:
     """Check SITE_YAML and its data root; print every problem (exit code 1 when there is one)."""
-    from preprocessing.sites import validate_site
+    from pipelines.hospital.sink_registry import check_sinks
+    from preprocessing.errors import ConfigError
+    from preprocessing.sites import load_site, validate_site
 
     problems = validate_site(site_yaml)
+    pacs = None if problems else load_site(site_yaml).pacs
+    if pacs is not None:
+        try:  # the sink names are the hospital package's, which the data package's check cannot see
+            check_sinks(pacs.sinks)
+        except ConfigError as err:
+            problems = [f"{site_yaml}: {err}"]
     for problem in problems:
         typer.echo(str(problem), err=True)
     if problems:

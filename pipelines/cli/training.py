@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from federated.flare.centre.environments import FLARE_ENVS
-from federated.settings import LAUNCHER_KINDS, RULES
+from federated.settings import DEFAULT_LAUNCHER, LAUNCHER_KINDS, RULES
 from pipelines.cli.application import flows
 from preprocessing.errors import ConfigError
 
@@ -23,18 +23,14 @@ Aggregation = Enum("Aggregation", {rule: rule for rule in RULES}, type=str)
 FlareEnv = Enum("FlareEnv", {env: env for env in FLARE_ENVS}, type=str)
 
 
-def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv, flare_workspace: str, kit: str | None) -> Launcher:
-    """The launcher the options name, checked (a wrong combination is one line with its fix)."""
-    from pathlib import Path
-
+def launcher_from_options(backend: TrainBackend, flare_env: FlareEnv | None, flare_workspace: str | None,
+                          kit: str | None) -> Launcher:
+    """The launcher the options name, checked (a wrong combination is one line with its fix): each launcher
+    takes the options it declares (``federated.launch._Launcher.options``) and refuses the others'."""
     from federated.launch import LAUNCHERS
 
-    if backend.value != "flare" and kit is not None:
-        raise ConfigError("--kit (the admin's startup kit) goes with --backend flare --flare-env prod",
-                          fix="leave out --kit, or train over the consortium with --backend flare --flare-env prod")
-    options = ({"env": flare_env.value, "workspace": Path(flare_workspace), "kit": kit and Path(kit)}
-               if backend.value == "flare" else {})
-    chosen = LAUNCHERS[backend.value](**options)
+    given = {"--flare-env": flare_env and flare_env.value, "--flare-workspace": flare_workspace, "--kit": kit}
+    chosen = LAUNCHERS[backend.value].from_options(given)
     chosen.check()
     return chosen
 
@@ -53,12 +49,13 @@ def bound(setting: str) -> str:
 
 
 # Where a FLARE job runs, shared by `fedauc train` and `fedauc evaluate` so that both say it alike.
-FLARE_ENV = typer.Option("sim", "--flare-env",
-                         help="With --backend flare: sim = NVFlare's simulator, one process per site here; "
-                              "poc = a provisioned consortium (mutual TLS) started here for this job; "
+FLARE_ENV = typer.Option(None, "--flare-env", show_default=False,
+                         help="With --backend flare: sim = NVFlare's simulator, one process per site here (the "
+                              "default); poc = a provisioned consortium (mutual TLS) started here for this job; "
                               "prod = the running consortium the --kit admin kit reaches.")
-FLARE_WORKSPACE = typer.Option("flare_workspace", "--flare-workspace",
-                               help="With --backend flare: the NVFlare job's workspace (its logs stay here).")
+FLARE_WORKSPACE = typer.Option(None, "--flare-workspace", show_default=False,
+                               help="With --backend flare: the NVFlare job's workspace (its logs stay here; "
+                                    "default flare_workspace).")
 ADMIN_KIT = typer.Option(None, "--kit", help="With --flare-env prod: the admin's startup kit "
                          "(the admin@... folder of `fedauc consortium provision`).")
 
@@ -85,7 +82,7 @@ def train_command(
                                        help="Checkpoint after every round here (default checkpoints/<run name> "
                                             "beside the MLflow store; with --flare-env prod, at each hospital)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last round checkpoint of this training."),
-    backend: TrainBackend = typer.Option("inprocess", "--backend",
+    backend: TrainBackend = typer.Option(DEFAULT_LAUNCHER, "--backend",
                                          help="inprocess: every site in this process; torchrun: one process per "
                                               "site here (torch.distributed); flare: an NVIDIA FLARE job."),
     flare_env: FlareEnv = FLARE_ENV,
@@ -141,7 +138,7 @@ def train_command(
         "robust_aggregation": aggregation.value, **({"diseases": disease} if disease else {}),
         **dp_settings(dp, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                       max_grad_norm=max_grad_norm, eval_noise_multiplier=eval_noise_multiplier),
-        **({} if backend.value == "inprocess" else {"timeout_s": site_timeout})}
+        **({"timeout_s": site_timeout} if launcher.waits_for_sites else {})}
     _, shards_root = check_training(federation, shards, settings, launcher, OPTION_OF_SETTING)
     summary = flows().train_federated(federation, str(shards_root), settings, run_name,
                                       launcher.model_dump(mode="json"))

@@ -24,6 +24,7 @@ from highdicom.sr import (
     TextContentItem,
 )
 
+from pipelines.hospital.result import StudyResult
 from pipelines.model_package.contract import Provenance
 
 SERIES_DESCRIPTION = "fedauc scores"
@@ -51,20 +52,17 @@ def series_description(model: str, version: str) -> str:
     return f"{SERIES_DESCRIPTION} {model} v{version}"[:64]  # LO: at most 64 characters
 
 
-def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list[str], model: str, version: str,
-                 point: str, point_source: str, sop_instance_uid: str | None = None,
-                 series_instance_uid: str | None = None, previous: list[pydicom.Dataset] = (), *,
-                 provenance: Provenance | None = None) -> hd.sr.ComprehensiveSR:
-    """The SR of one study: ``images`` the scored instances (headers suffice), ``rows`` their predict rows
-    (``p_<disease>``, ``calibrated_<disease>`` where the model has a map, and the ``<disease>`` decision, True /
-    False / None); ``provenance`` the model's.
-    ``previous``: the SRs this one supersedes (their Study, Series, SOP Instance and SOP Class UIDs), named
-    in its Predecessor Documents Sequence; its instance number counts the versions."""
+def study_report(result: StudyResult) -> hd.sr.ComprehensiveSR:
+    """The SR of one study: ``result.images`` the scored instances (headers suffice), ``result.rows`` their
+    predict rows (``p_<disease>``, ``calibrated_<disease>`` where the model has a map, and the ``<disease>``
+    decision, True / False / None). Its SOP Instance UID is the result's id; the SRs it supersedes are named in
+    its Predecessor Documents Sequence, and its instance number counts the versions."""
+    model, version, diseases = result.model, result.version, result.diseases
     items = [TextContentItem(_ALGORITHM_NAME, model, CONTAINS), TextContentItem(_ALGORITHM_VERSION, version, CONTAINS),
-             *provenance_items(provenance),
-             TextContentItem(_OPERATING_POINT, f"{point}: {point_source}"[:1024], CONTAINS),
+             *provenance_items(result.provenance),
+             TextContentItem(_OPERATING_POINT, f"{result.point}: {result.point_source}"[:1024], CONTAINS),
              TextContentItem(_COMMENT, NOT_A_DIAGNOSIS, CONTAINS)]
-    for image, row in zip(images, rows, strict=True):
+    for image, row in zip(result.images, result.rows, strict=True):
         finding = ContainerContentItem(_IMAGE_FINDINGS, relationship_type=CONTAINS)
         children = [ImageContentItem(_SOURCE, image.SOPClassUID, image.SOPInstanceUID, relationship_type=CONTAINS)]
         for disease in diseases:
@@ -83,14 +81,21 @@ def study_report(images: list[pydicom.Dataset], rows: list[dict], diseases: list
         items.append(finding)
     root = ContainerContentItem(_REPORT)
     root.ContentSequence = items
-    first = images[0]
+    first = result.images[0]
     return hd.sr.ComprehensiveSR(
-        evidence=images, content=root, series_instance_uid=series_instance_uid or hd.UID(), series_number=9901,
-        sop_instance_uid=sop_instance_uid or hd.UID(), instance_number=len(previous) + 1, manufacturer="fedauc",
-        is_complete=True, previous_versions=list(previous) or None,
+        evidence=result.images, content=root, series_instance_uid=result.report_series, series_number=9901,
+        sop_instance_uid=result.result_id, instance_number=result.number, manufacturer="fedauc",
+        is_complete=True, previous_versions=[_predecessor(p) for p in result.supersedes] or None,
         series_description=series_description(model, version),
         institution_name=str(first.get("InstitutionName", "")) or None,
     )
+
+
+def _predecessor(reference: dict) -> pydicom.Dataset:
+    ds = pydicom.Dataset()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = reference["study"], reference["series"]
+    ds.SOPInstanceUID, ds.SOPClassUID = reference["sop"], reference["sop_class"]
+    return ds
 
 
 def provenance_items(provenance: Provenance | None) -> list[TextContentItem]:

@@ -27,6 +27,7 @@ import torch
 from federated.data import load_shard
 from federated.predict import predict_scores
 from pipelines.hospital import drift, pacs
+from pipelines.hospital.sink_registry import build_sinks
 from pipelines.model_package import loading
 from pipelines.model_package.predict import Scorer
 from pipelines.model_package.thresholds import hospital_file
@@ -54,14 +55,16 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
     site = load_site(site_yaml)
     settings, auth = pacs.settings_from(site.pacs)
     shards_root, now = Path(shards_root), now or dt.datetime.now().astimezone()
+    web = pacs.connect(settings, auth)
+    sinks = build_sinks(settings.sinks, web)  # a misnamed sink stops the run before the model is loaded
     with loading.scratch_folder() as folder:
         scorer = loading.load_registered(model, site.task, Path(folder))
         check_provenance(scorer, allow_synthetic_model)
         chosen = loading.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
         echo(f"model {scorer.name} v{scorer.version}; operating point {point}: {chosen.source}")
-        summary = pacs.score_pacs(pacs.connect(settings, auth), scorer, point, chosen.thresholds, chosen.source,
+        summary = pacs.score_pacs(web, scorer, point, chosen.thresholds, chosen.source,
                                   state_file(shards_root, site.name), settings.lookback_days,
-                                  settings.stable_minutes, since, now)
+                                  settings.stable_minutes, since, now, sinks)
         reference = _validation_scores(scorer, shards_root / site.name)
     echo(f"{summary.studies_found} studies found, {summary.studies_waiting} waiting to be stable, "
          f"{summary.studies_skipped} already scored, {summary.studies_reported} reported, "

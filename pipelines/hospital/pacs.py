@@ -11,9 +11,12 @@ Each run (docs/deploy.md section 3 has the states a study goes through):
 * Its accepted series are retrieved one at a time, as stored (``dicomweb.Pacs.retrieve_series``), into a
   private temporary folder (0700), and scored by ``predict.score_items``: preprocessing's decoder and guards,
   the one prediction path, so the SR's numbers are ``fedauc predict``'s for the same files.
-* Each sink gets the result, the DICOM SR last (``sinks``): one instance in one STOW-RS request, the mark
-  that the study is done. A study that gains an image the model takes after its SR gets a new SR naming the
-  earlier ones in its Predecessor Documents Sequence.
+* Each of the site's result sinks (``pacs.sinks`` in the site YAML, ``sink_registry``) that has not yet
+  delivered the result gets it, the DICOM SR last (``sinks``): one instance in one STOW-RS request, the mark
+  that the study is done. The result's identifier is derived from the study, the model version and the
+  images (``result``), so a study tried again after a failure writes nothing twice. A study that gains an
+  image the model takes after its SR gets a new SR naming the earlier ones in its Predecessor Documents
+  Sequence.
 * A study that cannot be retrieved whole is failed: nothing of it is stored, it is tried again after a
   backoff, the other studies go on, and the run's summary names it (locally only). A PACS that cannot be
   used at all ends the run with one line (``dicomweb.PacsUnavailable``); the state is written either way.
@@ -34,13 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import highdicom as hd
 import pydicom
-from pydicom.uid import ComprehensiveSRStorage
 
 from pipelines.hospital import pacs_state
 from pipelines.hospital.dicomweb import Pacs, StudyNotRetrieved
-from pipelines.hospital.sinks import DicomSrSink, ResultSink, StudyResult
+from pipelines.hospital.result import StudyResult
+from pipelines.hospital.sinks import DicomSrSink, ResultSink
 from pipelines.model_package.predict import SCORED, Item, Scorer, decisions, score_items, view_name
 from preprocessing.errors import ConfigError
 from preprocessing.sites import PacsSettings
@@ -102,8 +104,9 @@ def accepted_series(scorer: Scorer, series: list[dict]) -> list[dict]:
 
 def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, float | None], point_source: str,
                state_path: Path, lookback_days: int = 1, stable_minutes: float = 5, since: dt.date | None = None,
-               now: dt.datetime | None = None, sinks: Sequence[ResultSink] = ()) -> RunSummary:
-    """One run of the job (module docstring). ``sinks`` receive each result before the SR is stored."""
+               now: dt.datetime | None = None, sinks: Sequence[ResultSink] | None = None) -> RunSummary:
+    """One run of the job (module docstring). ``sinks``: where each result goes, in order, a ``DicomSrSink``
+    last (``sink_registry.build_sinks``; the SR alone by default)."""
     now = now or dt.datetime.now().astimezone()  # the hospital's own day: StudyDate is local
     key = f"{scorer.name}/{scorer.version}"
     state = pacs_state.read(state_path)
@@ -111,7 +114,8 @@ def score_pacs(pacs: Pacs, scorer: Scorer, point: str, thresholds: dict[str, flo
     start = pacs_state.window_start(mine, now.date(), lookback_days, since)
     studies = pacs_state.prune(mine.get("studies", {}), start)
     mine["studies"] = studies
-    job = _Run(pacs, scorer, point, thresholds, point_source, stable_minutes, now, [*sinks, DicomSrSink(pacs)])
+    job = _Run(pacs, scorer, point, thresholds, point_source, stable_minutes, now,
+               list(sinks or [DicomSrSink(pacs)]))
     try:
         for found in pacs.studies(start, scorer.contract.allowed_modalities):
             job.summary.studies_found += 1
@@ -139,7 +143,7 @@ class _Run:
     point_source: str
     stable_minutes: float
     now: dt.datetime
-    outputs: list[ResultSink]
+    outputs: list[ResultSink]  # the commit mark, a DicomSrSink, last
     summary: RunSummary = field(default_factory=RunSummary)
 
 
@@ -156,7 +160,7 @@ def _one_study(job: _Run, study: str, entry: dict) -> None:
     if pacs_state.waiting_to_retry(entry, job.now):
         summary.failed[study] = entry["reason"]
         return
-    if "reports" not in entry and (earlier := sr.written(study, scorer.name, scorer.version)) is not None:
+    if "reports" not in entry and (earlier := sr.latest(study, scorer.name, scorer.version)) is not None:
         entry["reports"] = [earlier]  # the state was lost; what the PACS holds says it was scored
         if "done" not in entry:
             pacs_state.done(entry)
@@ -178,13 +182,12 @@ def _one_study(job: _Run, study: str, entry: dict) -> None:
         return
     previous = entry.get("reports", [])
     result = StudyResult(study, images, [r for r in rows if r["status"] == SCORED], scorer.contract.diseases,
-                         scorer.name, scorer.version, job.point, job.point_source,
-                         report_uid=hd.UID(), report_series=hd.UID(), supersedes=previous,
+                         scorer.name, scorer.version, job.point, job.point_source, supersedes=previous,
                          provenance=scorer.contract.provenance)
     for output in job.outputs:
-        output.write(result)
-    entry.update(reports=[*previous, {"study": study, "series": result.report_series, "sop": result.report_uid,
-                                      "sop_class": ComprehensiveSRStorage}], images=scored)
+        if not output.written(result):  # a retry after a later sink failed: delivered already
+            output.write(result)
+    entry.update(reports=[*previous, result.reference()], images=scored)
     _count(entry, rows, summary)
     pacs_state.done(entry)
     if previous:

@@ -1,46 +1,40 @@
-"""Where a scored study's result goes: one ``ResultSink`` per output.
+"""Where a scored study's result goes: the contract every result sink keeps, and the DICOM SR sink.
 
-The PACS job hands each scored study's ``StudyResult`` to every sink in order; the DICOM SR sink comes last
-and is the commit mark: a study is scored for a model version once its SR is in the PACS
-(``written``), so an output before it that fails leaves no SR, and the study is tried again whole. A
-second output (a FHIR DiagnosticReport, an HL7 message) is one more class with these two methods.
+A sink is a class with a registry ``name``, its own ``Options`` (a pydantic model of what the site YAML may
+say to it, nothing by default), built from the PACS and those options, and two methods: ``written(result)``,
+whether it already delivered this result (by ``result.result_id``, which a retry of the study repeats), and
+``write(result)``, deliver it whole or raise. The PACS job asks each sink, in the site YAML's order
+(``pacs.sinks``; ``sink_registry`` resolves the names), whether it wrote the result, and writes it where not:
+a study tried again after a failure writes nothing twice. The DICOM SR sink comes last and is the commit mark:
+a study is scored for a model version once its SR is in the PACS (``latest``), so an output before it that
+fails leaves no SR, and the study is tried again whole. Adding a sink: docs/deploy.md section 3, "Result sinks".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-import pydicom
+from pydantic import BaseModel, ConfigDict
 
 from pipelines.hospital import dicom_sr
 from pipelines.hospital.dicomweb import Pacs
-from pipelines.model_package.contract import Provenance
+from pipelines.hospital.result import StudyResult, sr_reference
 
 
-@dataclass
-class StudyResult:
-    """One study's scores. ``report_uid``: the identifier of this result (the SR's SOP Instance UID);
-    ``supersedes``: the result it replaces (``study``, ``series``, ``sop``, ``sop_class`` of the earlier SR),
-    when the study gained an image after that one was written."""
+class NoOptions(BaseModel):
+    """A sink the site YAML names only."""
 
-    study: str
-    images: list[pydicom.Dataset]  # the scored instances' headers
-    rows: list[dict]  # their predict rows, p_<disease> and the <disease> decision
-    diseases: list[str]
-    model: str
-    version: str
-    point: str
-    point_source: str
-    report_uid: str
-    report_series: str
-    supersedes: list[dict] = field(default_factory=list)
-    provenance: Provenance | None = None  # what the model was trained on, as its contract says
+    model_config = ConfigDict(extra="forbid")
 
 
 class ResultSink(Protocol):
-    def written(self, study: str, model: str, version: str) -> dict | None:
-        """The reference of this model version's latest result in ``study``, or None when there is none."""
+    name: ClassVar[str]  # what the site YAML's pacs.sinks calls it
+    Options: ClassVar[type[BaseModel]]
+
+    def __init__(self, pacs: Pacs, options: BaseModel): ...
+
+    def written(self, result: StudyResult) -> bool:
+        """Whether this sink already delivered ``result`` (its ``result_id``)."""
 
     def write(self, result: StudyResult) -> None:
         """Deliver ``result`` whole, or raise."""
@@ -49,29 +43,28 @@ class ResultSink(Protocol):
 class DicomSrSink:
     """The study's Comprehensive SR (dicom_sr.study_report), stored into the study through STOW-RS."""
 
-    def __init__(self, pacs: Pacs):
+    name = "dicom-sr"
+    Options = NoOptions
+
+    def __init__(self, pacs: Pacs, options: BaseModel | None = None):
         self.pacs = pacs
 
-    def written(self, study: str, model: str, version: str) -> dict | None:
-        description = dicom_sr.series_description(model, version)
-        # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.10 matches none).
-        ours = [s for s in self.pacs.series(study) if s["modality"] == "SR" and s["description"] == description]
-        references = [{"study": study, "series": s["series"], **i} for s in ours
-                      for i in self.pacs.instances(study, s["series"])]
-        if not references:
-            return None
-        latest = max(references, key=lambda r: r["number"])  # each version numbers itself (dicom_sr.study_report)
-        return {k: latest[k] for k in ("study", "series", "sop", "sop_class")}
+    def latest(self, study: str, model: str, version: str) -> dict | None:
+        """The reference of this model version's latest SR in ``study``, or None when there is none."""
+        references = self._references(study, model, version)
+        # Each version numbers itself (StudyResult.number).
+        return max(references, key=lambda r: r[0])[1] if references else None
+
+    def written(self, result: StudyResult) -> bool:
+        return any(reference["sop"] == result.result_id
+                   for _, reference in self._references(result.study, result.model, result.version))
 
     def write(self, result: StudyResult) -> None:
-        self.pacs.store(dicom_sr.study_report(
-            result.images, result.rows, result.diseases, result.model, result.version, result.point,
-            result.point_source, sop_instance_uid=result.report_uid, series_instance_uid=result.report_series,
-            previous=[_reference(p) for p in result.supersedes], provenance=result.provenance))
+        self.pacs.store(dicom_sr.study_report(result))
 
-
-def _reference(previous: dict) -> pydicom.Dataset:
-    ds = pydicom.Dataset()
-    ds.StudyInstanceUID, ds.SeriesInstanceUID = previous["study"], previous["series"]
-    ds.SOPInstanceUID, ds.SOPClassUID = previous["sop"], previous["sop_class"]
-    return ds
+    def _references(self, study: str, model: str, version: str) -> list[tuple[int, dict]]:
+        description = dicom_sr.series_description(model, version)
+        # Matched here: PACS differ in how they match a description with spaces (Orthanc 1.10 matches none).
+        ours = [s["series"] for s in self.pacs.series(study) if s["modality"] == "SR" and s["description"] == description]
+        return [(i["number"], sr_reference(study, series, i["sop"], i["sop_class"]))
+                for series in ours for i in self.pacs.instances(study, series)]
