@@ -30,8 +30,8 @@ import math
 
 import torch
 
+from common.errors import FedaucError
 from federated.state import MODEL_PREFIX, Comm
-from preprocessing.errors import FedaucError
 
 LOSS_FLOOR = 0.01  # the smallest first-round loss magnitude the divergence factor multiplies
 MODEL_GROUP = "model"

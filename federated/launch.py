@@ -39,6 +39,7 @@ from typing import Annotated, ClassVar, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from common.errors import FedaucError
 from federated import ood
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
@@ -47,7 +48,6 @@ from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
 from federated.scoring import ModelToScore, Scores
 from federated.sites import check_site_reports, site_report, site_shard_dirs
-from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
 
 

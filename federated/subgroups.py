@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.small_counts import is_small, to_wire
 from models.metrics import histogram_auc, histogram_auc_difference, histogram_auc_interval, score_histograms
 from preprocessing.records import VIEW_TASKS, VIEWS
 from preprocessing.shard_format import IMAGE_STATS_FILE, manifest_path, read_columns, read_shard_info, rewrite_fix
-from preprocessing.small_counts import is_small, to_wire
 
 ATTRIBUTES = ("sex", "age", "view", "manufacturer", "site")  # "site" is formed at the centre
 SEXES = ("F", "M", "unknown")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.errors import ConfigError
 from federated.launch import Launcher
 from pipelines.onboarding import shards_root
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
 from preprocessing.sites import SiteConfigError, validate_site
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from preprocessing.errors import FedaucError
+from common.errors import FedaucError
 from preprocessing.shard_format import LOCK_FILE
 
 

@@ -29,10 +29,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common.formats import check as check_format
+from common.formats import stamp
 from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from federated.privacy.policy import PrivacyRefused, SiteBudget
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
 from preprocessing.shard_format import BINDING_FIELD, SHARD_FILE
 
 LEDGER_SUFFIX = ".privacy-ledger.json"

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.errors import ConfigError
-from preprocessing.privacy_budget import PrivacyBudget
+from common.errors import ConfigError
+from common.privacy_budget import PrivacyBudget
 
 if TYPE_CHECKING:  # the settings (federated/settings.py) import this module without torch
     from torch import nn
