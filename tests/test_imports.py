@@ -1,6 +1,6 @@
-"""No import circles among fedauc's product modules (preprocessing, models, federated, pipelines), and
-the roles of federated/flare/ kept apart: a site's, the server's or the centre's module imports only the shared
-ones.
+"""No import circles among fedauc's product modules (common, preprocessing, models, federated, pipelines),
+each package importing only those beneath it (``common`` nothing of fedauc), and the roles of federated/flare/
+kept apart: a site's, the server's or the centre's module imports only the shared ones.
 
 The graph is read from the source with ``ast``, not by importing: every ``import`` and ``from ... import``
 anywhere in a module (at its top, in a function, under ``if TYPE_CHECKING``), relative imports resolved
@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("preprocessing", "models", "federated", "pipelines")
+PACKAGES = ("common", "preprocessing", "models", "federated", "pipelines")
+# The packages each package may import besides itself: ``common`` is the ground every layer stands on and stands
+# on nothing of fedauc; the data (``preprocessing``) and the AUC objectives, metrics and networks (``models``)
+# know nothing of each other or of training; the engine (``federated``) knows no MLflow, Prefect or command line.
+BENEATH = {"common": set(), "preprocessing": {"common"}, "models": {"common"},
+           "federated": {"common", "preprocessing", "models"},
+           "pipelines": {"common", "preprocessing", "models", "federated"}}
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -124,6 +130,28 @@ def test_no_import_circle_among_product_modules():
     assert len(graph) > 100 and "federated.engine" in graph["federated.flare.site.job"]
     found = cycles(graph)
     assert not found, "import circles among product modules:\n" + describe(found)
+
+
+def upward_imports(graph: dict[str, set[str]], beneath: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a package that ``beneath`` does not put below it."""
+    return {(name, target) for name, targets in graph.items() for target in targets
+            if target.split(".")[0] not in beneath[name.split(".")[0]] | {name.split(".")[0]}}
+
+
+def test_each_package_imports_only_the_packages_beneath_it():
+    graph = import_graph()
+    assert set(BENEATH) == set(PACKAGES) and "common.errors" in graph["federated.registry"]
+    found = upward_imports(graph, BENEATH)
+    assert not found, "imports of a package not beneath the importer:\n" + "\n".join(
+        f"{name} -> {target}" for name, target in sorted(found))
+
+
+def test_the_layer_check_names_an_import_of_a_package_above():
+    graph = {"common.errors": {"common.formats"}, "common.formats": {"preprocessing.shards"},
+             "federated.engine": {"common.errors", "models.networks", "pipelines.runs"},
+             "pipelines.runs": {"federated.engine"}}
+    assert upward_imports(graph, BENEATH) == {("common.formats", "preprocessing.shards"),
+                                              ("federated.engine", "pipelines.runs")}
 
 
 def test_the_graph_sees_function_level_relative_and_from_package_imports(tmp_path):
