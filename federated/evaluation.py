@@ -265,7 +265,7 @@ def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationCont
         for site in sites:
             report, hist = split_summary(site_model(model, site, bn_stats), site.data.splits.get(split), C, bins,
                                          min_count, fed.device, fed.amp, fed.channels_last)
-            if site.privacy is not None:  # differential privacy: noised histograms only (federated/privacy/site.py)
+            if site.privacy is not None:  # differential privacy: noised histograms only (federated/dp/site.py)
                 report, hist = site.privacy.release_summary(report, hist)
             reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
             histograms.append(torch.from_numpy(hist).to(fed.device))

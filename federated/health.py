@@ -146,7 +146,7 @@ class HealthMonitor:
         norms = per_site[:, 5:].tolist()
         where = f"round {round_index}"
         # Under differential privacy the sites withhold their losses and update norms (NaN) and check them
-        # themselves (federated/privacy/site.py withhold).
+        # themselves (federated/dp/site.py withhold).
         withheld = self.withheld
         bad = [] if withheld else [k for k, v in enumerate(losses) if not math.isfinite(v)]
         if bad:

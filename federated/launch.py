@@ -13,7 +13,7 @@ down; nothing downstream branches on where the sites are. A launcher owns what d
   (``check_site_reports``) whichever launcher ran it;
 - ``score(models, states, federation, shards_root, bins, min_count, eval_noise_multiplier)``: registered models
   scored by every site on its own valid and test splits (``federated.scoring.score_site``), released as its
-  privacy budget allows (``federated.privacy.evaluation``): per site its summaries, shard hash and what the job
+  privacy budget allows (``federated.dp.evaluation``): per site its summaries, shard hash and what the job
   spent of its budget;
 - ``checkpoint_dir(run_name, outputs)``: where the sites checkpoint (this machine's run folder, or a folder
   relative to each hospital's own working directory);
@@ -42,9 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from common.errors import FedaucError
 from federated import ood
 from federated.config import ShardSite, TrainConfig
+from federated.dp.evaluation import admit_evaluation
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
-from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
 from federated.scoring import ModelToScore, Scores
 from federated.sites import check_site_reports, site_report, site_shard_dirs

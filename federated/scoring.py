@@ -30,7 +30,7 @@ from federated.subgroups import CELL, cell_summaries
 
 Summary = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (report, histograms) of evaluation.site_summary
 # An evaluation job's results: per site (federation order) one summary per model; site -> shard hash; site -> what
-# the job spent of its privacy budget (None: an exact release, federated/privacy/evaluation.py).
+# the job spent of its privacy budget (None: an exact release, federated/dp/evaluation.py).
 Scores = tuple[list[list[Summary]], dict[str, str], dict[str, dict | None]]
 
 

@@ -10,7 +10,7 @@ its histograms zeros, so that nothing of it reaches the centre. The catalogue of
 age band and, for a task with views, view; manufacturer "unknown" and "other"), so which keys a site sends says nothing of its
 patients; a manufacturer is named only as a known vendor (``VENDORS``: the tag's free text never leaves), and one
 with fewer than ``min_count`` images of the split joins "other". Under an evaluation
-noise multiplier the cells are withheld (``federated.privacy.evaluation``): each image falls in several
+noise multiplier the cells are withheld (``federated.dp.evaluation``): each image falls in several
 subgroups, which the one Gaussian mechanism charged per model does not cover.
 
 At the centre (``pooled``), each subgroup's released cells are summed over sites into its AUC, DeLong's

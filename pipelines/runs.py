@@ -107,7 +107,7 @@ def named_sites(suppressed: dict[str, str], names: list[str]) -> dict[str, str]:
     return out
 
 
-# What a site sends as NaN under differential privacy (federated/privacy/site.py, federated/timing.py): not logged.
+# What a site sends as NaN under differential privacy (federated/dp/site.py, federated/timing.py): not logged.
 WITHHELD_UNDER_DP = ("train_loss", "round_seconds", "compute_seconds", "wait_seconds")
 
 

@@ -154,6 +154,57 @@ def test_the_layer_check_names_an_import_of_a_package_above():
                                               ("federated.engine", "pipelines.runs")}
 
 
+# The algorithms' registry loads every module of federated/algorithms/ by name, and each registers itself with it:
+# one unit with the folder, though it stands beside it so that the algorithms import no package of their own.
+JOINED = {"federated.registry": "federated.algorithms"}
+
+
+def rooms(graph: dict[str, set[str]], joined: dict[str, str] = JOINED) -> dict[str, set[str]]:
+    """``graph`` with each folder inside a package read as one unit, as a newcomer reads it (federated/privacy/
+    is one room, federated/config.py another): an import between the units of two files of the same unit is
+    dropped, and ``joined`` modules are read as the unit they name."""
+    def unit(name: str) -> str:
+        return joined.get(name) or ".".join(name.split(".")[:2])
+
+    units: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        units.setdefault(unit(name), set()).update(unit(target) for target in targets)
+    return {name: targets - {name} for name, targets in units.items()}
+
+
+def test_no_import_runs_back_up_between_the_folders_of_a_package():
+    """Nothing imports upward: a folder read as one unit is on no circle with the modules and folders beside it.
+    A circle of whole files is caught above; this one is made of files that do not import each other (before
+    issue 56, federated/config.py imported the privacy budget while the engine's DP hooks, in the same folder,
+    imported the configuration and the algorithms)."""
+    found = cycles(rooms(import_graph()))
+    assert not found, "folders on an import circle with their neighbours:\n" + describe(found)
+
+
+def test_the_privacy_budget_stands_below_the_configuration():
+    """federated/privacy/ (policy, ledger, budget, accounting, meaning) is what the configuration checks a job
+    against: it imports no other module of federated/; what spends the budget (federated/dp/) stands above the
+    algorithms it wraps."""
+    graph = import_graph()
+    assert "federated.privacy.policy" in graph["federated.config"] | graph["federated.settings"]
+    assert "federated.algorithms.base" in graph["federated.dp.site"]
+    assert "federated.dp.site" in graph["federated.engine"]
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith("federated.privacy.")
+                    for target in targets
+                    if target.startswith("federated.") and not target.startswith("federated.privacy."))
+    assert not upward, "federated/privacy/ imports the engine's modules:\n" + "\n".join(upward)
+
+
+def test_the_folder_check_finds_a_circle_that_no_two_files_make():
+    graph = {"pkg.config": {"pkg.privacy.budget"}, "pkg.privacy.budget": set(), "pkg.privacy.site": {"pkg.config"},
+             "pkg.registry": {"pkg.algorithms"}, "pkg.algorithms": set(), "pkg.algorithms.a": {"pkg.registry"}}
+    assert cycles(graph) == []
+    assert describe(cycles(rooms(graph, {}))) == ("pkg.algorithms -> pkg.registry -> pkg.algorithms\n"
+                                                   "pkg.config -> pkg.privacy -> pkg.config")
+    joined = rooms(graph, {"pkg.registry": "pkg.algorithms"})
+    assert describe(cycles(joined)) == "pkg.config -> pkg.privacy -> pkg.config"
+
+
 def test_the_graph_sees_function_level_relative_and_from_package_imports(tmp_path):
     """The checker itself: a circle made of a function-level relative import, ``from package import
     module`` and a plain import is found and named; an import of a name (not a module) is an edge to its

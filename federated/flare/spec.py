@@ -35,7 +35,7 @@ class EvaluationRequest(BaseModel):
     models: list[ModelToScore] = Field(min_length=1)
     bins: int = Field(gt=0)  # TrainConfig.eval_bins
     min_count: int = Field(gt=0)  # TrainConfig.eval_min_count
-    # S_e: each site releases noised histograms only, charged to its ledger (federated/privacy/evaluation.py);
+    # S_e: each site releases noised histograms only, charged to its ledger (federated/dp/evaluation.py);
     # None: exact summaries, which a site with a privacy budget refuses.
     eval_noise_multiplier: float | None = Field(default=None, gt=0)
 

@@ -79,7 +79,7 @@ def write_private(path: Path, body: dict) -> None:
 
 @dataclass
 class Entry:
-    job: str  # the training's job key (federated/privacy/site.py), or what an evaluation job scored
+    job: str  # the training's job key (federated/dp/site.py), or what an evaluation job scored
     what: str  # "training" or "evaluation"
     noise_multiplier: float
     sample_rate: float
