@@ -31,6 +31,7 @@ from pathlib import Path
 
 from common.formats import check as check_format
 from common.formats import stamp
+from common.notice import notice
 from federated.privacy.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 from preprocessing.shard_format import BINDING_FIELD, SHARD_FILE
@@ -216,8 +217,6 @@ def site_ledger(site: str, path: Path | None, ledgers: dict[Path, Ledger], decla
     for budget in sources.values():
         effective = lower(effective, budget)
     if ledger.budget is not None and any(b is not None and b != effective for b in sources.values()):
-        from preprocessing.locks import notice
-
         notice(f"site {site!r}: privacy budgets differ ({', '.join(f'{k} {show_budget(_dump(b))}' for k, b in sources.items())}"
                f"); the stricter, {show_budget(_dump(effective))}, applies")
     return ledger, effective
