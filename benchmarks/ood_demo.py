@@ -37,13 +37,13 @@ import pydicom
 from PIL import Image
 from pydicom.data import get_testdata_file
 
+from common.errors import FedaucError
+from common.home import fedauc_home
 from pipelines import tracking
 from pipelines.model_package.loading import load_registered
 from pipelines.model_package.predict import OOD_COLUMN, OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
 from pipelines.store_uri import default_tracking_uri, tracking_uri
-from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
-from preprocessing.home import fedauc_home
 from preprocessing.shard_format import manifest_path
 
 FOREIGN_TARGET, FALSE_REFUSAL_MARGIN = 0.99, 0.01

@@ -38,7 +38,7 @@ from sklearn.metrics import roc_auc_score
 import federated
 from federated.config import SyntheticSite
 from federated.data import SplitData, to_model_input
-from federated.privacy.sgd import private_gradients
+from federated.dp.sgd import private_gradients
 from models.networks import build_network
 from models.objectives import masked_bce_with_logits
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.errors import ConfigError
 from federated.settings import RULES
-from preprocessing.errors import ConfigError
 
 
 @dataclass(frozen=True)

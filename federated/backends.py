@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.errors import ConfigError
 from federated.transport import gathered_public_keys
-from preprocessing.errors import ConfigError
 
 
 class SiteFailure(RuntimeError):

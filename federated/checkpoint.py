@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import ConfigError, DataError
+from common.formats import check as check_format
+from common.formats import stamp
 from federated.algorithms.base import Site
 from federated.config import TrainConfig
-from preprocessing.errors import ConfigError, DataError
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
 
 LATEST = "LATEST"
 # TrainConfig fields a resumed run may change: they do not change the model a round computes.

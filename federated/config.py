@@ -10,13 +10,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.errors import DataError
 from federated import secagg_graph
 from federated.data import SiteData, SplitData, learned, load_shard, synthetic_site
 from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
 from federated.privacy.policy import SiteBudget
 from federated.settings import TrainSettings
-from preprocessing.errors import DataError
 from preprocessing.shard_format import shard_content_hash
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 from preprocessing.shard_format import SPLITS, read_shard_info, read_split
 from preprocessing.shard_integrity import check_shard_files
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+from common.errors import ConfigError, FedaucError
 from federated import ood
 from federated.backends import DistributedTransport, SiteFailure
 from federated.config import TensorSite, TrainConfig
 from federated.engine import Engine
 from federated.network import training_device
 from federated.sites import site_index, site_names
-from preprocessing.errors import ConfigError, FedaucError
 
 
 def _check_same_config(config: TrainConfig, transport: DistributedTransport) -> None:

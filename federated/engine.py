@@ -29,6 +29,7 @@ from federated.backends import InProcessTransport
 from federated.checkpoint import latest_round_dir, load_round, save_round
 from federated.config import TrainConfig, load_sites
 from federated.data import SiteData, SiteLoader
+from federated.dp import site as privacy
 from federated.federation import federation_context
 from federated.health import HealthMonitor, SiteUpdate, site_row, update_groups
 from federated.network import (
@@ -39,7 +40,6 @@ from federated.network import (
     training_device,
     training_forward,
 )
-from federated.privacy import site as privacy
 from federated.registry import get_algorithm
 from federated.reporting import RoundCallback, RoundReport
 from federated.rounds import Traffic, round_record

@@ -10,7 +10,7 @@ Per split, in three separate steps (the NVIDIA FLARE transport runs the same two
    of its positives' and negatives' scores in B equal-width bins of [0, 1] (``TrainConfig.eval_bins``).
    Small-count suppression happens here: for a disease with fewer than ``min_count`` positives or
    negatives the site's metrics are NaN and flagged, and each count below ``min_count`` is sent as
-   ``preprocessing.small_counts.ON_WIRE`` (the one small-count rule; a float array cannot carry ``"<10"``).
+   ``common.small_counts.ON_WIRE`` (the one small-count rule; a float array cannot carry ``"<10"``).
 2. The transport exchanges them: ``report`` gathered (K rows; 8 (3 + M) C bytes per site), ``histograms``
    summed over sites (8 * 2 * B * C bytes per site). Both are counted in the round's bytes.
 3. ``combine(reports, histograms, ...)`` anywhere: the flat float metrics and the suppression record.
@@ -25,7 +25,7 @@ pooled value|``, models.metrics.histogram_auc and friends), ``pooled/auc_ci95_lo
 ``macro_over_sites/<metric>_macro`` (mean over the sites whose value is reported). NaN = undefined.
 A suppressed site metric or count is absent from the float dict; the suppression record (a flat
 ``{key: str}`` with the same key shape) says ``"suppressed: fewer than 10 positives"`` (or negatives)
-for each absent metric and ``"<10"`` for each absent count (``preprocessing.small_counts``: the one encoding).
+for each absent metric and ``"<10"`` for each absent count (``common.small_counts``: the one encoding).
 The pooled figures still use the suppressed site's histogram; macro over sites leaves a suppressed site out.
 
 With the default B = 1000 the pooled AUC is within ``pooled/auc_bound/<disease>`` of the exact pooled
@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.small_counts import from_wire, is_small, is_suppressed, to_wire
 from federated import subgroups
 from federated.algorithms.base import FederationContext, Site
 from federated.ood import OodModel
@@ -56,7 +57,6 @@ from models.metrics import (
     metric_names,
     score_histograms,
 )
-from preprocessing.small_counts import from_wire, is_small, is_suppressed, to_wire
 
 BETAS = (0.3, 0.5)
 TWO_WAY = ((0.5, 0.5),)
@@ -265,7 +265,7 @@ def evaluate(model: nn.Module, sites: list[Site], transport, fed: FederationCont
         for site in sites:
             report, hist = split_summary(site_model(model, site, bn_stats), site.data.splits.get(split), C, bins,
                                          min_count, fed.device, fed.amp, fed.channels_last)
-            if site.privacy is not None:  # differential privacy: noised histograms only (federated/privacy/site.py)
+            if site.privacy is not None:  # differential privacy: noised histograms only (federated/dp/site.py)
                 report, hist = site.privacy.release_summary(report, hist)
             reports.append(torch.from_numpy(report).to(fed.device)[None])  # NCCL moves device tensors
             histograms.append(torch.from_numpy(hist).to(fed.device))

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from common.errors import DataError
 from federated.algorithms.base import FederationContext
 from federated.config import TrainConfig
 from federated.data import SiteData, label_counts, usable_prior
 from federated.transport import Transport
-from preprocessing.errors import DataError
 
 
 def federation_context(config: TrainConfig, datas: list[SiteData], transport: Transport, device: torch.device

@@ -30,8 +30,8 @@ import math
 
 import torch
 
+from common.errors import FedaucError
 from federated.state import MODEL_PREFIX, Comm
-from preprocessing.errors import FedaucError
 
 LOSS_FLOOR = 0.01  # the smallest first-round loss magnitude the divergence factor multiplies
 MODEL_GROUP = "model"
@@ -146,7 +146,7 @@ class HealthMonitor:
         norms = per_site[:, 5:].tolist()
         where = f"round {round_index}"
         # Under differential privacy the sites withhold their losses and update norms (NaN) and check them
-        # themselves (federated/privacy/site.py withhold).
+        # themselves (federated/dp/site.py withhold).
         withheld = self.withheld
         bad = [] if withheld else [k for k, v in enumerate(losses) if not math.isfinite(v)]
         if bad:

@@ -19,7 +19,7 @@ differs between places:
   (``check_site_reports``) whichever launcher ran it;
 - ``score(models, states, federation, shards_root, bins, min_count, eval_noise_multiplier)``: registered models
   scored by every site on its own valid and test splits (``federated.scoring.score_site``), released as its
-  privacy budget allows (``federated.privacy.evaluation``): per site its summaries, shard hash and what the job
+  privacy budget allows (``federated.dp.evaluation``): per site its summaries, shard hash and what the job
   spent of its budget;
 - ``checkpoint_dir(run_name, outputs)``: where the sites checkpoint (this machine's run folder, or a folder
   relative to each hospital's own working directory);
@@ -48,15 +48,15 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from common.errors import ConfigError, FedaucError
 from federated import ood
 from federated.config import ShardSite, TrainConfig
+from federated.dp.evaluation import admit_evaluation
 from federated.engine import RoundCallback, TrainResult
 from federated.flare.centre.environments import FLARE_ENVS, check_flare_algorithm, check_flare_env
-from federated.privacy.evaluation import admit_evaluation
 from federated.registry import get_algorithm
 from federated.scoring import ModelToScore, Scores
 from federated.sites import check_site_reports, site_report, site_shard_dirs
-from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.federation import Federation
 
 

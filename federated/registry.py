@@ -6,7 +6,7 @@ import difflib
 import importlib
 import pkgutil
 
-from preprocessing.errors import ConfigError
+from common.errors import ConfigError
 
 _ALGORITHMS: dict[str, type] = {}
 

@@ -21,16 +21,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from common.errors import DataError
 from federated.data import SiteData, learned
 from federated.evaluation import SPLITS, absent_summary, site_summary
 from federated.network import build_named, model_input_shape
 from federated.predict import predict_scores
 from federated.subgroups import CELL, cell_summaries
-from preprocessing.errors import DataError
 
 Summary = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (report, histograms) of evaluation.site_summary
 # An evaluation job's results: per site (federation order) one summary per model; site -> shard hash; site -> what
-# the job spent of its privacy budget (None: an exact release, federated/privacy/evaluation.py).
+# the job spent of its privacy budget (None: an exact release, federated/dp/evaluation.py).
 Scores = tuple[list[list[Summary]], dict[str, str], dict[str, dict | None]]
 
 

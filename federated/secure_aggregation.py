@@ -37,9 +37,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from common.errors import FedaucError
 from federated.backends import unflatten_into
 from federated.secagg_graph import neighbours
-from preprocessing.errors import FedaucError
 
 FRACTION_BITS = 32  # F: the fixed-point resolution is 2^-32 (float32 near 1 resolves 2^-24)
 RING_BYTES = 8  # one int64 per value on the wire, whatever the tensor's dtype

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import ValidationError
 
+from common.errors import ConfigError, DataError, problem_message
 from federated.config import ShardSite, SyntheticSite, TensorSite, TrainConfig, TrainSettings
-from preprocessing.errors import ConfigError, DataError, problem_message
 from preprocessing.qc_counts import SAMPLE_GRID_FILE, central_summary, qc_counts
 from preprocessing.shard_format import (
     QC_DIR,

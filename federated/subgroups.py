@@ -10,7 +10,7 @@ its histograms zeros, so that nothing of it reaches the centre. The catalogue of
 age band and, for a task with views, view; manufacturer "unknown" and "other"), so which keys a site sends says nothing of its
 patients; a manufacturer is named only as a known vendor (``VENDORS``: the tag's free text never leaves), and one
 with fewer than ``min_count`` images of the split joins "other". Under an evaluation
-noise multiplier the cells are withheld (``federated.privacy.evaluation``): each image falls in several
+noise multiplier the cells are withheld (``federated.dp.evaluation``): each image falls in several
 subgroups, which the one Gaussian mechanism charged per model does not cover.
 
 At the centre (``pooled``), each subgroup's released cells are summed over sites into its AUC, DeLong's
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.small_counts import is_small, to_wire
 from models.metrics import histogram_auc, histogram_auc_difference, histogram_auc_interval, score_histograms
 from preprocessing.records import VIEW_TASKS, VIEWS
 from preprocessing.shard_format import IMAGE_STATS_FILE, manifest_path, read_columns, read_shard_info, rewrite_fix
-from preprocessing.small_counts import is_small, to_wire
 
 ATTRIBUTES = ("sex", "age", "view", "manufacturer", "site")  # "site" is formed at the centre
 SEXES = ("F", "M", "unknown")

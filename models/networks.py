@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 def norm_layer(channels: int, norm: str) -> nn.Module:
     """BatchNorm, or GroupNorm (Wu and He 2018: per-sample statistics, so that differential privacy's
-    per-sample gradients exist, federated/privacy) in groups of up to 8."""
+    per-sample gradients exist, federated/dp/sgd.py) in groups of up to 8."""
     if norm == "batch":
         return nn.BatchNorm2d(channels)
     if norm == "group":

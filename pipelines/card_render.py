@@ -8,7 +8,7 @@ import html
 import re
 from dataclasses import dataclass, field
 
-from preprocessing.markdown import markdown_cell
+from common.markdown import markdown_cell
 
 
 @dataclass

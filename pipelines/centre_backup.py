@@ -23,9 +23,9 @@ import sqlite3
 import tarfile
 from pathlib import Path
 
-from preprocessing.errors import ConfigError
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
+from common.errors import ConfigError
+from common.formats import check as check_format
+from common.formats import stamp
 
 MANIFEST = "centre-backup.json"
 MLFLOW_DB, PREFECT_DB = "mlruns.db", "prefect.db"

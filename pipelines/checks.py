@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.errors import ConfigError
 from federated.launch import Launcher
 from pipelines.onboarding import shards_root
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
 from preprocessing.sites import SiteConfigError, validate_site
 
@@ -29,7 +29,7 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
     (``federated.sites.federation_config``: the same check every launcher's training makes). Returns the
     federation and its shards folder."""
     from federated import get_algorithm
-    from federated.privacy.policy import check_dp_job
+    from federated.dp.refusals import check_dp_job
     from federated.sites import federation_config, training_settings
 
     get_algorithm(config["algorithm"])  # a typo is reported first: nothing else needs reading to find it

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from common.errors import ConfigError, FedaucError
 from pipelines.prefect_env import PROJECT_ROOT
-from preprocessing.errors import ConfigError, FedaucError
 
 WORK_POOL_TYPE = "process"
 CENTRE_POOL = "fedauc-central"

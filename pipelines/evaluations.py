@@ -31,6 +31,7 @@ import torch
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
+from common.errors import ConfigError
 from federated import TrainConfig, schema
 from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
@@ -38,7 +39,6 @@ from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFA
 from federated.scoring import ModelToScore
 from pipelines import descriptions, model_card, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
 UNDEFINED = {

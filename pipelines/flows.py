@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 
+from common.errors import FedaucError
 from federated import launch
 from federated.backends import SiteFailure
 from federated.schema import HEADLINE_METRIC, SELECTION_METRIC
@@ -31,7 +32,6 @@ from pipelines.preprocess_flow import artifact_key, preprocess
 from pipelines.run_names import FLOW_RUN_PLACEHOLDER
 from pipelines.site_params import site_yaml
 from pipelines.tables import fold_intervals, markdown_table
-from preprocessing.errors import FedaucError
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
 from preprocessing.scan import scan_site

@@ -6,7 +6,7 @@ their own end (``PR_SET_PDEATHSIG``, ``preprocessing.pool``); the processes feda
 (Prefect starts its server) are covered by ``guard_children()``: it starts one guardian process that notes
 the parent's descendants twice a second while the parent lives and, once the parent is gone however it
 ended, terminates those still running (SIGTERM, SIGKILL after 5 s). The guardian learns of the death at
-once through a pidfd (Linux 5.3+); process start times guard against a reused pid (``preprocessing.lifetime``,
+once through a pidfd (Linux 5.3+); process start times guard against a reused pid (``common.lifetime``,
 the one module of process lifetimes). Linux only (``/proc``); elsewhere it is a no-op.
 
 Run as ``python -m pipelines.lifeline PID`` by ``guard_children``; it imports nothing heavy.
@@ -23,7 +23,7 @@ import time
 
 import psutil
 
-from preprocessing.lifetime import alive, descendants, terminate
+from common.lifetime import alive, descendants, terminate
 
 _POLL_S = 0.5
 _GRACE_S = 5.0

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from preprocessing.errors import FedaucError
+from common.errors import FedaucError
 
 SEARCH_PAGE = 1000  # runs per runs/search request (the server allows up to 50,000)
 _TRUE = ("true", "1")

@@ -72,7 +72,7 @@ def gather(task: str, version: str) -> Sources:
     try:
         mv = client.get_model_version(name, version)
     except MlflowException:
-        from preprocessing.errors import ConfigError
+        from common.errors import ConfigError
 
         raise ConfigError(f"model {name} has no version {version} at {mlflow.get_tracking_uri()}",
                           fix="list the registered versions with `fedauc ui` and pass one of them") from None

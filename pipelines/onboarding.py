@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from common.errors import ConfigError
 from preprocessing.adapters import ADAPTERS
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation, load_federation
 from preprocessing.records import TASK_DISEASES
 from preprocessing.sites import SiteConfigError, load_site

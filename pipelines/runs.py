@@ -27,6 +27,7 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
+from common.small_counts import released
 from federated import TrainConfig, get_algorithm
 from federated.launch import InProcess, Launcher
 from federated.schema import (
@@ -59,7 +60,6 @@ from pipelines.tables import markdown_table
 from preprocessing.federation import Federation
 from preprocessing.qc import render_central_markdown
 from preprocessing.qc_counts import SAMPLE_GRID_FILE, suppressed_label_counts
-from preprocessing.small_counts import released
 
 
 @dataclass
@@ -107,7 +107,7 @@ def named_sites(suppressed: dict[str, str], names: list[str]) -> dict[str, str]:
     return out
 
 
-# What a site sends as NaN under differential privacy (federated/privacy/site.py, federated/timing.py): not logged.
+# What a site sends as NaN under differential privacy (federated/dp/site.py, federated/timing.py): not logged.
 WITHHELD_UNDER_DP = ("train_loss", "round_seconds", "compute_seconds", "wait_seconds")
 
 

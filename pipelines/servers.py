@@ -23,10 +23,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from common.errors import ConfigError, FedaucError
 from pipelines import tracking
 from pipelines.store_uri import fedauc_home
 from pipelines.ui_views import links_text, task_links
-from preprocessing.errors import ConfigError, FedaucError
 
 # Bytes per log file and rotated files kept, per UI server: NVIDIA FLARE's own handlers' size (20 MB), half
 # their count; 120 MB for a UI however long it runs.

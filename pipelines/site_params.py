@@ -14,8 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from common.errors import ConfigError
 from pipelines.onboarding import shards_root
-from preprocessing.errors import ConfigError
 
 SITES_ENV = "FEDAUC_SITES"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from preprocessing.home import CHECKOUT, fedauc_home
-from preprocessing.home import HOME_ENV as HOME_ENV
+from common.home import CHECKOUT, fedauc_home
+from common.home import HOME_ENV as HOME_ENV
 
 PROJECT_DIR = CHECKOUT  # the checkout, where fedauc's own files are (the demo's site files among them)
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from preprocessing.errors import ConfigError
-from preprocessing.markdown import markdown_cell
+from common.errors import ConfigError
+from common.markdown import markdown_cell
 
 if TYPE_CHECKING:
     import pandas as pd

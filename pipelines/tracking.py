@@ -20,6 +20,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
+from common.lifetime import start_time
 from federated.schema import (
     DESCRIPTION_TAG,
     END_REASON_TAG,
@@ -37,7 +38,6 @@ from pipelines.store_uri import PROJECT_DIR as PROJECT_DIR
 from pipelines.store_uri import default_tracking_uri as default_tracking_uri
 from pipelines.store_uri import fedauc_home
 from pipelines.store_uri import tracking_uri as tracking_uri
-from preprocessing.lifetime import start_time
 
 
 def configure(project_dir: Path | None = None) -> str:

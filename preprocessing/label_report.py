@@ -11,7 +11,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 from preprocessing.records import RECORD_COLUMNS, SPLITS, VIEW_TASKS, VIEWS
 
 

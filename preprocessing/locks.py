@@ -16,21 +16,16 @@ import fcntl
 import json
 import os
 import socket
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from preprocessing.errors import FedaucError
+from common.errors import FedaucError
+from common.notice import notice
 from preprocessing.shard_format import LOCK_FILE
 
 
 class SiteBusyError(FedaucError):
     """Another run is writing the same site's shards."""
-
-
-def notice(message: str) -> None:
-    """A one-line notice on stderr, between progress bars."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def _holder_text(holder: dict) -> str:

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 
 import numpy as np
 
-from preprocessing.lifetime import die_with_parent
+from common.lifetime import die_with_parent
 from preprocessing.quarantine import Reason
 from preprocessing.tiles import Chunk, ChunkResult, TransformSettings, failed_outcome, process_chunk, process_file
 

@@ -14,7 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from preprocessing.home import fedauc_home
+from common.home import fedauc_home
 
 TORCHXRAYVISION_VERSION = "1.5.7"
 

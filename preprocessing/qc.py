@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from preprocessing.markdown import markdown_cell
+from common.markdown import markdown_cell
 from preprocessing.qc_counts import SAMPLE_GRID_FILE, qc_counts
 from preprocessing.records import SPLITS
 from preprocessing.shard_format import (

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.small_counts import is_suppressed, released
 from preprocessing.records import SPLITS
 from preprocessing.shard_format import (
     QUARANTINE_FILE,
@@ -23,7 +24,6 @@ from preprocessing.shard_format import (
     read_shard_info,
     rewrite_fix,
 )
-from preprocessing.small_counts import is_suppressed, released
 
 SAMPLE_GRID_FILE = "samples.png"
 # Complementary suppression: a count hidden because its partner was below the threshold (positives +

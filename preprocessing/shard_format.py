@@ -3,7 +3,7 @@
 Every writer and reader of shards takes names and dtypes from here: the shard writer
 (``preprocessing.shards``), the QC report, the training loader (``federated.data``) and the pipelines.
 Readers go through :func:`read_shard_info` and :func:`read_split`, which refuse what they cannot read
-with a :class:`~preprocessing.errors.DataError` that names the file and says how to rewrite the shards.
+with a :class:`~common.errors.DataError` that names the file and says how to rewrite the shards.
 
 ``FORMAT_VERSION`` changes whenever a reader of the previous version would misread a new shard (a file,
 column, dtype or pixel convention changes); the content hash covers it, so a re-run of
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 from preprocessing.records import SPLITS  # the split directories a shard may hold
 
 FORMAT_VERSION = 1

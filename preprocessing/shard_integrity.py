@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 from preprocessing.records import SPLITS
 from preprocessing.shard_format import IMAGE_DTYPE, IMAGES_FILE, MANIFEST_FILE
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from preprocessing.locks import notice
+from common.notice import notice
 from preprocessing.quarantine import DEDUP_REASONS, QUARANTINE_COLUMNS
 from preprocessing.shard_format import IMAGE_DTYPE, IMAGES_FILE, MANIFEST_FILE
 from preprocessing.tiles import STAT_COLUMNS, ChunkResult

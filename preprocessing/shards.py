@@ -38,8 +38,9 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from common.notice import notice
 from preprocessing.duplicates import quarantine_duplicate_content
-from preprocessing.locks import notice, site_lock
+from preprocessing.locks import site_lock
 from preprocessing.near_duplicates import quarantine_near_duplicates
 from preprocessing.pool import decode_chunks
 from preprocessing.quarantine import QUARANTINE_COLUMNS, SELECTION_RULES, Reason, empty_quarantine

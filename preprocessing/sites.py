@@ -31,14 +31,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from common.errors import ConfigError, problem_message
+from common.privacy_budget import PrivacyBudget
 from preprocessing.adapters import ADAPTERS
 from preprocessing.adapters.base import AdapterOptions, MetadataError, read_metadata, resolve_metadata
 from preprocessing.decode import DecodeLimits
-from preprocessing.errors import ConfigError, problem_message
 from preprocessing.label_values import unmapped_line, unmapped_values
 from preprocessing.labels import UncertainPolicy, default_uncertain_policy
 from preprocessing.losses import excess_losses
-from preprocessing.privacy_budget import PrivacyBudget
 from preprocessing.records import TASK_DISEASES, VIEWS
 from preprocessing.scan import scan_site
 from preprocessing.sharing import SharingPolicy

@@ -347,9 +347,9 @@ def layouts(tmp_path_factory):
 def test_a_header_only_metadata_file(layouts, tmp_path, fmt, option, warning):
     """validate names the file, report and preprocess stop with the same one-line error (never a crash on
     the empty table); a file that may be empty leaves a usable site, with a warning where a split empties."""
+    from common.errors import DataError
     from preprocessing.adapters import ADAPTERS
     from preprocessing.adapters.base import read_metadata_text, resolve_metadata
-    from preprocessing.errors import DataError
     from preprocessing.label_report import label_report, require_usable_rows
     from preprocessing.sites import validate_site
 

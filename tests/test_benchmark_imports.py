@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("federated", "pipelines", "preprocessing", "models")
+PRODUCT = ("common", "federated", "pipelines", "preprocessing", "models")
 
 
 def unresolved(path: Path) -> list[str]:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import federated
+from common.errors import ConfigError, DataError
 from federated import SyntheticSite, TensorSite, TrainConfig
-from preprocessing.errors import ConfigError, DataError
 
 
 def _cfg(**kw) -> TrainConfig:

@@ -30,9 +30,9 @@ def test_train_rejects_a_parameter_without_value():
 
 def test_centralized_is_refused_over_flare():
     """Pooling moves patient data: over NVIDIA FLARE the command refuses it before anything starts."""
+    from common.errors import ConfigError
     from federated import SyntheticSite, TrainConfig
     from federated.flare.centre.job import train_flare
-    from preprocessing.errors import ConfigError
     from preprocessing.federation import load_federation
 
     result = runner.invoke(app, ["train", "--federation", "sites/demo/chest.yaml", "--algorithm", "centralized",
@@ -93,8 +93,8 @@ def test_a_bad_training_option_is_one_message_naming_it(options, expected):
 
 def test_a_flow_s_bad_setting_is_named_by_its_field_before_any_shard_is_read(tmp_path):
     """A flow or a deployment's config goes through the same check as the command line's options."""
+    from common.errors import ConfigError
     from federated.sites import federation_config
-    from preprocessing.errors import ConfigError
     from preprocessing.federation import load_federation
 
     settings = {"algorithm": "codasca", "rounds": 1, "dp": {"noise_multiplier": 0}}

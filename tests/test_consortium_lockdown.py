@@ -13,11 +13,11 @@ import pytest
 from nvflare.fuel.sec.authz import AuthzContext, Person
 from nvflare.security.security import COMMAND_CATEGORIES, FLAuthorizer
 
+from common.errors import ConfigError
 from federated.flare.centre.provision import project, provision
 from federated.flare.lockdown import ADMIN_RIGHTS, SERVER_RIGHTS, STORES
 from federated.flare.server.start import prepare_server
 from federated.flare.site.start import prepare_site
-from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 
 # Every right NVFlare 2.9 checks: the commands of its categories and the rights outside them.

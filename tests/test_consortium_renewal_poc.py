@@ -14,13 +14,13 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import ConfigError
 from federated.flare.centre.certificates import kit_expiries
 from federated.flare.centre.poc import ADMIN, LocalConsortium
 from federated.flare.centre.provision import project, provision, renew
 from federated.flare.site.start import check_certificate, read_kit
 from federated.version import code_version
 from pipelines.cli import app
-from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import federated
+from common.errors import DataError
 from federated.sites import federation_config
-from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
 
 SITES = ("vienna", "barcelona", "new-york")

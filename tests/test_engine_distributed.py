@@ -135,11 +135,11 @@ def test_a_diverging_round_stops_every_process_naming_the_round(tmp_path):
 
 
 def test_dp_under_torchrun_gives_the_in_process_model_and_charges_each_site(tmp_path, monkeypatch):
-    """Differential privacy (federated/privacy) is the engine's, whatever the transport: with the sites' own noise
+    """Differential privacy (federated/dp) is the engine's, whatever the transport: with the sites' own noise
     seeds fixed, two processes give the in-process model, and each process charges its own site's ledger."""
+    from federated.dp.site import NOISE_SEED_ENV
     from federated.privacy.ledger import Ledger
     from federated.privacy.policy import SiteBudget
-    from federated.privacy.site import NOISE_SEED_ENV
 
     monkeypatch.setenv(NOISE_SEED_ENV, "3")
     ledgers = [tmp_path / f"site{k}.privacy-ledger.json" for k in range(2)]

@@ -96,9 +96,9 @@ def test_flare_evaluation_that_cannot_run_is_one_message(evaluable_melanoma, ext
 
 def test_prod_evaluation_refuses_a_shard_folder_at_the_centre(evaluable_melanoma, tmp_path):
     """Under prod the centre never locates, let alone reads, a shard: --shards is refused, not ignored."""
+    from common.errors import ConfigError
     from federated.launch import Flare
     from pipelines.checks import check_evaluation
-    from preprocessing.errors import ConfigError
 
     root, federation = evaluable_melanoma
     prod = Flare(env="prod", kit=tmp_path / "admin@fedauc.org")

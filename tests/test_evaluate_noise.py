@@ -1,4 +1,4 @@
-"""Evaluation jobs at sites with a privacy budget (federated/privacy/evaluation.py): with an evaluation noise
+"""Evaluation jobs at sites with a privacy budget (federated/dp/evaluation.py): with an evaluation noise
 multiplier S_e each site releases noised histograms only and charges its ledger one Gaussian mechanism at rate 1
 per model, the same over NVIDIA FLARE's simulator and in this process; over its budget, or without S_e, a site
 refuses in one line before anything is released. A DP training with S_e checks the champion by such an

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from conftest import generic_csv_site_yaml, write_generic_csv_site
 
+from common.errors import DataError
 from federated.sites import site_shard_dirs
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from pipelines.model_package.predict import probability_column
 from pipelines.onboarding import add_site
 from pipelines.prefect_env import PROJECT_ROOT
-from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.shards import shard_site

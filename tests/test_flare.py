@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import federated
+from common.errors import DataError
 from federated.backends import SiteFailure
 from federated.flare.centre.job import train_flare
 from federated.flare.server.rendezvous import COMBINE, Rendezvous
 from federated.sites import federation_config
-from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow

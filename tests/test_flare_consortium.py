@@ -12,10 +12,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from common.errors import DataError
 from federated.flare.site.start import check_certificate, read_kit
 from federated.sites import check_site_reports, site_report
 from pipelines.cli import app
-from preprocessing.errors import DataError
 from preprocessing.qc import build_report
 from preprocessing.qc_counts import central_summary
 from preprocessing.shard_format import shard_content_hash

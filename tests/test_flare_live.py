@@ -28,6 +28,7 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 import federated
+from common.lifetime import family
 from federated.checkpoint import committed_rounds
 from federated.flare.centre.operate import consortium_status
 from federated.flare.centre.poc import LocalConsortium, connected_sites
@@ -38,7 +39,6 @@ from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from federated.sites import federation_config
 from pipelines.cli import app
 from preprocessing.federation import load_federation
-from preprocessing.lifetime import family
 
 pytestmark = pytest.mark.slow
 

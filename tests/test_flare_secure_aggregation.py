@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import federated
+from common.errors import ConfigError
 from federated.backends import ring_sum
 from federated.flare.centre.job import train_flare
 from federated.flare.centre.provision import project, provision
@@ -18,7 +19,6 @@ from federated.flare.server.rendezvous import COMBINE
 from federated.flare.site.keys import SiteKeys, load_identity
 from federated.secure_aggregation import SecureAggregationError, new_key
 from federated.sites import federation_config
-from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 
 

@@ -28,12 +28,12 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
+from common.lifetime import family, signal_all
 from federated.flare.centre.operate import consortium_status
 from federated.flare.centre.poc import LocalConsortium, connected_sites
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
 from preprocessing.federation import load_federation
-from preprocessing.lifetime import family, signal_all
 
 pytestmark = pytest.mark.slow
 

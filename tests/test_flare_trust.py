@@ -91,8 +91,8 @@ def test_a_site_refuses_a_foreign_code_version_in_one_line_unless_its_yaml_allow
 
 
 def test_a_site_failure_is_one_line_without_paths():
+    from common.errors import DataError
     from federated.flare.site.failure import failure_line
-    from preprocessing.errors import DataError
 
     err = DataError("site 'vienna': /data/hospital/shards/vienna/train/manifest.parquet is missing "
                     "(read in C:\\fedauc\\shards and ~/shards)", fix="run `fedauc preprocess --out /data/x` again")

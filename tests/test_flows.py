@@ -128,8 +128,8 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store, monkeypatch
 
 
 def test_training_without_shards_names_the_missing_site(federation, tmp_path):
+    from common.errors import DataError
     from federated.sites import site_shard_dirs
-    from preprocessing.errors import DataError
     from preprocessing.federation import load_federation
 
     with pytest.raises(DataError, match=r"federation 'tiny': no shards at .*alpha(.|\n)*run `fedauc preprocess"):
@@ -138,7 +138,7 @@ def test_training_without_shards_names_the_missing_site(federation, tmp_path):
 
 def test_missing_shards_are_not_retried():
     """A missing shard stays missing: retrying it would only repeat the failure (and its traceback)."""
-    from preprocessing.errors import DataError
+    from common.errors import DataError
 
     class Failed:
         def __init__(self, error):

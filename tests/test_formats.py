@@ -1,4 +1,4 @@
-"""Every file fedauc persists carries a format version (preprocessing/formats.py): the files the fedauc of
+"""Every file fedauc persists carries a format version (common/formats.py): the files the fedauc of
 commit 2d9c5ff wrote, without one (tests/fixtures/v1, written by its generate.py with that commit's code), are
 read by today's as format 1: a hospital's privacy ledger keeps its spend, its PACS state and operating points
 their content, a checkpoint resumes to the uninterrupted model, a kit's site settings name the site's shards.
@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import federated
+from common.errors import DataError
+from common.formats import FIELD, FORMATS
 from federated.flare.centre.operate import ConsortiumStatus, SiteStatus
 from federated.flare.spec import local_site
 from federated.privacy.ledger import Ledger
 from pipelines.hospital import pacs_state
 from pipelines.model_package import thresholds
-from preprocessing.errors import DataError
-from preprocessing.formats import FIELD, FORMATS
 
 V1 = Path(__file__).resolve().parent / "fixtures" / "v1"
 

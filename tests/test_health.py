@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import federated
+from common.errors import ConfigError, FedaucError
 from federated import TensorSite, TrainConfig
 from federated.aggregation import Robust
 from federated.checkpoint import latest_round_dir
@@ -25,7 +26,6 @@ from federated.health import (
     update_groups,
 )
 from federated.state import Comm
-from preprocessing.errors import ConfigError, FedaucError
 
 
 def _data(n, seed, scale=1.0, nan=False):

@@ -27,6 +27,7 @@ from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
+from common.errors import ConfigError
 from pipelines.cli import app
 from pipelines.hospital import dicom_sr, drift, job, pacs
 from pipelines.hospital.result import StudyResult
@@ -34,7 +35,6 @@ from pipelines.hospital.sinks import DicomSrSink
 from pipelines.model_package.contract import METADATA_KEY, ModelContract, contract_for
 from pipelines.model_package.loading import load_registered
 from pipelines.model_package.predict import Item, score_items
-from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.sites import SharingPolicy, SiteConfigError, load_site, validate_site

@@ -248,7 +248,7 @@ def test_small_counts_are_suppressed_in_what_leaves():
     rows = [{"status": "scored", "reason": "", "p_A": 0.05} for _ in range(12)]
     rows += [{"status": "scored", "reason": "", "p_A": 0.95}] * 3 + [{"status": "refused", "reason": "too_large"}] * 2
     out = drift.aggregates(rows, reference, ["A"], SharingPolicy(min_count=10))
-    # One encoding for every small count (preprocessing.small_counts): "<10", empty bins included.
+    # One encoding for every small count (common.small_counts): "<10", empty bins included.
     assert out["scored"] == 15 and out["refused"] == {"too_large": "<10"}
     assert out["histograms"]["A"] == [12, "<10", "<10", "<10", "<10"] and out["reference"]["A"] == [12] * 5
     assert drift.psi(out["histograms"]["A"], out["reference"]["A"]) == drift.psi([12, 0, 0, 0, 0], [12] * 5)

@@ -18,10 +18,10 @@ from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
+from common.errors import ConfigError
 from pipelines.cli import app
 from pipelines.hospital import job, pacs, sink_registry
 from pipelines.hospital.result import StudyResult
-from preprocessing.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 MODEL = "models:/fedauc-chest-xray/1"

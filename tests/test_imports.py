@@ -1,6 +1,6 @@
-"""No import circles among fedauc's product modules (preprocessing, models, federated, pipelines), and
-the roles of federated/flare/ kept apart: a site's, the server's or the centre's module imports only the shared
-ones.
+"""No import circles among fedauc's product modules (common, preprocessing, models, federated, pipelines),
+each package importing only those beneath it (``common`` nothing of fedauc), and the roles of federated/flare/
+kept apart: a site's, the server's or the centre's module imports only the shared ones.
 
 The graph is read from the source with ``ast``, not by importing: every ``import`` and ``from ... import``
 anywhere in a module (at its top, in a function, under ``if TYPE_CHECKING``), relative imports resolved
@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("preprocessing", "models", "federated", "pipelines")
+PACKAGES = ("common", "preprocessing", "models", "federated", "pipelines")
+# The packages each package may import besides itself: ``common`` is the ground every layer stands on and stands
+# on nothing of fedauc; the data (``preprocessing``) and the AUC objectives, metrics and networks (``models``)
+# know nothing of each other or of training; the engine (``federated``) knows no MLflow, Prefect or command line.
+BENEATH = {"common": set(), "preprocessing": {"common"}, "models": {"common"},
+           "federated": {"common", "preprocessing", "models"},
+           "pipelines": {"common", "preprocessing", "models", "federated"}}
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -124,6 +130,79 @@ def test_no_import_circle_among_product_modules():
     assert len(graph) > 100 and "federated.engine" in graph["federated.flare.site.job"]
     found = cycles(graph)
     assert not found, "import circles among product modules:\n" + describe(found)
+
+
+def upward_imports(graph: dict[str, set[str]], beneath: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import of a package that ``beneath`` does not put below it."""
+    return {(name, target) for name, targets in graph.items() for target in targets
+            if target.split(".")[0] not in beneath[name.split(".")[0]] | {name.split(".")[0]}}
+
+
+def test_each_package_imports_only_the_packages_beneath_it():
+    graph = import_graph()
+    assert set(BENEATH) == set(PACKAGES) and "common.errors" in graph["federated.registry"]
+    found = upward_imports(graph, BENEATH)
+    assert not found, "imports of a package not beneath the importer:\n" + "\n".join(
+        f"{name} -> {target}" for name, target in sorted(found))
+
+
+def test_the_layer_check_names_an_import_of_a_package_above():
+    graph = {"common.errors": {"common.formats"}, "common.formats": {"preprocessing.shards"},
+             "federated.engine": {"common.errors", "models.networks", "pipelines.runs"},
+             "pipelines.runs": {"federated.engine"}}
+    assert upward_imports(graph, BENEATH) == {("common.formats", "preprocessing.shards"),
+                                              ("federated.engine", "pipelines.runs")}
+
+
+# The algorithms' registry loads every module of federated/algorithms/ by name, and each registers itself with it:
+# one unit with the folder, though it stands beside it so that the algorithms import no package of their own.
+JOINED = {"federated.registry": "federated.algorithms"}
+
+
+def rooms(graph: dict[str, set[str]], joined: dict[str, str] = JOINED) -> dict[str, set[str]]:
+    """``graph`` with each folder inside a package read as one unit, as a newcomer reads it (federated/privacy/
+    is one room, federated/config.py another): an import between the units of two files of the same unit is
+    dropped, and ``joined`` modules are read as the unit they name."""
+    def unit(name: str) -> str:
+        return joined.get(name) or ".".join(name.split(".")[:2])
+
+    units: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        units.setdefault(unit(name), set()).update(unit(target) for target in targets)
+    return {name: targets - {name} for name, targets in units.items()}
+
+
+def test_no_import_runs_back_up_between_the_folders_of_a_package():
+    """Nothing imports upward: a folder read as one unit is on no circle with the modules and folders beside it.
+    A circle of whole files is caught above; this one is made of files that do not import each other (before
+    issue 56, federated/config.py imported the privacy budget while the engine's DP hooks, in the same folder,
+    imported the configuration and the algorithms)."""
+    found = cycles(rooms(import_graph()))
+    assert not found, "folders on an import circle with their neighbours:\n" + describe(found)
+
+
+def test_the_privacy_budget_stands_below_the_configuration():
+    """federated/privacy/ (policy, ledger, budget, accounting, meaning) is what the configuration checks a job
+    against: it imports no other module of federated/; what spends the budget (federated/dp/) stands above the
+    algorithms it wraps."""
+    graph = import_graph()
+    assert "federated.privacy.policy" in graph["federated.config"] | graph["federated.settings"]
+    assert "federated.algorithms.base" in graph["federated.dp.site"]
+    assert "federated.dp.site" in graph["federated.engine"]
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith("federated.privacy.")
+                    for target in targets
+                    if target.startswith("federated.") and not target.startswith("federated.privacy."))
+    assert not upward, "federated/privacy/ imports the engine's modules:\n" + "\n".join(upward)
+
+
+def test_the_folder_check_finds_a_circle_that_no_two_files_make():
+    graph = {"pkg.config": {"pkg.privacy.budget"}, "pkg.privacy.budget": set(), "pkg.privacy.site": {"pkg.config"},
+             "pkg.registry": {"pkg.algorithms"}, "pkg.algorithms": set(), "pkg.algorithms.a": {"pkg.registry"}}
+    assert cycles(graph) == []
+    assert describe(cycles(rooms(graph, {}))) == ("pkg.algorithms -> pkg.registry -> pkg.algorithms\n"
+                                                   "pkg.config -> pkg.privacy -> pkg.config")
+    joined = rooms(graph, {"pkg.registry": "pkg.algorithms"})
+    assert describe(cycles(joined)) == "pkg.config -> pkg.privacy -> pkg.config"
 
 
 def test_the_graph_sees_function_level_relative_and_from_package_imports(tmp_path):

@@ -97,8 +97,8 @@ def test_training_configs_are_valid_train_configs():
 
 
 def test_a_deployment_with_a_bad_training_setting_is_refused_before_anything_is_registered():
+    from common.errors import ConfigError
     from pipelines.deploy import check_entrypoints
-    from preprocessing.errors import ConfigError
 
     nightly = next(d for d in DEPLOYMENTS if d["name"] == "nightly-chest-codasca")
     check_entrypoints([nightly])

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 from federated.flare.centre.environments import FLARE_ENVS
 from federated.launch import LAUNCHERS, Flare, InProcess, Torchrun, launcher
-from preprocessing.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_the_command_line_offers_what_the_launchers_and_environments_define():
 def test_no_product_code_branches_on_where_it_runs(pattern):
     """Where a training runs is the launcher's (federated/launch.py) and the transport's (federated/transport.py)
     to say: product code neither tests a FLARE dict nor asks a backend what it is."""
-    found = subprocess.run(["git", "grep", "-nE", pattern, "--", "federated", "pipelines", "preprocessing", "models"],
+    found = subprocess.run(["git", "grep", "-nE", pattern, "--", "common", "federated", "pipelines", "preprocessing", "models"],
                            cwd=ROOT, capture_output=True, text=True).stdout
     assert not re.findall(r"\S+\.py:\d+:", found), found
 

@@ -16,7 +16,7 @@ import yaml
 from hostile_files import big_png
 from PIL import Image
 
-from preprocessing.lifetime import alive, descendants
+from common.lifetime import alive, descendants
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the guardian reads /proc (Linux)")
 

@@ -4,8 +4,8 @@ import math
 
 import pandas as pd
 
+from common.markdown import markdown_cell
 from pipelines.tables import markdown_table
-from preprocessing.markdown import markdown_cell
 from preprocessing.qc import render_markdown
 
 

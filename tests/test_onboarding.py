@@ -14,9 +14,9 @@ import pytest
 import yaml
 from conftest import write_generic_csv_site
 
+from common.errors import ConfigError
 from pipelines.onboarding import add_site, shards_root, site_template
 from pipelines.prefect_env import PROJECT_ROOT
-from preprocessing.errors import ConfigError
 from preprocessing.federation import load_federation
 from preprocessing.shard_format import is_finished
 from preprocessing.sites import SiteConfigError, load_site, validate_site

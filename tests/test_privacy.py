@@ -1,6 +1,7 @@
-"""Each hospital's privacy budget (federated/privacy/): the ledger composes as Opacus's accountant says, a site
-refuses a job over its budget or without DP before any step, the ledger is owner-only, per-sample clipping and
-noise are what the accountant assumes, and what DP does not cover is refused in one line."""
+"""Each hospital's privacy budget (federated/privacy/) and the differential privacy that spends it
+(federated/dp/): the ledger composes as Opacus's accountant says, a site refuses a job over its budget or without
+DP before any step, the ledger is owner-only, per-sample clipping and noise are what the accountant assumes, and
+what DP does not cover is refused in one line."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from torch import nn
 
 import federated
 from federated.algorithms.fedavg import FedAvg
+from federated.dp.refusals import dp_methods
+from federated.dp.sgd import clip_per_sample, noised_sum, per_sample_gradients, private_gradients
 from federated.privacy.budget import set_budget
 from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path, state_dir
-from federated.privacy.policy import PrivacyRefused, SiteBudget, dp_methods
-from federated.privacy.sgd import clip_per_sample, noised_sum, per_sample_gradients, private_gradients
+from federated.privacy.policy import PrivacyRefused, SiteBudget
 from federated.registry import get_algorithm
 from models.objectives import auc_margin_loss, auc_square_loss, masked_bce_with_logits
 
@@ -248,7 +250,7 @@ def test_evaluation_histograms_are_released_with_counted_noise_and_no_per_site_m
     assert [(e.what, e.noise_multiplier, e.sample_rate, e.steps) for e in entries] == [
         ("training", 1.0, 0.1, 6), ("evaluation", 2.0, 1.0, 2)]
     # The noise: N(0, (2 sqrt(C))^2) on every bin, floored at 0 (half of the bins stay 0, the rest half-normal).
-    from federated.privacy.site import SitePrivacy
+    from federated.dp.site import SitePrivacy
 
     release = SitePrivacy("s", 1.0, 1.0, 0.1, 1.0, 0, {}, 2.0, torch.Generator().manual_seed(0))
     report, hist = release.release_summary(np.zeros((4, 6)), np.zeros((4, 2, 20_000)))
@@ -308,8 +310,8 @@ def test_localsgdam_per_record_loss_is_the_auc_square_loss_term():
 def test_an_evaluation_jobs_noise_is_fresh_even_under_an_audits_fixed_seed(tmp_path, monkeypatch):
     """A fixed FEDAUC_DP_NOISE_SEED reproduces a training's noise; an evaluation job's would give two jobs'
     releases the same noise, whose difference is exact."""
-    from federated.privacy.evaluation import admit_evaluation
-    from federated.privacy.site import NOISE_SEED_ENV, site_seed
+    from federated.dp.evaluation import admit_evaluation
+    from federated.dp.site import NOISE_SEED_ENV, site_seed
 
     monkeypatch.setenv(NOISE_SEED_ENV, "7")
     seeds = [admit_evaluation("north", tmp_path / "north", ["v1"], 1.0).generator.initial_seed() for _ in range(2)]

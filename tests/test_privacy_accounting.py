@@ -1,4 +1,4 @@
-"""Every registered accountant keeps the contract (preprocessing/accounting.py) over every registered mechanism,
+"""Every registered accountant keeps the contract (common/accounting.py) over every registered mechanism,
 and the registry is what a site's budget and a training's DP settings choose from."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from common.accounting import ACCOUNTANTS, MECHANISMS
+from common.privacy_budget import PrivacyBudget
 from federated.privacy.policy import DPConfig
-from preprocessing.accounting import ACCOUNTANTS, MECHANISMS
-from preprocessing.privacy_budget import PrivacyBudget
 from preprocessing.sites import SiteConfigError, load_site
 
 DELTA = 1e-5
@@ -45,7 +45,7 @@ def test_the_registry_makes_the_configs_choices(name, tmp_path):
 
 def test_an_accountant_once_registered_is_a_choice_of_both_configs():
     """Opacus's GDP accountant, named only: the choice follows the registry, not a list beside it."""
-    from preprocessing.accounting import Accountant, register_accountant
+    from common.accounting import Accountant, register_accountant
 
     register_accountant(Accountant("gdp"))
     try:

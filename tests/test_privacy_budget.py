@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import federated
+from federated.dp.evaluation import admit_evaluation
 from federated.privacy.budget import declared_budget, set_budget
-from federated.privacy.evaluation import admit_evaluation
 from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import PrivacyRefused, SiteBudget
 

@@ -274,7 +274,7 @@ def test_no_subgroup_cell_below_the_threshold_reaches_the_centre(canary):
     figure (federated/subgroups.py)."""
     import sqlite3
 
-    from preprocessing.small_counts import ON_WIRE
+    from common.small_counts import ON_WIRE
 
     (result,) = (canary / "flare" / "fedauc-evaluate" / "server").rglob("result.json")
     cells = [(key, arrays) for site in json.loads(result.read_text())["sites"].values()

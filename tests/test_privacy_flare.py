@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import federated
+from federated.dp.site import NOISE_SEED_ENV
 from federated.flare.centre.job import train_flare
 from federated.privacy.ledger import Ledger
-from federated.privacy.site import NOISE_SEED_ENV
 from federated.sites import federation_config
 from preprocessing.federation import Federation
 
@@ -129,7 +129,7 @@ def _evaluate_meanwhile(shards, stop, done):
     """Evaluation jobs at every site, one after another, each holding its admission a moment before it releases."""
     import time
 
-    from federated.privacy.evaluation import admit_evaluation
+    from federated.dp.evaluation import admit_evaluation
 
     count = 0
     while not stop.is_set():

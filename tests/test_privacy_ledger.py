@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 import federated
+from federated.dp.evaluation import admit_evaluation
+from federated.dp.site import NOISE_SEED_ENV, SitePrivacy
 from federated.engine import Engine
-from federated.privacy.evaluation import admit_evaluation
 from federated.privacy.ledger import Entry, Ledger, epsilon, ledger_path
 from federated.privacy.policy import PrivacyRefused, SiteBudget
-from federated.privacy.site import NOISE_SEED_ENV, SitePrivacy
 
 SITE = {"kind": "synthetic", "n_train": 200, "n_test": 60, "shape": [6], "pos_rate": 0.3, "signal": 2.0}
 BUDGET = SiteBudget(epsilon=200, delta=1e-5)
@@ -186,7 +186,7 @@ def test_a_delta_of_at_least_one_over_the_records_is_refused(tmp_path, where):
 
 def test_which_algorithms_train_under_dp_is_declared_on_their_classes():
     from federated.algorithms.fedavg import FedAvg
-    from federated.privacy.policy import check_dp_job, dp_methods
+    from federated.dp.refusals import check_dp_job, dp_methods
 
     assert dp_methods() == {"fedavg": "DP-SGD", "fedprox": "DP-SGD", "scaffold": "DP-SGD", "localsgdm": "DP-SGD",
                             "codaplus": "DP-SGDA", "codasca": "DP-SGDA", "localsgdam": "DP-SGDA"}
@@ -200,9 +200,9 @@ def test_which_algorithms_train_under_dp_is_declared_on_their_classes():
 
 
 def test_a_site_composes_its_ledger_with_its_own_accountant_whatever_the_job_says(tmp_path):
-    """The accountant is an object the site's budget names (preprocessing/accounting.py): a job that asks for RDP
+    """The accountant is an object the site's budget names (common/accounting.py): a job that asks for RDP
     is charged at a PRV site as PRV composes it, evaluation jobs included (which name none)."""
-    from preprocessing.accounting import PRV, RDP, SubsampledGaussian
+    from common.accounting import PRV, RDP, SubsampledGaussian
 
     shard_dir = tmp_path / "shards" / "north"
     path = ledger_path(shard_dir)

@@ -212,5 +212,5 @@ def test_a_budgeted_sites_day_of_pacs_scoring_records_only_listed_fields(tmp_pat
     for field in fields:
         if status(field, listed) == "withheld":
             assert field.startswith("pacs.json:") and stored[field.removeprefix("pacs.json:")] == {}, field
-    # One image: under min_count, "<10" in what left and no metric (preprocessing.small_counts).
+    # One image: under min_count, "<10" in what left and no metric (common.small_counts).
     assert stored["refused"]["excluded_view"] == "<10" and "refused/excluded_view" not in run.data.metrics

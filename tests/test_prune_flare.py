@@ -25,6 +25,7 @@ from nvflare.fuel.sec.authz import AuthzContext, Person
 from nvflare.security.security import FLAuthorizer
 from typer.testing import CliRunner
 
+from common.lifetime import family, signal_all
 from federated.flare.centre.poc import ADMIN, admin_session, free_port
 from federated.flare.centre.provision import project, provision
 from federated.flare.lockdown import STORES, centre_policy
@@ -33,7 +34,6 @@ from federated.flare.server.start import prepare_server
 from pipelines import retention, tracking
 from pipelines.cli import app
 from preprocessing.federation import load_federation
-from preprocessing.lifetime import family, signal_all
 
 pytestmark = pytest.mark.slow
 DAY = 86_400

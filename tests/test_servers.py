@@ -6,8 +6,8 @@ import time
 import psutil
 import pytest
 
+from common.errors import ConfigError, FedaucError
 from pipelines.servers import ui_commands, wait_for
-from preprocessing.errors import ConfigError, FedaucError
 
 
 def test_wait_for_names_a_server_that_exits():

@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 import preprocessing.shards as shards
+from common.errors import DataError
 from federated.data import load_shard
 from preprocessing import shard_format
-from preprocessing.errors import DataError
 from preprocessing.quarantine import empty_quarantine
 from preprocessing.records import CHEST_XRAY_DISEASES, RECORD_COLUMNS
 from preprocessing.tiles import TransformSettings

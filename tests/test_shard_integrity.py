@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import federated
+from common.errors import DataError
 from federated.data import load_shard
 from federated.flare.centre.job import FlareJobFailed, train_flare
 from federated.sites import federation_config
-from preprocessing.errors import DataError
 from preprocessing.federation import load_federation
 from preprocessing.shard_integrity import check_shard_files
 

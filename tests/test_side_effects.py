@@ -18,7 +18,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("preprocessing", "models", "federated", "pipelines", "benchmarks", "docs")
+SCANNED = ("common", "preprocessing", "models", "federated", "pipelines", "benchmarks", "docs")
 
 # Where a command starts: CLI commands; the flows, and the tasks that are the entry of a process of their own
 # (the demo's process pool); ``python -m`` and script mains.

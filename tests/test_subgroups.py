@@ -8,6 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 from test_privacy_releases import allow_list, status, unlisted
 
+from common.small_counts import ON_WIRE
 from federated.data import load_shard
 from federated.evaluation import combine_sites
 from federated.launch import InProcess
@@ -16,7 +17,6 @@ from federated.predict import predict_scores
 from federated.scoring import ModelToScore
 from federated.subgroups import CELL, split_groups
 from preprocessing.federation import load_federation
-from preprocessing.small_counts import ON_WIRE
 
 SHAPE = (3, 32, 32)
 BINS = 1000

@@ -73,7 +73,7 @@ class Site:
     # What the training steps call: torch.compile's wrapper of ``model`` (same parameters and state_dict) when
     # the config compiles the network; None: the network itself.
     forward: nn.Module | None = None
-    # Under DP (federated/privacy/site.py SitePrivacy): what privatizes this site's gradients; None without DP.
+    # Under DP (federated/dp/site.py SitePrivacy): what privatizes this site's gradients; None without DP.
     privacy: Any = None
 
     def parameter_names(self) -> list[str]:
@@ -115,7 +115,7 @@ class Algorithm:
     # command line pools the sites before an in-process training; a backend that keeps data at the hospitals
     # (NVIDIA FLARE) refuses it, since pooling moves patient data.
     pools_sites: ClassVar[bool] = False
-    # Differential privacy (federated/privacy, docs/privacy.md section 4): the method that privatizes the local step
+    # Differential privacy (federated/dp, docs/privacy.md section 4): the method that privatizes the local step
     # ("DP-SGD", "DP-SGDA"), which counts only where declared on the class itself (a subclass that changes the step
     # declares its own, it inherits none), else why DP refuses it; and the local steps it takes beyond rounds x I,
     # each a release the ledger counts.
@@ -185,7 +185,7 @@ class Algorithm:
                       extras: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(loss, gradients of the network's parameters, then of ``extras``) of one local step: what an update
         reads. Under DP (``site.privacy``, which the engine sets) the site's privatized ones, from its own Poisson
-        batch: per-record gradients of ``sample_loss``, clipped jointly and noised (federated/privacy/sgd.py);
+        batch: per-record gradients of ``sample_loss``, clipped jointly and noised (federated/dp/sgd.py);
         ``batch_loss`` is not called. Else the autograd of ``batch_loss()``."""
         if site.privacy is not None:
             return site.privacy.gradients(site, batch, lambda z, y, m, ex: self.sample_loss(site, z, y, m, ex),

@@ -27,7 +27,7 @@ class FedAvgParams(BaseModel):
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
-    dp_method = "DP-SGD"  # per-record BCE, clipped and noised (federated/privacy/sgd.py)
+    dp_method = "DP-SGD"  # per-record BCE, clipped and noised (federated/dp/sgd.py)
     Params = FedAvgParams
 
     def loss(self, site: Site, batch: Batch) -> torch.Tensor:

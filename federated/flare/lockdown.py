@@ -25,7 +25,7 @@ import os
 import stat
 from pathlib import Path
 
-from preprocessing.errors import ConfigError
+from common.errors import ConfigError
 
 # What the project admin may do (NVFlare's command names; "abort" is how abort_job reaches a site's job).
 ADMIN_RIGHTS = ("submit_job", "list_jobs", "get_job_meta", "abort_job", "abort", "download_job", "check_status",

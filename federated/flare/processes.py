@@ -1,5 +1,5 @@
 """A participant's NVFlare process, whichever role starts it: a kit's own start command and the environment it
-runs in. A process with everything it started is found and signalled as one by ``preprocessing.lifetime``
+runs in. A process with everything it started is found and signalled as one by ``common.lifetime``
 (NVFlare starts a job's processes in sessions of their own, so a process group does not hold them)."""
 
 from __future__ import annotations

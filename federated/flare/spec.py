@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from common.errors import ConfigError, DataError
+from common.formats import check as check_format
 from federated.config import ShardSite, TrainConfig
 from federated.scoring import ModelToScore
 from federated.sites import check_shard
 from federated.version import code_version
-from preprocessing.errors import ConfigError, DataError
-from preprocessing.formats import check as check_format
 from preprocessing.sharing import SharingPolicy
 
 # Written by `fedauc consortium start-site` into the site's startup kit (local/): the site's own shard folder.
@@ -35,7 +35,7 @@ class EvaluationRequest(BaseModel):
     models: list[ModelToScore] = Field(min_length=1)
     bins: int = Field(gt=0)  # TrainConfig.eval_bins
     min_count: int = Field(gt=0)  # TrainConfig.eval_min_count
-    # S_e: each site releases noised histograms only, charged to its ledger (federated/privacy/evaluation.py);
+    # S_e: each site releases noised histograms only, charged to its ledger (federated/dp/evaluation.py);
     # None: exact summaries, which a site with a privacy budget refuses.
     eval_noise_multiplier: float | None = Field(default=None, gt=0)
 

@@ -27,6 +27,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common.errors import DataError
+from common.formats import check as check_format
+from common.formats import stamp
 from federated.privacy.ledger import (
     LEDGER_SUFFIX,
     Ledger,
@@ -37,9 +40,6 @@ from federated.privacy.ledger import (
     write_private,
 )
 from federated.privacy.policy import PrivacyRefused
-from preprocessing.errors import DataError
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
 
 BINDING_SUFFIX = ".privacy-binding.json"
 ID_CHARS = 16

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.accounting import ACCOUNTANTS
 from federated.privacy.binding import Binding, write_binding
 from federated.privacy.ledger import BudgetEvent, Ledger, ledger_path, locked, show_budget
 from federated.privacy.policy import PrivacyRefused, SiteBudget
-from preprocessing.accounting import ACCOUNTANTS
 from preprocessing.shard_format import SHARD_FILE
 
 

@@ -13,7 +13,7 @@ Each entry is one Gaussian mechanism applied ``steps`` times at sampling rate ``
 multiplier ``noise_multiplier`` (a DP-SGD training: rounds x local steps at q = batch / records; noised
 evaluations: one step at q = 1 per evaluation round or per model an evaluation job scores). What the site has
 spent is the composition of all entries by the site's accountant (its budget's: RDP, Mironov 2017, or PRV, Gopi et
-al. 2021; preprocessing/accounting.py) at the budget's delta: not the sum of the entries' epsilons, which would
+al. 2021; common/accounting.py) at the budget's delta: not the sum of the entries' epsilons, which would
 overstate it.
 """
 
@@ -29,10 +29,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
+from common.formats import check as check_format
+from common.formats import stamp
+from common.notice import notice
 from federated.privacy.policy import PrivacyRefused, SiteBudget
-from preprocessing.accounting import ACCOUNTANTS, RDP, Accountant, SubsampledGaussian
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
 from preprocessing.shard_format import BINDING_FIELD, SHARD_FILE
 
 LEDGER_SUFFIX = ".privacy-ledger.json"
@@ -79,7 +80,7 @@ def write_private(path: Path, body: dict) -> None:
 
 @dataclass
 class Entry:
-    job: str  # the training's job key (federated/privacy/site.py), or what an evaluation job scored
+    job: str  # the training's job key (federated/dp/site.py), or what an evaluation job scored
     what: str  # "training" or "evaluation"
     noise_multiplier: float
     sample_rate: float
@@ -216,8 +217,6 @@ def site_ledger(site: str, path: Path | None, ledgers: dict[Path, Ledger], decla
     for budget in sources.values():
         effective = lower(effective, budget)
     if ledger.budget is not None and any(b is not None and b != effective for b in sources.values()):
-        from preprocessing.locks import notice
-
         notice(f"site {site!r}: privacy budgets differ ({', '.join(f'{k} {show_budget(_dump(b))}' for k, b in sources.items())}"
                f"); the stricter, {show_budget(_dump(effective))}, applies")
     return ledger, effective

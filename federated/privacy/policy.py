@@ -1,5 +1,6 @@
-"""What a training's differential privacy is (``DPConfig``), what a hospital allows (``SiteBudget``) and what
-is refused under DP, each in one line (docs/privacy.md).
+"""What a training's differential privacy is (``DPConfig``), what a hospital allows (``SiteBudget``) and how a
+site refuses (``PrivacyRefused``, in one line; docs/privacy.md). What DP refuses of a job, which asks the
+algorithms, is ``federated.dp.refusals``, above them.
 
 The unit of privacy is one record of a site's training split (one image with its labels; splits are by patient,
 so a patient's images are in one split). The guarantee is (epsilon, delta) record-level DP of everything the
@@ -10,26 +11,13 @@ al., "Differentially Private SGDA for Minimax Problems", UAI 2022), composed by 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from preprocessing.accounting import AccountantName
-from preprocessing.errors import ConfigError
-from preprocessing.privacy_budget import PrivacyBudget
-
-if TYPE_CHECKING:  # the settings (federated/settings.py) import this module without torch
-    from torch import nn
-
-
-def dp_methods() -> dict[str, str]:
-    """The algorithms DP may train and how (``Algorithm.dp_method``, declared on each class): those whose local step
-    is a sum of per-sample terms once the global state is fixed, privatized by per-sample clipping and Gaussian
-    noise (federated/privacy/sgd.py). DP-SGD for the cross-entropy family; DP-SGDA for the AUC-margin family,
-    where (w, a, b) and alpha are one clipped vector per sample."""
-    from federated.registry import algorithm_names, get_algorithm
-
-    return {name: get_algorithm(name).dp() for name in algorithm_names() if get_algorithm(name).dp()}
+from common.accounting import AccountantName
+from common.errors import ConfigError
+from common.privacy_budget import PrivacyBudget
 
 
 class PrivacyRefused(ConfigError):
@@ -58,7 +46,7 @@ class DPConfig(BaseModel):
     max_grad_norm: float = Field(default=1.0, gt=0)  # C: the L2 bound of one record's gradient
     # delta where a site has no budget (a site with one uses its own)
     delta: float = Field(default=1e-5, gt=0, lt=1)
-    # at sites without a budget (a site with one composes with its own, preprocessing/accounting.py)
+    # at sites without a budget (a site with one composes with its own, common/accounting.py)
     accountant: AccountantName = "rdp"
     # The class prior p of the AUC losses comes from every site's label counts (per disease: positives, known
     # labels; records), which leave before the training as without DP: a DP job declares them public (published
@@ -75,35 +63,3 @@ class DPConfig(BaseModel):
             raise ValueError("DP needs exactly one of noise_multiplier (--noise-multiplier) and target_epsilon "
                              "(--target-epsilon)")
         return self
-
-
-def check_dp_job(algorithm: str, dp: DPConfig | dict | None, guarantee_positives: bool) -> None:
-    """Refuse, in one line, a DP job (``dp``: its settings, None or {} without DP) that the DP analysis does not
-    cover."""
-    if not dp:
-        return
-    from federated.registry import get_algorithm
-
-    cls = get_algorithm(algorithm)
-    if cls.dp() is None:
-        raise PrivacyRefused(f"algorithm {algorithm!r} is refused under DP: {cls.dp_refusal}; under DP use one of "
-                             f"{', '.join(sorted(dp_methods()))}")
-    if guarantee_positives:
-        raise PrivacyRefused("guarantee_positives is refused under DP: it puts chosen positives in every batch, "
-                             "and the accountant assumes Poisson sampling (each record in a batch with probability q)")
-
-
-def batch_norm_layers(model: nn.Module) -> list[str]:
-    from torch import nn
-
-    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-def check_network(network: str, model: nn.Module) -> None:
-    """BatchNorm mixes the records of a batch (and its running statistics are released unclipped): refused."""
-    layers = batch_norm_layers(model)
-    if layers:
-        raise PrivacyRefused(f"network {network!r} is refused under DP: its BatchNorm layers ({layers[0]}, ... "
-                             f"{len(layers)} in all) mix the records of a batch, so per-sample clipping bounds no "
-                             "one record's influence; use a GroupNorm network (--network small_resnet_gn or "
-                             "densenet121_gn) or --network linear")

@@ -9,8 +9,8 @@ import os
 import typer
 from typer.core import TyperGroup
 
+from common.errors import FedaucError
 from pipelines.store_uri import tracking_uri
-from preprocessing.errors import FedaucError
 
 
 class _UserErrorsAsMessages(TyperGroup):

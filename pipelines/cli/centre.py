@@ -27,9 +27,9 @@ def centre_backup(
     provisioning folder (tar, modes kept) and the settings into DEST, with a manifest of their checksums."""
     from pathlib import Path
 
+    from common.errors import FedaucError
     from pipelines.centre_backup import backup
     from pipelines.tracking import default_tracking_uri
-    from preprocessing.errors import FedaucError
 
     try:
         manifest = backup(dest, mlflow_uri or default_tracking_uri(), Path(artifacts) if artifacts else None, prefect_db,
@@ -47,8 +47,8 @@ def centre_restore(
 ) -> None:
     """Check every part against the manifest and unpack them onto an empty folder; say how to point the
     servers at it."""
+    from common.errors import FedaucError
     from pipelines.centre_backup import restore
-    from preprocessing.errors import FedaucError
 
     try:
         where = restore(source, to)

@@ -22,8 +22,8 @@ def consortium_provision(
     what to send to whom."""
     from pathlib import Path
 
+    from common.errors import FedaucError
     from federated.flare.centre.provision import project, provision
-    from preprocessing.errors import FedaucError
     from preprocessing.federation import load_federation
 
     try:
@@ -45,9 +45,9 @@ def consortium_renew(
 
     import yaml
 
+    from common.errors import FedaucError
     from federated.flare.centre.certificates import kit_expiries
     from federated.flare.centre.provision import renew
-    from preprocessing.errors import FedaucError
 
     try:
         kits = renew(out, dt.timedelta(days=root_valid_days))
@@ -67,9 +67,9 @@ def consortium_start_server(
 ) -> None:
     """Check the server's kit (its private key its owner's alone), keep its job store in its own workspace,
     then run the consortium's NVFlare server in the foreground until it stops."""
+    from common.errors import FedaucError
     from federated.flare.lockdown import STORES
     from federated.flare.server.start import prepare_server, run_server
-    from preprocessing.errors import FedaucError
 
     try:
         root = prepare_server(kit)
@@ -87,10 +87,10 @@ def consortium_start_site(
 ) -> None:
     """Check the kit, its certificate, the server and the shards, then run this hospital's NVFlare client
     in the foreground until it stops. The client and its jobs end with this command, however it ends."""
+    from common.errors import FedaucError
     from federated.flare.centre.certificates import expiry_warnings
     from federated.flare.site.start import check_certificate, prepare_site, run_site
     from pipelines.lifeline import guard_children
-    from preprocessing.errors import FedaucError
 
     guard_children()  # after a kill -9 of this process, its guardian ends what the client started too
 
@@ -140,8 +140,8 @@ def consortium_stop_server(
     """Stop the consortium's server (no question asked) and wait until it no longer answers. Refused while a
     hospital's client still heartbeats (the command names them); one silent for 25 s (stopped without
     logging out) is dropped from the server's list first."""
+    from common.errors import FedaucError
     from federated.flare.centre.operate import SILENT_S, stop_server
-    from preprocessing.errors import FedaucError
 
     try:
         dropped = stop_server(kit, timeout)

@@ -58,9 +58,9 @@ def card_command(
     performance pooled, per site and per subgroup with intervals, operating points, limitations, provenance."""
     from pathlib import Path
 
+    from common.errors import ConfigError, FedaucError
     from pipelines import model_card, tracking
     from pipelines.cli.application import fail
-    from preprocessing.errors import ConfigError, FedaucError
 
     tracking.configure()
     try:

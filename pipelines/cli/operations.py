@@ -71,8 +71,8 @@ def deploy(
     from pipelines.prefect_env import configure_prefect_env
 
     configure_prefect_env()
+    from common.errors import FedaucError
     from pipelines.deploy import deploy as deploy_all
-    from preprocessing.errors import FedaucError
 
     quiet_prefect_user_errors()
     try:

@@ -31,8 +31,8 @@ def prune_command(
     and privacy records are kept."""
     from pathlib import Path
 
+    from common.errors import FedaucError
     from pipelines.prefect_env import configure_prefect_env
-    from preprocessing.errors import FedaucError
 
     configure_prefect_env()
     from pipelines import retention, tracking

@@ -12,8 +12,8 @@ federation_app = typer.Typer(help="The hospitals that train together.", no_args_
 @sites_app.command("validate")
 def sites_validate(site_yaml: str = typer.Argument(..., help="The site's YAML, e.g. sites/x.yaml.")) -> None:
     """Check SITE_YAML and its data root; print every problem (exit code 1 when there is one)."""
+    from common.errors import ConfigError
     from pipelines.hospital.sink_registry import check_sinks
-    from preprocessing.errors import ConfigError
     from preprocessing.sites import load_site, validate_site
 
     problems = validate_site(site_yaml)

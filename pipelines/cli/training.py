@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from common.errors import ConfigError
 from federated.flare.centre.environments import FLARE_ENVS
 from federated.settings import DEFAULT_LAUNCHER, LAUNCHER_KINDS, RULES
 from pipelines.cli.application import flows
-from preprocessing.errors import ConfigError
 
 if TYPE_CHECKING:
     from federated.launch import Launcher

@@ -30,7 +30,7 @@ from dicomweb_client import DICOMwebClient
 from pydicom.errors import InvalidDicomError
 from urllib3.exceptions import NameResolutionError
 
-from preprocessing.errors import FedaucError
+from common.errors import FedaucError
 
 ATTEMPTS = 3
 PAGE = 500  # QIDO-RS results per request

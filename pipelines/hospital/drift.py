@@ -10,7 +10,7 @@ however often the job runs (every 15 minutes: a record per run would be 35,000 r
 differences of a day's running totals would give away each run's small counts). A closed day stays in the
 file until the centre has its record (``DayTallies.sent``), and ``record`` skips a day the centre already
 has: a centre that cannot be reached loses no day, and a run that stops between the two sends none twice. What leaves is under the site's ``sharing:``
-policy: a count below ``min_count`` leaves as ``"<min_count"`` (``preprocessing.small_counts``, the one rule:
+policy: a count below ``min_count`` leaves as ``"<min_count"`` (``common.small_counts``, the one rule:
 the centre sees that a bin was small, never how small, and counts it as 0); with fewer than ``min_count`` images scored, or a reference of fewer than ``BINS`` x
 ``min_count`` images, no histogram leaves at all. At a site with a ``privacy:`` budget no edge or histogram
 leaves (``withheld``): the edges are exact quantiles of its validation scores and the reference exact counts
@@ -44,6 +44,7 @@ import mlflow
 import numpy as np
 from mlflow import MlflowClient
 
+from common.small_counts import at_least, is_suppressed, released
 from federated.flare.lockdown import write_owner_only
 from federated.schema import (
     DRIFT_WARNING_TAG,
@@ -53,7 +54,6 @@ from federated.schema import (
     drift_figure_name,
 )
 from preprocessing.sites import SharingPolicy
-from preprocessing.small_counts import at_least, is_suppressed, released
 
 BINS = 5
 EPSILON = 1e-4

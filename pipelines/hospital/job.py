@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import ConfigError, FedaucError
 from federated.data import load_shard
 from federated.predict import predict_scores
 from pipelines.hospital import drift, pacs
@@ -31,7 +32,6 @@ from pipelines.hospital.sink_registry import build_sinks
 from pipelines.model_package import loading
 from pipelines.model_package.predict import Scorer
 from pipelines.model_package.thresholds import hospital_file
-from preprocessing.errors import ConfigError, FedaucError
 from preprocessing.sites import load_site
 
 

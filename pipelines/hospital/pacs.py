@@ -39,12 +39,12 @@ from pathlib import Path
 
 import pydicom
 
+from common.errors import ConfigError
 from pipelines.hospital import pacs_state
 from pipelines.hospital.dicomweb import Pacs, StudyNotRetrieved
 from pipelines.hospital.result import StudyResult
 from pipelines.hospital.sinks import DicomSrSink, ResultSink
 from pipelines.model_package.predict import SCORED, Item, Scorer, decisions, score_items, view_name
-from preprocessing.errors import ConfigError
 from preprocessing.sites import PacsSettings
 
 URL_ENV, USER_ENV, PASSWORD_ENV = "FEDAUC_PACS_URL", "FEDAUC_PACS_USERNAME", "FEDAUC_PACS_PASSWORD"

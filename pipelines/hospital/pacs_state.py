@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
+from common.formats import check as check_format
+from common.formats import stamp
 
 # Backoff of a study that cannot be retrieved: the next try after 15 minutes, then 30, 60 ... at most a day.
 BACKOFF_FIRST = dt.timedelta(minutes=15)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
+from common.errors import ConfigError, problem_message
 from pipelines.hospital.dicomweb import Pacs
 from pipelines.hospital.outbox import JsonOutbox
 from pipelines.hospital.sinks import DicomSrSink, ResultSink
-from preprocessing.errors import ConfigError, problem_message
 
 _SINKS: dict[str, type[ResultSink]] = {}
 COMMIT_MARK = DicomSrSink.name

@@ -18,6 +18,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
 
+from common.errors import ConfigError, DataError
 from federated.data import load_shard
 from federated.predict import predict_scores
 from models.metrics.histograms import score_histograms
@@ -36,7 +37,6 @@ from pipelines.model_package.predict import (
     probability_column,
     score_items,
 )
-from preprocessing.errors import ConfigError, DataError
 from preprocessing.sites import SiteConfig, load_site
 
 

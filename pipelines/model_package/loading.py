@@ -11,11 +11,11 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
+from common.errors import ConfigError
 from federated.schema import CHAMPION_ALIAS, registered_model_name
 from pipelines.model_package import thresholds as op
 from pipelines.model_package.flavor import load_scorer
 from pipelines.model_package.predict import Scorer
-from preprocessing.errors import ConfigError
 
 
 def resolve_model(uri: str | None, task: str | None) -> tuple[str, str, str]:

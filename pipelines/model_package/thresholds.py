@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from common.formats import check as check_format
+from common.formats import stamp
 from federated.config import TrainConfig
-from preprocessing.formats import check as check_format
-from preprocessing.formats import stamp
 
 # The bins of a hospital's own histograms: those of the federated evaluation (TrainConfig.eval_bins).
 HISTOGRAM_BINS = TrainConfig.model_fields["eval_bins"].default

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 from preprocessing.quarantine import Reason, empty_quarantine, quarantine_rows
 from preprocessing.records import RECORD_COLUMNS, VIEWS, label_columns
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.errors import ConfigError
 from federated.registry import get_algorithm
-from preprocessing.errors import ConfigError
 
 FLARE_ENVS = ("sim", "poc", "prod")
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.errors import DataError
 from federated.flare.centre.environments import check_flare_env
 from federated.flare.centre.job import result_folder, submit_in_env
 from federated.flare.protocol import RESULT_FILE, WEIGHTS_FILE
 from federated.flare.spec import EvaluationRequest, FlareJob
 from federated.scoring import ModelToScore, Scores
-from preprocessing.errors import DataError
 from preprocessing.federation import Federation
 
 _JOB_TIMEOUT_S = 3600.0

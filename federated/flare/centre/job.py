@@ -29,6 +29,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from common.errors import FedaucError
 from federated import ood
 from federated.config import ShardSite, TrainConfig
 from federated.engine import RoundCallback, TrainResult
@@ -49,7 +50,6 @@ from federated.flare.spec import FlareJob
 from federated.health import as_diverged, warn_outliers
 from federated.sites import check_site_reports, site_names
 from federated.version import code_version
-from preprocessing.errors import FedaucError
 from preprocessing.federation import Federation
 
 T = TypeVar("T")

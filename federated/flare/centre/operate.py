@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.errors import ConfigError
 from federated.flare.centre.feed import describe_slowest, parse
 from federated.flare.centre.session import quiet_session
 from federated.flare.protocol import LIVE_FILE, SITES_FILE
-from preprocessing.errors import ConfigError
 
 _JOINED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*New client (\S+?)@\S* joined")
 

@@ -18,14 +18,14 @@ import subprocess
 import time
 from pathlib import Path
 
+from common.errors import ConfigError
+from common.lifetime import family, signal_all
 from federated.flare.centre.provision import Kits, project, provision
 from federated.flare.centre.session import quiet_session
 from federated.flare.processes import start_command, start_env
 from federated.flare.server.start import prepare_server
 from federated.flare.site.start import check_server_reachable, client_command, prepare_site
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
-from preprocessing.lifetime import family, signal_all
 
 ADMIN = "admin@fedauc.org"
 

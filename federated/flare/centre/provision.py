@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from common.errors import ConfigError
 from federated.flare.centre.certificates import (
     ROOT_KEYS,
     ROOT_VALID,
@@ -30,7 +31,6 @@ from federated.flare.centre.certificates import (
 )
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import centre_policy, make_owner_only, server_stores, write_owner_only
-from preprocessing.errors import ConfigError
 from preprocessing.federation import Federation
 
 DEFAULT_PORT = 8002

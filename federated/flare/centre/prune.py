@@ -27,7 +27,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocessing.errors import ConfigError
+from common.errors import ConfigError
 
 FINISHED = "FINISHED"  # NVIDIA FLARE's RunStatus values of an ended job all start so ("FINISHED:COMPLETED", ...)
 # What NVIDIA FLARE's simulator makes in a job's workspace (startup/ and local/ for the run, server/ its server's).

@@ -12,11 +12,11 @@ import json
 import subprocess
 from pathlib import Path
 
+from common.errors import ConfigError
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import centre_policy, check_private_key, server_stores, write_owner_only
 from federated.flare.processes import start_command, start_env
 from federated.flare.server.departures import COMPONENT as RECORD_DEPARTURES
-from preprocessing.errors import ConfigError
 
 
 def prepare_server(kit: str | Path) -> Path:

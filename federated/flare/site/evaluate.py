@@ -5,7 +5,7 @@ The site-local evaluation training uses (``EvaluationRelease.scored``: ``federat
 a training's evaluation exchanges: per model and split its fixed-size report (metrics with small counts
 suppressed here) and score histograms, plus the shard hash (which data was scored). With the job's
 evaluation noise multiplier the site releases noised histograms only and what the job spent of its budget
-(federated/privacy/evaluation.py); without one, a site with a budget refuses the job before reading its
+(federated/dp/evaluation.py); without one, a site with a budget refuses the job before reading its
 shards. Nothing is read from the site's disk but its own shards and ledger; no model is read from its disk.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from federated.dp.evaluation import admit_evaluation
 from federated.flare.spec import FlareJob
-from federated.privacy.evaluation import admit_evaluation
 
 
 def score_here(spec: FlareJob, name: str, shard_dir: Path, weights: list[dict[str, torch.Tensor]]) -> dict:

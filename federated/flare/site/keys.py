@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import NameOID
 
+from common.errors import ConfigError
 from federated.secure_aggregation import PUBLIC_KEY_BYTES, SecureAggregationError
-from preprocessing.errors import ConfigError
 
 KIT_FILES = ("client.key", "client.crt", "rootCA.pem")
 # In the site's own log (its kit's workspace): what a hospital's reviewer reads to see that keys were checked.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.errors import DataError
 from federated.checkpoint import LATEST, committed_rounds, point_latest
 from federated.flare.protocol import RESUME_SEQ, Collective
 from federated.flare.site.backend import CollectiveCall
 from federated.flare.spec import FlareJob
-from preprocessing.errors import DataError
 
 CHECKPOINTS = "fedauc_checkpoints"
 

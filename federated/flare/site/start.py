@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from common.errors import ConfigError
+from common.formats import stamp
 from federated.flare.installed import allow_components
 from federated.flare.lockdown import check_private_key, install_site_policy, write_owner_only
 from federated.flare.processes import start_command, start_env
@@ -25,8 +27,6 @@ from federated.flare.site.leave import COMPONENT as LEAVE_ON_STOP
 from federated.flare.site.supervise import claim, claimed_by, run_until_stopped
 from federated.flare.spec import SITE_FILE
 from federated.sites import check_shard
-from preprocessing.errors import ConfigError
-from preprocessing.formats import stamp
 from preprocessing.shard_format import read_shard_info
 from preprocessing.shard_integrity import check_shard_files
 from preprocessing.sites import load_site

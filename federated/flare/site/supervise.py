@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from preprocessing.lifetime import family, parent_death_preexec, signal_all, start_time, terminate, wait_ended
+from common.lifetime import family, parent_death_preexec, signal_all, start_time, terminate, wait_ended
 
 
 def stop_family(pid: int, grace_s: float = 15.0) -> list[psutil.Process]:

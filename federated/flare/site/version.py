@@ -8,8 +8,8 @@ and every hospital run the same algorithm code, and a hospital upgrades when it 
 
 from __future__ import annotations
 
+from common.errors import ConfigError
 from federated.version import code_version
-from preprocessing.errors import ConfigError
 
 
 class ForeignCodeVersion(ConfigError):

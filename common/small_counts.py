@@ -9,7 +9,7 @@ The evaluation exchange is a fixed-size float array (one row per disease, gather
 carry a string: there the same rule marks the cell ``ON_WIRE`` (``to_wire``), and ``from_wire`` turns it into
 ``"<N"`` before anything is recorded.
 
-In preprocessing, the lowest layer, because the QC summary is written there; it imports numpy only.
+It imports numpy only.
 """
 
 from __future__ import annotations

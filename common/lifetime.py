@@ -13,8 +13,7 @@ start time, and a process with everything it started ends as one.
   The guardian of a fedauc command (``pipelines.lifeline``), a site's supervisor, the centre's local
   consortium (``federated.flare.centre.poc``).
 
-In preprocessing, the lowest layer, because its decode workers use it; it imports the standard library and
-psutil only, so that a guardian process starts fast.
+It imports the standard library and psutil only, so that a guardian process starts fast.
 """
 
 from __future__ import annotations

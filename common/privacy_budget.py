@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocessing.accounting import AccountantName
+from common.accounting import AccountantName
 
 
 class PrivacyBudget(BaseModel):
@@ -16,6 +16,6 @@ class PrivacyBudget(BaseModel):
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
-    # How the site composes its releases into its spend (preprocessing/accounting.py): the site's choice, not
+    # How the site composes its releases into its spend (common/accounting.py): the site's choice, not
     # a job's. RDP (Mironov 2017) or PRV (Gopi et al. 2021), both Opacus's.
     accountant: AccountantName = "rdp"

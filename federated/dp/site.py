@@ -31,10 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from common.accounting import ACCOUNTANTS
 from federated.algorithms.base import Site
 from federated.checkpoint import latest_round_dir
 from federated.config import TrainConfig
 from federated.data import Batch, SiteData
+from federated.dp.refusals import check_dp_job, check_network
+from federated.dp.sgd import PoissonLoader, SampleLoss, private_gradients
 from federated.health import TrainingDiverged, lower_lr_fix
 from federated.network import build_model
 from federated.privacy.ledger import (
@@ -47,10 +50,8 @@ from federated.privacy.ledger import (
     locked,
     site_ledger,
 )
-from federated.privacy.policy import PrivacyRefused, SiteBudget, check_dp_job, check_network
-from federated.privacy.sgd import PoissonLoader, SampleLoss, private_gradients
+from federated.privacy.policy import PrivacyRefused, SiteBudget
 from federated.registry import get_algorithm
-from preprocessing.accounting import ACCOUNTANTS
 
 NOISE_SEED_ENV = "FEDAUC_DP_NOISE_SEED"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from preprocessing.errors import DataError
+from common.errors import DataError
 
 FIELD = "format"
 

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from federated.data import load_shard
+from federated.dp.site import noised_summary, site_seed
 from federated.evaluation import SPLITS
 from federated.privacy.binding import guarded_ledger
 from federated.privacy.budget import declared_budget
 from federated.privacy.ledger import Entry, admit, epsilon, locked, site_ledger
 from federated.privacy.policy import DPConfig, SiteBudget, refuse_release
-from federated.privacy.site import noised_summary, site_seed
 from federated.scoring import ModelToScore, score_site
 from federated.subgroups import CELL, split_groups
 from preprocessing.shard_format import shard_content_hash
