@@ -60,14 +60,14 @@ def settings(job: dict) -> dict:
                 secure_aggregation=job["secure"], secure_neighbours="secagg+", device="cpu", timeout_s=600)
 
 
-def mlflow_seconds(history: list[dict], sites: list[str], store: Path) -> float:
-    """Median seconds of logging one round's record to MLflow (parent and K child runs)."""
+def mlflow_seconds(history: list[dict], sites: list[str]) -> float:
+    """Median seconds of logging one round's record to MLflow (parent and K child runs), in the store the
+    process's entry configured."""
     from mlflow import MlflowClient
 
     from pipelines import tracking
     from pipelines.runs import RoundLogger, training_runs
 
-    tracking.configure(store)
     seconds = []
     with training_runs(tracking.experiment_id("melanoma"), "scale", "scale", sites) as (parent, child_ids):
         logger = RoundLogger(MlflowClient(), parent.info.run_id, child_ids)
@@ -145,7 +145,7 @@ def run_inprocess(job: dict, federation: Path) -> dict:
     if job["secure"]:
         out.update(mask_costs(len(config.sites), sum(math.prod(s) for s, _ in engine.mean_layout.values())))
     engine.close()
-    out["mlflow_s"] = mlflow_seconds(history, [s.name for s in fed.sites], Path(job["store"]))
+    out["mlflow_s"] = mlflow_seconds(history, [s.name for s in fed.sites])
     return out
 
 
@@ -157,7 +157,7 @@ def one(job: dict) -> None:
     federation = Path(job["federation"])
     if job["mode"] == "flare":
         result, history, sites = run_flare(settings(job), federation)
-        result["mlflow_s"] = mlflow_seconds(history, sites, Path(job["store"]))
+        result["mlflow_s"] = mlflow_seconds(history, sites)
     else:
         result = run_inprocess(job, federation)
     print("RESULT " + json.dumps(result), flush=True)
@@ -263,7 +263,11 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        return one(json.loads(args.one))
+        from pipelines import tracking
+
+        job = json.loads(args.one)
+        tracking.configure(Path(job["store"]))  # the child's one store, set at its entry
+        return one(job)
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp) / "data"
         data.mkdir(parents=True, exist_ok=True)

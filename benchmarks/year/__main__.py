@@ -44,10 +44,6 @@ from pathlib import Path
 
 import numpy as np
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-
 SITES = ["hanoi", "vienna", "nih", "stanford", "san-juan", "barcelona", "new-york", "graz"]
 DAYS_AT = {1: 30, 3: 91, 6: 182, 12: 365}
 DISK_GB, LATENCY_S, LINEAR_SLACK = 100, 2.0, 1.25
@@ -143,15 +139,20 @@ def stores(work: Path, backend: str, port: int | None) -> dict:
             "prefect_bytes": lambda: year_postgres.database_bytes(port, "prefect")}
 
 
-@contextlib.contextmanager
-def prefect_served(work: Path, where: dict):
-    """A Prefect server on the backend's Prefect database, this process pointed at it; yields its URL."""
-    from pipelines.servers import free_port, server_env, start_server, stop_server
+def recording_env(work: Path, where: dict, prefect_url: str) -> dict[str, str]:
+    """What this process records under: the backend's MLflow store and the Prefect server at ``prefect_url`` on
+    the backend's Prefect database (``main`` sets it: fedauc's recording code reads MLflow's store, and Prefect's
+    client its server, from the environment)."""
+    return {"MLFLOW_TRACKING_URI": where["mlflow"], "PREFECT_API_URL": f"{prefect_url}/api",
+            "PREFECT_HOME": str(work / ".prefect"), "PREFECT_API_DATABASE_CONNECTION_URL": where["prefect"]}
 
-    prefect_port = free_port()
-    prefect_url = f"http://127.0.0.1:{prefect_port}"
-    os.environ.update({"PREFECT_API_URL": f"{prefect_url}/api", "PREFECT_HOME": str(work / ".prefect"),
-                       "PREFECT_API_DATABASE_CONNECTION_URL": where["prefect"]})
+
+@contextlib.contextmanager
+def prefect_served(work: Path, prefect_url: str):
+    """A Prefect server at ``prefect_url`` (this host) on the Prefect database ``recording_env`` names."""
+    from pipelines.servers import server_env, start_server, stop_server
+
+    prefect_port = int(prefect_url.rsplit(":", 1)[1])
     prefect = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
                                        "127.0.0.1", "--port", str(prefect_port), "--no-services"],
                            f"{prefect_url}/api/health", prefect_port, work / "prefect.log", env=server_env("Prefect"))
@@ -177,22 +178,12 @@ def served_latencies(work: Path, prefect_url: str) -> dict[str, float]:
         stop_server(mlflow_server)
 
 
-def run_year(work: Path, months: list[int], log, backend: str = "sqlite", port: int | None = None) -> list[dict]:
-    where = stores(work, backend, port)
-    os.environ["MLFLOW_TRACKING_URI"] = where["mlflow"]
-    with prefect_served(work, where) as prefect_url:
-        return write_year(work, months, log, where, prefect_url)
-
-
-def measure_kept(work: Path, backend: str = "sqlite", port: int | None = None) -> dict:
+def measure_kept(work: Path, where: dict, prefect_url: str) -> dict:
     """The daily commands' latencies alone, with this checkout's code, on the stores a ``--keep`` run left in
     ``work`` (written by whichever fedauc ran the series), and what the MLflow store holds."""
     from pipelines import compare
 
-    where = stores(work, backend, port)
-    os.environ["MLFLOW_TRACKING_URI"] = where["mlflow"]
-    with prefect_served(work, where) as prefect_url:
-        timings = served_latencies(work, prefect_url)
+    timings = served_latencies(work, prefect_url)
     return {"trainings": len(compare.compare_runs("chest-xray", include_unfinished=True)),
             "MLflow DB": where["mlflow_bytes"](), "latency_s": timings}
 
@@ -264,16 +255,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def remeasure(work: Path, backend: str) -> None:
-    if not (work / ("mlruns.db" if backend == "sqlite" else "postgres")).exists():
-        sys.exit(f"{work}: no {backend} stores of a `python -m benchmarks.year --keep {work}` run there")
-    from benchmarks.year import postgres as year_postgres
-
-    if backend == "postgresql" and year_postgres.unavailable():
-        sys.exit(f"PostgreSQL stores not measured: {year_postgres.unavailable()}")
-    with contextlib.ExitStack() as stack:
-        port = stack.enter_context(year_postgres.cluster(work / "postgres")) if backend == "postgresql" else None
-        kept = measure_kept(work, backend, port)
+def print_kept(work: Path, backend: str, kept: dict) -> None:
     print(f"backend {backend}, stores in {work}: {kept['trainings']} trainings, MLflow DB "
           f"{kept['MLflow DB'] / 1e6:.1f} MB; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for name, seconds in kept["latency_s"].items():
@@ -281,6 +263,8 @@ def remeasure(work: Path, backend: str) -> None:
 
 
 def main() -> None:
+    from pipelines.servers import free_port
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.year", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="One month (the 1-month mark only).")
     parser.add_argument("--months", type=int, nargs="+", default=[1, 3, 6, 12], choices=sorted(DAYS_AT))
@@ -291,14 +275,19 @@ def main() -> None:
                         help="Write nothing: time the daily commands again on the stores a --keep DIR run left "
                              "(the same --backend), with this checkout's code.")
     args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if args.measure:
-        remeasure(args.measure.resolve(), args.backend)
-        return
-    months = [1] if args.quick else sorted(args.months)
-    work = (args.keep or Path(tempfile.mkdtemp(prefix="fedauc-year-"))).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    print(f"backend {args.backend}, {len(SITES)} hospitals, months {months}, stores in {work}", flush=True)
+        work = args.measure.resolve()
+        if not (work / ("mlruns.db" if args.backend == "sqlite" else "postgres")).exists():
+            sys.exit(f"{work}: no {args.backend} stores of a `python -m benchmarks.year --keep {work}` run there")
+    else:
+        months = [1] if args.quick else sorted(args.months)
+        work = (args.keep or Path(tempfile.mkdtemp(prefix="fedauc-year-"))).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        print(f"backend {args.backend}, {len(SITES)} hospitals, months {months}, stores in {work}", flush=True)
     try:
         with contextlib.ExitStack() as stack:
             port = None
@@ -307,11 +296,18 @@ def main() -> None:
 
                 why = year_postgres.unavailable()
                 if why:
-                    sys.exit(f"PostgreSQL series not run: {why}")
+                    sys.exit(f"PostgreSQL {'stores not measured' if args.measure else 'series not run'}: {why}")
                 port = stack.enter_context(year_postgres.cluster(work / "postgres"))
-            rows = run_year(work, months, lambda line: print(line, flush=True), args.backend, port)
+            where = stores(work, args.backend, port)
+            prefect_url = f"http://127.0.0.1:{free_port()}"
+            os.environ.update(recording_env(work, where, prefect_url))
+            stack.enter_context(prefect_served(work, prefect_url))
+            if args.measure:
+                print_kept(work, args.backend, measure_kept(work, where, prefect_url))
+                return
+            rows = write_year(work, months, lambda line: print(line, flush=True), where, prefect_url)
     finally:
-        if args.keep is None:
+        if not args.measure and args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(markdown(rows))
     for line in verdicts(rows):

@@ -29,8 +29,6 @@ from pathlib import Path
 
 import psutil
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
 from benchmarks import REPO
 from benchmarks.throughput.cli_startup import TARGET_S, timed, tree_of
 from federated.schema import EVALUATION_ROLE, ROLE_TAG, SCORING_ROLE, SITE_ROLE, TRAINING_ROLE
@@ -91,6 +89,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--keep", type=Path, help="keep the padded store here (give it as --store next time)")
     options = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
     from pipelines.servers import free_port, server_env, start_server, stop_server
     from pipelines.store_uri import default_tracking_uri
