@@ -1,5 +1,5 @@
-"""The claims benchmark (``python -m benchmarks.claims`` and its modules): its verdict rule on constructed numbers, and its
-whole path (phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny
+"""The claims benchmark (``python -m benchmarks.claims`` and its modules): its verdict rule on constructed numbers,
+and its whole path (phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny
 setting, the long-budget mode of claim (b) and the stagewise-defaults measurement included."""
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def shortfall(records: list[dict]) -> str:
 
 def measure(runners: list[Runner], jobs: int = 1, choice: list[str] | None = None) -> tuple[str, dict[str, str]]:
     s = runners[0].setting
-    lines = [f"_Written by `benchmarks/claims/stagewise.py` ({len(s.seeds)} seeds, I = {s.local_steps}, {len(CLINICS)} "
+    lines = [f"_Written by `python -m benchmarks.claims.stagewise` ({len(s.seeds)} seeds, I = {s.local_steps}, {len(CLINICS)} "
              f"sites x {s.n_train} training rows drawn from {s.pool} images per clinic, score: the {s.scored} test AUC, "
              f"small_resnet widths {s.widths}, {s.eval_points} evaluations a run; old: {OLD}, new: {NEW})._", "",
              *(choice + ["", "The new defaults against the old on the reported seeds:", ""] if choice else []),

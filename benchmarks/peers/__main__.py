@@ -2,8 +2,8 @@
 by NVIDIA FLARE's own FedAvg (its PyTorch recipe and Client API, simulator) and by Flower's simulation (ClientApp +
 ServerApp, FedAvg strategy, Ray); and fedauc's AUC-margin step against LibAUC 2.0.1's AUCMLoss + PESG.
 
-One command, one run, one table. K sites (the scale benchmark's federation, benchmarks/scale/federation.py: real SIIM-ISIC-like shards of 64 images at 32 px)
-for each K; every system trains small_resnet from the same initial weights on the same rows (each site's train
+One command, one run, one table. K sites (the scale benchmark's federation, benchmarks/scale/federation.py: real
+SIIM-ISIC-like shards of 64 images at 32 px) for each K; every system trains small_resnet from the same initial weights on the same rows (each site's train
 split exported once as the shard's uint8 tensors, benchmarks/peers/common.py), batch 16, the same local steps,
 rounds and learning rate, plain SGD on the masked BCE (fedauc's FedAvg step). Every system runs in a fresh
 process tree of its own; a watcher samples every process of the tree for its RSS and CPU seconds.
