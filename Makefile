@@ -46,12 +46,30 @@ test: setup
 demo: setup
 	$(VENV)/bin/fedauc demo
 
-# gpu.py measures a GPU: on a machine without one it checks its harness (--smoke) instead of stopping the loop.
+# Every benchmark's entry point, run as `python -m benchmarks.<name>` (tests/test_benchmark_imports.py checks the
+# list against benchmarks/); the modules they import are not run on their own.
+BENCHMARKS := claims claims.stagewise \
+	studies.auc_methods studies.codasca_period studies.demo_difficulty studies.fedxl_pauc studies.near_duplicates \
+	studies.ood_demo studies.privacy studies.sigmoid_surrogate_temperature studies.sweep_rates \
+	throughput.cli_startup throughput.engine throughput.flare throughput.gpu throughput.networks_cpu \
+	throughput.pacs_memory throughput.predict throughput.preprocess \
+	scale peers year year.compare
+
+# throughput.gpu measures a GPU: on a machine without one it checks its harness (--smoke) instead of stopping
+# the loop. year.compare times `fedauc compare` on the stores the year before it wrote (a fresh folder each time).
 bench: setup
 	cuda=$$($(PY) -c "import torch; print(int(torch.cuda.is_available()))"); \
-	for b in benchmarks/*.py; do \
-		if [ $$b = benchmarks/gpu.py ] && [ $$cuda = 0 ]; then $(PY) $$b --smoke || exit 1; else $(PY) $$b || exit 1; fi; \
-	done
+	year=$$(mktemp -d); \
+	for b in $(BENCHMARKS); do \
+		case $$b in \
+			throughput.gpu) options=$$([ $$cuda = 1 ] || echo --smoke);; \
+			year) options="--keep $$year";; \
+			year.compare) options="--store $$year";; \
+			*) options=;; \
+		esac; \
+		$(PY) -m benchmarks.$$b $$options || exit 1; \
+	done; \
+	rm -rf $$year
 
 clean:
 	rm -rf $(VENV) .prefect mlruns.db mlartifacts .cache build *.egg-info

@@ -130,6 +130,19 @@ CONFIG_ARTIFACT = "config.json"  # a training's whole TrainConfig as recorded
 SUPPRESSED_ARTIFACT = "suppressed_metrics.json"  # why a metric is absent: suppressed at its site
 UNDEFINED_ARTIFACT = "undefined_metrics.json"  # why a metric is NaN: undefined on the data
 ROC_ARTIFACT = "roc_test_pooled.png"  # the pooled test ROC curves
+# The reliability diagram before and after calibration, an artifact of the training run that registers the model.
+RELIABILITY_ARTIFACT = "reliability_valid_pooled.png"
+# A training's params beside its TrainConfig's fields (pipelines/runs.py): the algorithm's parameters with their
+# defaults resolved (``algo.<name>``), the federation, its task and sites, K and I, the code; and each site's
+# shard hash (``shard_hash.<site>``), which an evaluation's run carries too.
+ALGORITHM_PARAM_PREFIX, SHARD_HASH_PARAM_PREFIX = "algo.", "shard_hash."
+FEDERATION_PARAM, TASK_PARAM, SITES_PARAM, K_PARAM, I_PARAM = "federation", "task", "sites", "K", "I"
+CODE_VERSION_PARAM = "code_version"
+# An evaluation's run (pipelines/evaluations.py): whether the version scored was the champion then, the
+# evaluation's fingerprint, and for a noised one its noise multiplier and what it spent at each site
+# (``privacy.<site>.<quantity>``).
+CHAMPION_AT_EVALUATION_TAG = "champion_at_evaluation"
+EVALUATION_PARAM, EVAL_NOISE_PARAM, EVAL_PRIVACY_PARAM_PREFIX = "evaluation", "eval_noise_multiplier", "privacy."
 QC_FOLDER, QC_SUMMARY_JSON, QC_SUMMARY_MD = "qc", "summary.json", "summary.md"  # a site's QC summary as it sent it
 # A champion's re-check at a training's end (pipelines/champion.py): the version it re-scored, why it was not
 # (skipped), the evaluation noise it ran with, and its score (a metric, beside the new model's own).
@@ -138,6 +151,10 @@ CHAMPION_CHECK_NOISE_TAG = "champion_check.eval_noise_multiplier"
 CHAMPION_CHECK_METRIC, REGISTERED_MODEL_METRIC = f"champion_check/{SELECTION_METRIC}", f"registered_model/{SELECTION_METRIC}"
 # A day of PACS scoring (pipelines/hospital/drift.py): what left the hospital, and a drift above the warning line.
 SCORING_AGGREGATES_ARTIFACT = "scoring_aggregates.json"
+DAY_TAG, MODEL_TAG = "day", "model"  # the day scored and the registered model (beside SITE_TAG, MODEL_VERSION_TAG)
+# The day's released counts (images scored, refused per reason: ``refused/<reason>``) and each disease's
+# population stability index (``psi/<disease>``).
+SCORED_METRIC, REFUSED_METRIC_PREFIX, PSI_METRIC_PREFIX = "scored", "refused/", "psi/"
 DRIFT_WARNING_TAG = "drift_warning"
 
 

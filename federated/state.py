@@ -47,7 +47,7 @@ def model_state_spec(model: nn.Module, bn_stats: str) -> dict[str, Comm]:
 
 # Per network, where each of its tensors lives: (name, owning module, its local name), parameters then buffers.
 # The engine asks for a site's tensors a few times a round; walking the module tree each time was most of an
-# in-process round's overhead (benchmarks/peers.py, docs/performance.md "Against the peers").
+# in-process round's overhead (python -m benchmarks.peers, docs/performance.md "Against the peers").
 _SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

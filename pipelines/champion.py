@@ -36,6 +36,7 @@ from federated.schema import (
     CHAMPION_CHECK_VERSION_TAG,
     COLLAPSED_TAG,
     REGISTERED_MODEL_METRIC,
+    RELIABILITY_ARTIFACT,
     SELECTION_METRIC,
 )
 from federated.scoring import ModelToScore
@@ -45,9 +46,6 @@ from pipelines import descriptions, evaluations, model_card, plots, registry
 from pipelines.model_package import calibration, thresholds
 from pipelines.model_package.contract import contract_for
 from preprocessing.federation import Federation
-
-# The reliability diagram before and after calibration, an artifact of the training run that registers the model.
-RELIABILITY_ARTIFACT = "reliability_valid_pooled.png"
 
 
 def register_candidate(federation: Federation, trained: Trained, shards_root: Path | None, launcher: Launcher

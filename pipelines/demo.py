@@ -128,23 +128,14 @@ def prepare_data(federation_yaml: str, shards: str, scale: float, seed: int) -> 
         ensure_generated(Path(federation_yaml), scale, seed)
     with watch.stage(f"onboard {federation.name}"):
         for site in federation.sites:
-            os.environ.update(sites_env(site.source))  # this task is the entry of the subflows it starts
-            flows.onboard_site(name_here(site.source))
+            flows.onboard_site(name_here(site.source))  # found in $FEDAUC_SITES, which ``demo`` set
     with watch.stage(f"preprocess {federation.name}"):
         flows.preprocess_federation(federation_yaml, shards)
     return watch.rows
 
 
 def _before_the_first_training() -> None:
-    """Point the training processes at this process's Prefect server (without a ``PREFECT_API_URL`` each
-    would start an ephemeral server of its own on the same database: seconds of CPU each, and lock waits) and
-    create the MLflow experiments (two first uses at once, in two processes, would both create one)."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():
-        os.environ["PREFECT_API_URL"] = SubprocessASGIServer().api_url  # the ephemeral server this flow runs on
-    tracking.configure()
+    """Create the MLflow experiments (two first uses at once, in two processes, would both create one)."""
     for federation_yaml in (CHEST, MELANOMA):
         tracking.experiment_id(load_federation(federation_yaml).task)
 
@@ -200,11 +191,24 @@ def demo(scale: float = 1.0, seed: int = 0, rounds: int | None = None) -> dict[s
     """Generate, onboard, preprocess, train (FeDXL2, CODASCA and FedAvg on each task), evaluate the champions;
     returns ``{"tables": Markdown, "profile": rows}``, the comparison tables and where the time went
     (``profile_markdown`` shows it)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
     watch = Stopwatch()
     watch.since_process_start("start-up (imports, Prefect server)")
     _one_thread()
     shards = str(demo_data() / "shards")
     chest, melanoma = in_home(CHEST), in_home(MELANOMA)
+    # What the data thread and the training processes read is set here, before either starts, and nowhere below
+    # (one thread writing the environment while another reads it, or a process pool copies it, is a race):
+    # $FEDAUC_SITES, the folder of both federations' site YAMLs (``in_home`` keeps them beside the federations),
+    # for onboarding; this flow's Prefect server for the training processes (without a ``PREFECT_API_URL`` each
+    # would start an ephemeral server of its own on the same database: seconds of CPU each, and lock waits);
+    # MLflow's store.
+    os.environ.update(sites_env(chest))
+    if not PREFECT_API_URL.value():
+        os.environ["PREFECT_API_URL"] = SubprocessASGIServer().api_url
+    tracking.configure()
     trainings = [(name, in_home(federation), *rest) for name, federation, *rest in DEMO_TRAININGS]
     jobs = [Job(chest), Job(melanoma)] + [Job(training[1], training) for training in trainings]
     with (watch.phase(f"data and {len(DEMO_TRAININGS)} trainings, overlapped"),

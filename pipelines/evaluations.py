@@ -121,7 +121,7 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
     tags = {schema.ROLE_TAG: schema.EVALUATION_ROLE, schema.PURPOSE_TAG: purpose,
             schema.MODEL_URI_TAG: f"models:/{name}/{scored.version}", schema.MODEL_VERSION_TAG: scored.version,
             schema.FEDERATION_TAG: federation.name,
-            "champion_at_evaluation": str(scored.version == champion).lower(), **tracking.owner_tags(),
+            schema.CHAMPION_AT_EVALUATION_TAG: str(scored.version == champion).lower(), **tracking.owner_tags(),
             # Beside the trainings in the runs table, it must not read like one (the trainings view filters it out).
             schema.DESCRIPTION_TAG: f"**Evaluation, not a training**: registered version {scored.version} of `{name}` "
                                     f"({purpose}) scored on federation {federation.name}; pooled test macro AUC "
@@ -129,8 +129,9 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
     run_id = client.create_run(experiment, run_name=f"{purpose}-v{scored.version}", tags=tags).info.run_id
     status = "FAILED"
     try:
-        params = {**launcher.params(), "sites": ",".join(scored.shard_hashes), "evaluation": fingerprint(scored.shard_hashes),
-                  **{f"shard_hash.{site}": h for site, h in scored.shard_hashes.items()},
+        params = {**launcher.params(), schema.SITES_PARAM: ",".join(scored.shard_hashes),
+                  schema.EVALUATION_PARAM: fingerprint(scored.shard_hashes),
+                  **{f"{schema.SHARD_HASH_PARAM_PREFIX}{site}": h for site, h in scored.shard_hashes.items()},
                   **_privacy_params(scored)}
         now = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
@@ -156,8 +157,8 @@ def _privacy_params(scored: Scored) -> dict[str, object]:
     shares it); nothing for an exact one."""
     if scored.eval_noise_multiplier is None:
         return {}
-    return {"eval_noise_multiplier": scored.eval_noise_multiplier,
-            **{f"privacy.{site}.{key}": value for site, spent in scored.privacy.items()
+    return {schema.EVAL_NOISE_PARAM: scored.eval_noise_multiplier,
+            **{f"{schema.EVAL_PRIVACY_PARAM_PREFIX}{site}.{key}": value for site, spent in scored.privacy.items()
                for key, value in (spent or {}).items() if value is not None}}
 
 

@@ -86,8 +86,10 @@ def onboard_site(site: str) -> dict:
 def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, dispatch: str = "local") -> list[dict]:
     """Every site of a federation, each where its data lives.
 
-    ``dispatch="local"`` runs each site's ``preprocess_site`` here (the embedded default, one machine);
-    ``"deployments"`` triggers each site's deployment ``preprocess_site/preprocess-<site>`` so that it runs
+    ``dispatch="local"`` runs each site's preprocessing here, inside this flow run (the embedded default, one
+    machine): ``preprocess_flow.preprocess``, the work of ``preprocess_site`` without a flow run of its own per
+    site, so without that flow's log lines (a quarantine over the site's share is in the returned
+    ``quarantine_over_share``, not logged); ``"deployments"`` triggers each site's deployment ``preprocess_site/preprocess-<site>`` so that it runs
     on that hospital's own work pool (infra/prefect.yaml) and waits for all of them.
     """
     federation = load_federation(federation_yaml)

@@ -31,10 +31,15 @@ from common.small_counts import released
 from federated import TrainConfig, get_algorithm
 from federated.launch import InProcess, Launcher
 from federated.schema import (
+    ALGORITHM_PARAM_PREFIX,
+    CODE_VERSION_PARAM,
     CONFIG_ARTIFACT,
     CONTINUES_TAG,
+    FEDERATION_PARAM,
     FEDERATION_TAG,
     HEADLINE_METRIC,
+    I_PARAM,
+    K_PARAM,
     PARENT_RUN_TAG,
     PRIVACY_BUDGET_CHANGE_TAG,
     PRIVACY_METRICS,
@@ -45,10 +50,13 @@ from federated.schema import (
     ROC_ARTIFACT,
     ROLE_TAG,
     SELECTION_METRIC,
+    SHARD_HASH_PARAM_PREFIX,
     SITE,
     SITE_ROLE,
     SITE_TAG,
+    SITES_PARAM,
     SUPPRESSED_ARTIFACT,
+    TASK_PARAM,
     TRAINING_ROLE,
     MetricKey,
 )
@@ -79,20 +87,20 @@ def training_params(config: TrainConfig, federation: Federation) -> dict[str, st
     identity (each site's shard hash) comes from the sites' reports (:func:`site_params`)."""
     algorithm_params = get_algorithm(config.algorithm).Params(**config.params).model_dump()
     params = dict(config.model_dump(exclude={"sites", "params"}))
-    params.update({f"algo.{key}": value for key, value in algorithm_params.items()})
+    params.update({f"{ALGORITHM_PARAM_PREFIX}{key}": value for key, value in algorithm_params.items()})
     params.update({
-        "federation": federation.name,
-        "task": federation.task,
-        "sites": ",".join(site.name for site in federation.sites),
-        "K": len(federation.sites),
-        "I": config.local_steps,
-        "code_version": code_version(),
+        FEDERATION_PARAM: federation.name,
+        TASK_PARAM: federation.task,
+        SITES_PARAM: ",".join(site.name for site in federation.sites),
+        K_PARAM: len(federation.sites),
+        I_PARAM: config.local_steps,
+        CODE_VERSION_PARAM: code_version(),
     })
     return {key: str(value) for key, value in params.items()}
 
 
 def site_params(reports: list[dict]) -> dict[str, str]:
-    return {f"shard_hash.{report['site']}": report["shard_hash"] for report in reports}
+    return {f"{SHARD_HASH_PARAM_PREFIX}{report['site']}": report["shard_hash"] for report in reports}
 
 
 def named_sites(suppressed: dict[str, str], names: list[str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ no reliable median, each image is cut at its own (Zauner's rule) and every pair 
 images are candidates when at most ``MAX_DISTANCE`` of the 143 bits differ. A candidate pair is the same
 picture only when the images themselves agree: their staged tiles' band-passed rank thumbnails
 (``perceptual_hash.structure``) correlate at ``MIN_SAME_PICTURE`` or more, which refutes distinct films the
-bits confuse. Both thresholds are measured (``benchmarks/near_duplicates.py``, docs/quarantine.md
+bits confuse. Both thresholds are measured (``benchmarks/studies/near_duplicates.py``, docs/quarantine.md
 "Near-duplicates").
 
 Candidates come from multi-index hashing (Norouzi, Punjani and Fleet, "Fast Search in Hamming Space with
@@ -41,7 +41,7 @@ MIN_SITE_IMAGES = 64  # signatures needed for a site median of each coefficient
 BANDS = 7
 # Correlation of the two images' band-passed rank thumbnails (perceptual_hash.structure) from which a candidate
 # is the same picture: 8-bit re-exports of the demo phantoms measured 0.980 and up, distinct phantoms that the
-# hash paired 0.961 at most, at tile sizes 64 and 224 (benchmarks/near_duplicates.py prints both distributions).
+# hash paired 0.961 at most, at tile sizes 64 and 224 (benchmarks/studies/near_duplicates.py prints both distributions).
 MIN_SAME_PICTURE = 0.97
 
 

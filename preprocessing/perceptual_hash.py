@@ -4,7 +4,7 @@ imports only numpy and Pillow (no pandas, no scipy: a worker pays each import on
 
 The signature follows the DCT hash of Zauner (2010), "Implementation and Benchmarking of Perceptual Image
 Hash Functions": the image (the tile's padding cut off, colour as its mean) is area-averaged to 32 x 32 and
-its 2-D DCT-II taken (orthonormal). Two changes to that recipe, both measured (``benchmarks/near_duplicates.py``):
+its 2-D DCT-II taken (orthonormal). Two changes to that recipe, both measured (``benchmarks/studies/near_duplicates.py``):
 the 32 x 32 means are replaced by their ranks (ties share their mean rank) before the DCT, so any increasing
 intensity map (another window, a gamma, an 8-bit export's rescaling) leaves it alone; and the 12 x 12 lowest
 frequencies but the DC are kept as numbers (143), not yet bits. Zauner sets a bit where one of the 8 x 8

@@ -1,4 +1,5 @@
-"""Every name a benchmark (or the README's figure script) imports from fedauc exists.
+"""Every name a benchmark (or the README's figure script) imports from fedauc exists; the benchmarks are one
+package, run as ``python -m benchmarks.<name>``, and ``make bench`` runs each entry point and nothing else.
 
 The benchmarks are run by hand, not by the suite, and most import fedauc inside the function that needs it (a
 peer's run, a fresh process per system): a module split or a moved name breaks them silently until someone
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("common", "federated", "pipelines", "preprocessing", "models")
+PRODUCT = ("common", "federated", "pipelines", "preprocessing", "models", "benchmarks")
+# Started by benchmarks.peers in the peers' own environments, never on their own.
+PEER_RUNS = ROOT / "benchmarks" / "peers" / "systems"
 
 
 def unresolved(path: Path) -> list[str]:
@@ -35,3 +39,40 @@ def test_every_fedauc_name_a_benchmark_imports_exists():
     scripts = sorted((ROOT / "benchmarks").rglob("*.py")) + [ROOT / "docs" / "make_readme_figures.py"]
     missing = [line for script in scripts for line in unresolved(script)]
     assert not missing, "benchmarks import names fedauc no longer has:\n" + "\n".join(missing)
+
+
+def entry_points() -> set[str]:
+    """``python -m`` names of the benchmarks' modules that run: a family's ``__main__`` or a module with a main
+    guard, the peers' own runs left out."""
+    found = set()
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        if PEER_RUNS in path.parents:
+            continue
+        name = ".".join(path.relative_to(ROOT / "benchmarks").with_suffix("").parts)
+        if path.name == "__main__.py":
+            found.add(name.removesuffix(".__main__"))
+        elif 'if __name__ == "__main__":' in path.read_text():
+            found.add(name)
+    return found
+
+
+def test_make_bench_runs_every_entry_point_and_nothing_else():
+    listed = re.search(r"^BENCHMARKS :=(.*?)\n\n", (ROOT / "Makefile").read_text(), re.MULTILINE | re.DOTALL)
+    assert listed, "Makefile: no BENCHMARKS list"
+    assert set(listed.group(1).replace("\\", " ").split()) == entry_points()
+
+
+def test_no_benchmark_edits_the_import_path():
+    """They import one another as ``benchmarks.<family>.<module>`` (``python -m`` from the repository's root)."""
+    edits = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(), str(path)))
+             if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+             and node.value.id == "sys"]
+    assert not edits, "sys.path used in the benchmarks: " + ", ".join(edits)
+
+
+def test_benchmarks_is_this_repositorys_package():
+    """Opacus installs a top-level ``benchmarks`` of its own: the repository's root comes first on the path."""
+    import benchmarks
+
+    assert Path(benchmarks.__file__).resolve() == ROOT / "benchmarks" / "__init__.py"

@@ -1,36 +1,20 @@
-"""The claims benchmark (benchmarks/claims.py and its modules): its verdict rule on constructed numbers, and its
-whole path (phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny
+"""The claims benchmark (``python -m benchmarks.claims`` and its modules): its verdict rule on constructed numbers,
+and its whole path (phantom clinics generated and preprocessed, every claim trained, the doc and plots written) on a tiny
 setting, the long-budget mode of claim (b) and the stagewise-defaults measurement included."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("claims_benchmark", REPO / "benchmarks" / "claims.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-claims = _load()  # puts benchmarks/ on the path: its modules import by name
-runs = importlib.import_module("claims_runs")
-stats = importlib.import_module("claims_stats")
-long_budget = importlib.import_module("claims_long")
-stagewise_defaults = importlib.import_module("stagewise_defaults")
+from benchmarks.claims import __main__ as claims
+from benchmarks.claims import long as long_budget
+from benchmarks.claims import runs, stats
+from benchmarks.claims import stagewise as stagewise_defaults
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 `fedauc --help`, `fedauc compare`, `fedauc consortium status` and the champion's lookup import neither torch
 nor the training stack, and the command line's choice names, defined in light modules, agree with what they
 name. Each check runs in a fresh interpreter, since this test session has long imported everything; what it
-checks is which modules are loaded, not how long they take (benchmarks/cli_startup.py measures that)."""
+checks is which modules are loaded, not how long they take (benchmarks/throughput/cli_startup.py measures that)."""
 
 from __future__ import annotations
 

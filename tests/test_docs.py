@@ -246,40 +246,128 @@ _KEYED_CALLS = set(_FLUENT_KEY) | set(_CLIENT_KEY) | {"start_run", "create_run",
 
 
 def _literal_parts(node: ast.AST) -> list[str]:
-    """The string literals in ``node``, but a "/" joining a folder and a name (both from the schema)."""
-    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and n.value.strip("/")]
+    """The string literals in ``node``, but a "/" or "." joining a folder and a name, or a prefix and a name (both
+    from the schema), and what an f-string's fields compute (``report['site']`` is a value, not a name)."""
+    if isinstance(node, ast.FormattedValue):
+        return []
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) and node.value.strip("/.") else []
+    return [part for child in ast.iter_child_nodes(node) for part in _literal_parts(child)]
 
 
-def _named(node: ast.AST, how: str) -> list[ast.AST]:
-    if not how.startswith("*"):
-        return [node]
-    return [key for key in node.keys if key is not None] if isinstance(node, ast.Dict) else (
-        [node.key] if isinstance(node, ast.DictComp) else [])
+# What a scope binds each variable to: (value, "=") for ``x = value``; (key, "") for ``x[key] = ...``,
+# ``x.setdefault(key, ...)`` and a keyword of ``x.update(k=...)``; (dict, "*") for ``x.update(dict)`` and for the key
+# a loop or a comprehension takes from ``dict`` (``for k, v in d.items()``).
+Bindings = dict[str, list[tuple[ast.AST, str]]]
+
+
+class _NameScan:
+    """The names an MLflow call records under, followed through the variables and the module's own functions
+    that build them: a name put in a dict before the call, or returned by a helper, is as much a name."""
+
+    def __init__(self, tree: ast.Module):
+        self.functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.module = self.bindings(ast.Module(body=[n for n in tree.body if not isinstance(
+            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))], type_ignores=[]))
+
+    def bindings(self, scope: ast.AST, outer: Bindings | None = None) -> Bindings:
+        local: Bindings = {}
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        local.setdefault(target.id, []).append((node.value, "="))
+                    elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                        local.setdefault(target.value.id, []).append((target.slice, ""))
+            elif isinstance(node, ast.For):
+                for name, source in _iterated(node):
+                    local.setdefault(name, []).append((source, "*"))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Name) and node.func.attr in ("update", "setdefault")):
+                variable = local.setdefault(node.func.value.id, [])
+                if node.func.attr == "setdefault":
+                    variable += [(node.args[0], "")] if node.args else []
+                else:
+                    variable += [(arg, "*") for arg in node.args]
+                    variable += [(ast.Constant(k.arg), "") for k in node.keywords if k.arg]
+        return {**(outer or {}), **local}
+
+    def named(self, node: ast.AST, how: str, bound: Bindings, depth: int = 0) -> list[ast.AST]:
+        """The nodes that spell a name in ``node`` (``how``: "" the node itself, "*" the keys of a dict)."""
+        if depth > 8:
+            return []
+        if isinstance(node, ast.Name):
+            return [part for value, value_how in bound.get(node.id, ())
+                    for part in self.named(value, how if value_how == "=" else value_how, bound, depth + 1)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.functions:
+            helper = self.functions[node.func.id]
+            inner = self.bindings(helper, self.module)
+            return [part for ret in ast.walk(helper) if isinstance(ret, ast.Return) and ret.value is not None
+                    for part in self.named(ret.value, how, inner, depth + 1)]
+        if not how.startswith("*"):
+            return [node]
+        if isinstance(node, ast.Dict):
+            return [part for key, value in zip(node.keys, node.values, strict=True)
+                    for part in ([key] if key is not None else self.named(value, "*", bound, depth + 1))]
+        if isinstance(node, ast.DictComp):
+            return self.named(node.key, "", {**bound, **_comprehended(node)}, depth + 1)
+        return []
+
+
+def _iterated(loop: ast.For | ast.comprehension) -> list[tuple[str, ast.Name]]:
+    """The key variable a loop takes from a dict it names (``for k, v in d.items()``, ``for k in d``)."""
+    source = loop.iter
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and source.func.attr == "items":
+        source = source.func.value
+    key = loop.target.elts[0] if isinstance(loop.target, ast.Tuple) else loop.target
+    return [(key.id, source)] if isinstance(key, ast.Name) and isinstance(source, ast.Name) else []
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _comprehended(node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> Bindings:
+    """What a comprehension binds, for its own body only (each comprehension is a scope of its own)."""
+    return {name: [(source, "*")] for generator in node.generators for name, source in _iterated(generator)}
 
 
 def literal_mlflow_names(source: str) -> list[tuple[int, str]]:
     """(line, literal) for each string literal (or literal part of an f-string or a sum) in the name an MLflow
-    call records under: a metric, param or tag key, an artifact's file or folder."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Call):
-            continue
+    call records under: a metric, param or tag key, an artifact's file or folder; a variable passed as the name
+    (or the dict of names) is followed to what its function, else the module, binds it to, and a call of one of
+    the module's functions to what that returns."""
+    tree = ast.parse(source)
+    scan = _NameScan(tree)
+    found: dict[tuple[int, str], None] = {}  # in the order met, once
+
+    def visit(node: ast.AST, bound: Bindings) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound = scan.bindings(node, scan.module)
+        elif isinstance(node, _COMPREHENSIONS):
+            bound = {**bound, **_comprehended(node)}
+        elif isinstance(node, ast.Call):
+            check(node, bound)
+        for child in ast.iter_child_nodes(node):
+            visit(child, bound)
+
+    def check(node: ast.Call, bound: Bindings) -> None:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
         if name not in _KEYED_CALLS:
-            continue
+            return
         fluent = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "mlflow"
         position = (_FLUENT_KEY if fluent else _CLIENT_KEY).get(name)
         named = []
         if position is not None:
             index = int(str(position).lstrip("*"))
             if index < len(node.args) and not isinstance(node.args[index], ast.Starred):
-                named += _named(node.args[index], str(position))
+                named += scan.named(node.args[index], str(position), bound)
         named += [part for keyword in node.keywords if keyword.arg in _KEYWORD_KEY
-                  for part in _named(keyword.value, _KEYWORD_KEY[keyword.arg])]
-        found += [(node.lineno, literal) for part in named for literal in _literal_parts(part)]
-    return found
+                  for part in scan.named(keyword.value, _KEYWORD_KEY[keyword.arg], bound)]
+        found.update(dict.fromkeys((node.lineno, literal) for part in named for literal in _literal_parts(part)))
+
+    visit(tree, scan.module)
+    return sorted(found, key=lambda item: item[0])
 
 
 def test_every_mlflow_name_in_code_comes_from_the_schema():
@@ -304,3 +392,30 @@ def test_the_mlflow_name_scan_finds_keys_artifacts_and_tag_dicts():
               "Param(k, 'value')\n")
     assert literal_mlflow_names(source) == [(1, "loss"), (3, "site/"), (3, "/auc"), (4, "/summary.json"), (5, "a"),
                                             (6, "mlflow.parentRunId"), (8, "roc.png")]
+
+
+def test_the_mlflow_name_scan_follows_names_built_before_the_call():
+    """A name put in a dict, a subscript, an ``update`` or a helper's return before the call is found, at the
+    call; a value computed in an f-string's field, a parameter and a loop over schema names are not names."""
+    source = ("RELIABILITY = 'reliability.png'\n"
+              "def params(config):\n"
+              "    out = {'federation': config.name, **{f'algo.{k}': v for k, v in config.params.items()}}\n"
+              "    return {key: str(value) for key, value in out.items()}\n"
+              "def record(site, day, summary, key, names):\n"
+              "    tags = {ROLE_TAG: SCORING_ROLE, 'site': site}\n"
+              "    tags.update(day=day)\n"
+              "    counts = {'scored': summary['scored'], **{f'refused/{k}': v for k, v in summary.items()}}\n"
+              "    metrics = {k: n for k, n in counts.items() if n}\n"
+              "    metrics[f'psi/{site}'] = 0.1\n"
+              "    mlflow.start_run(run_name='free text', tags=tags)\n"
+              "    mlflow.log_metrics({k: float(v) for k, v in metrics.items()})\n"
+              "    mlflow.log_params(params(config))\n"
+              "    mlflow.log_figure(figure, RELIABILITY)\n"
+              "    client.log_batch(run, params=[Param(k, str(v)) for k, v in metrics.items()])\n"
+              "    mlflow.set_tag(key, 'value')\n"
+              "    mlflow.log_params({f\"{SHARD_HASH_PREFIX}{r['site']}\": r['hash'] for r in summary})\n"
+              "    for name in names:\n"
+              "        mlflow.set_tag(name, 'value')\n")
+    assert literal_mlflow_names(source) == [
+        (11, "site"), (11, "day"), (12, "scored"), (12, "refused/"), (12, "psi/"), (13, "federation"), (13, "algo."),
+        (14, "reliability.png"), (15, "scored"), (15, "refused/"), (15, "psi/")]

@@ -3,7 +3,7 @@ local steps, one compiled graph for every site and step, and compiled steps equa
 
 No GPU here: host syncs are found by the ATen operations that read a device tensor back to the host (on a GPU
 each waits for the queued kernels), recompiles and graph breaks by dynamo's own counters. The CUDA graphs
-themselves are recorded only on a GPU (benchmarks/gpu.py, docs/performance.md)."""
+themselves are recorded only on a GPU (benchmarks/throughput/gpu.py, docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def test_cuda_graph_mode_compiles_one_graph_for_every_site_and_step_and_equals_e
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_the_gpu_benchmark_refuses_a_machine_without_cuda():
-    """benchmarks/gpu.py measures a GPU: without one it says so and how to check the harness, and fails."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], capture_output=True, text=True,
+    """benchmarks/throughput/gpu.py measures a GPU: without one it says so and how to check the harness, and fails."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.throughput.gpu"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 2
     assert "measures a GPU and this machine has none" in done.stderr and "--smoke" in done.stderr

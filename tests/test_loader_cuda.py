@@ -1,5 +1,5 @@
 """The loader's GPU path: batches page-locked in the reading threads, copied asynchronously, equal to the
-CPU loader's. Runs where CUDA is available (benchmarks/gpu.py measures its speed)."""
+CPU loader's. Runs where CUDA is available (benchmarks/throughput/gpu.py measures its speed)."""
 
 from __future__ import annotations
 

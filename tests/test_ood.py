@@ -120,7 +120,7 @@ def test_the_pyfunc_refuses_the_same_files_with_the_same_distance(store, tmp_pat
 
 
 def test_calibrated_probabilities_are_in_the_contract_the_table_the_pyfunc_and_the_run(store, tmp_path):
-    from pipelines.champion import RELIABILITY_ARTIFACT
+    from federated.schema import RELIABILITY_ARTIFACT
     from pipelines.model_package import loading
 
     with loading.scratch_folder() as folder:

@@ -1,15 +1,13 @@
 """``fedauc prune`` on a real MLflow store (SQLite and its artifact folder) and a real checkpoint folder: what
 the retention policy keeps (trainings, their privacy records, the champion and the registry, a noised
 evaluation) stays, the old evaluation and scoring detail and old checkpoint rounds go, and ``--dry-run``
-changes nothing. Records are written by fedauc's own recording code (benchmarks/year_records.py)."""
+changes nothing. Records are written by fedauc's own recording code (tests/year_records.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import os
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +15,7 @@ from types import SimpleNamespace
 import mlflow
 import numpy as np
 import pytest
+import year_records as records
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from typer.testing import CliRunner
@@ -27,10 +26,6 @@ from pipelines import retention, tracking
 from pipelines.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-spec = importlib.util.spec_from_file_location("year_records", ROOT / "benchmarks" / "year_records.py")
-records = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(records)
 
 SITES = ["hanoi", "vienna", "nih"]
 DAY = 86_400

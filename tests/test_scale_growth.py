@@ -1,4 +1,4 @@
-"""What grew faster than the consortium (benchmarks/scale.py found them): the server rewrote the sites'
+"""What grew faster than the consortium (python -m benchmarks.scale found them): the server rewrote the sites'
 heartbeat file at every site's heartbeat (K writes of K sites every period), and the health check sorted the
 other sites' norms once per site (K sorts of K values every round). Both now cost linear in K, with the same
 results."""

@@ -12,7 +12,7 @@ from torch import Tensor
 from models.objectives.batch import Reduction, prepare, reduce_terms
 
 # Default temperatures. Logistic: log(1 + exp(-t/T)) with T = 1. Sigmoid: 1/(1 + exp(k t)) with k = 2,
-# chosen by benchmarks/sigmoid_surrogate_temperature.py (pairwise training of a small MLP, 20% flipped
+# chosen by benchmarks/studies/sigmoid_surrogate_temperature.py (pairwise training of a small MLP, 20% flipped
 # labels, test AUC on clean labels, mean of 3 seeds): k = 1: 0.984, 2: 0.985, 5: 0.975, 10: 0.936,
 # 20: 0.884, squared hinge 0.960; without flips every k from 1 to 5 reaches 0.998. Large k approaches
 # the 0-1 step and its gradient vanishes away from t = 0; small k is close to the linear loss.

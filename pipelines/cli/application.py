@@ -71,10 +71,8 @@ def quiet_prefect_user_errors() -> None:
 
 
 def flows():
-    """The Prefect flows, imported after the embedded-Prefect environment defaults are set."""
-    from pipelines.prefect_env import configure_prefect_env
-
-    configure_prefect_env()
+    """The Prefect flows. Prefect reads its settings when imported: the command calling this has set the
+    embedded-Prefect environment defaults first (``pipelines.prefect_env.configure_prefect_env``, at its entry)."""
     from pipelines import flows as prefect_flows
 
     quiet_prefect_user_errors()

@@ -36,10 +36,12 @@ def evaluate_command(
 
     from pipelines.checks import check_evaluation
     from pipelines.evaluations import comparison_rows, metrics_rows
+    from pipelines.prefect_env import configure_prefect_env
     from pipelines.tables import markdown_table
 
     launcher = launcher_from_options(backend, flare_env, flare_workspace, kit)
     _, shards_root = check_evaluation(federation, shards, launcher)
+    configure_prefect_env()
     results = flows().evaluate(federation, None if shards_root is None else str(shards_root), model_version,
                                launcher.model_dump(mode="json"), eval_noise_multiplier)
     typer.echo(markdown_table(pd.DataFrame(comparison_rows(results))))

@@ -126,6 +126,7 @@ def train_command(
     import json
 
     from pipelines.checks import check_training
+    from pipelines.prefect_env import configure_prefect_env
     from pipelines.tracking import run_outputs_dir
 
     run_name = run_name or f"{algorithm}-I{local_steps}"
@@ -140,6 +141,7 @@ def train_command(
                       max_grad_norm=max_grad_norm, eval_noise_multiplier=eval_noise_multiplier),
         **({"timeout_s": site_timeout} if launcher.waits_for_sites else {})}
     _, shards_root = check_training(federation, shards, settings, launcher, OPTION_OF_SETTING)
+    configure_prefect_env()
     summary = flows().train_federated(federation, str(shards_root), settings, run_name,
                                       launcher.model_dump(mode="json"))
     typer.echo(json.dumps(summary, indent=2))

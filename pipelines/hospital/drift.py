@@ -47,10 +47,17 @@ from mlflow import MlflowClient
 from common.small_counts import at_least, is_suppressed, released
 from federated.flare.lockdown import write_owner_only
 from federated.schema import (
+    DAY_TAG,
     DRIFT_WARNING_TAG,
+    MODEL_TAG,
+    MODEL_VERSION_TAG,
+    PSI_METRIC_PREFIX,
+    REFUSED_METRIC_PREFIX,
     ROLE_TAG,
+    SCORED_METRIC,
     SCORING_AGGREGATES_ARTIFACT,
     SCORING_ROLE,
+    SITE_TAG,
     drift_figure_name,
 )
 from preprocessing.sites import SharingPolicy
@@ -184,16 +191,17 @@ def record(task: str, site: str, model: str, version: str, summary: dict, day: s
 
     day = day or dt.date.today().isoformat()
     experiment = tracking.experiment_id(task)
-    tags = {ROLE_TAG: SCORING_ROLE, "site": site, "day": day, "model": model, "model_version": version}
+    tags = {ROLE_TAG: SCORING_ROLE, SITE_TAG: site, DAY_TAG: day, MODEL_TAG: model, MODEL_VERSION_TAG: version}
     if MlflowClient().search_runs([experiment], " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items()),
                                   max_results=1):
         return []
     warnings = []
-    released_counts = {"scored": summary["scored"], **{f"refused/{k}": v for k, v in summary["refused"].items()}}
+    released_counts = {SCORED_METRIC: summary["scored"],
+                       **{f"{REFUSED_METRIC_PREFIX}{k}": v for k, v in summary["refused"].items()}}
     metrics = {key: count for key, count in released_counts.items() if not is_suppressed(count)}
     for disease, binned in summary["histograms"].items():
         value = psi(binned, summary["reference"][disease])
-        metrics[f"psi/{disease}"] = value
+        metrics[f"{PSI_METRIC_PREFIX}{disease}"] = value
         if value > PSI_WARNING:
             warnings.append(f"drift: site {site}, {disease}: PSI {value:.2f} > {PSI_WARNING} between model {model} "
                             f"v{version}'s scores of {day} and the site's validation scores")

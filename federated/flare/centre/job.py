@@ -1,6 +1,6 @@
 """The centre's half of a training over NVIDIA FLARE: ``train_flare(config, federation, shards_root, env,
 workspace, kit) -> FlareResult``, the one entry point (``federated.launch.Flare``, which ``fedauc train``
-and the Prefect flows pass down; the tests and benchmarks/flare.py).
+and the Prefect flows pass down; the tests and benchmarks/throughput/flare.py).
 
 It checks the environment and the algorithm first (federated/flare/centre/environments.py), builds
 the job (``flare_job``: configuration only, ``federated/flare/installed.py``), submits it in ``env``

@@ -1,0 +1,1 @@
+"""The claims benchmark (docs/claims.md): ``python -m benchmarks.claims``."""

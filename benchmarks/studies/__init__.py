@@ -1,0 +1,1 @@
+"""Quality studies, each behind a default or a threshold it chose: ``python -m benchmarks.studies.<name>``."""

@@ -1,0 +1,1 @@
+"""A year of a centre (docs/consortium.md, docs/performance.md): ``python -m benchmarks.year``."""
