@@ -88,7 +88,8 @@ def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
     assert reference is not None and scorer.ood is not None
     assert reference.target_false_refusal == 0.01
     assert reference.valid_false_refusal <= 0.01
-    assert reference.dimension == scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0]
+    assert reference.members == {"penultimate": 128, "thumbnail": 64, "intensity": 16}
+    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0] == 208
     assert np.isfinite(reference.threshold) and reference.threshold > 0
 
 
@@ -157,8 +158,8 @@ def test_drift_counts_refusals_by_reason():
 def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_numpy():
     rng = np.random.default_rng(0)
     features = rng.normal(size=(500, 4)) @ np.diag([1.0, 2.0, 0.5, 3.0]) + 1.0
-    halves = [ood.feature_sums(part, 4) for part in (features[:200], features[200:])]
-    fitted, n = ood.gaussian(halves[0] + halves[1], 4)  # the sum of the sites' sums, as the transport adds them
+    halves = [ood.feature_sums(part, (4,)) for part in (features[:200], features[200:])]
+    fitted, n = ood.gaussian(halves[0] + halves[1], (4,))  # the sum of the sites' sums, as the transport adds them
     assert n == 500
     np.testing.assert_allclose(fitted.mean, features.mean(axis=0))
     weight = 4 / (500 + 4)
@@ -167,7 +168,9 @@ def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_
     np.testing.assert_allclose(np.linalg.inv(fitted.precision), shrunk, rtol=1e-9)
 
     distances = fitted.distances(features)
-    histogram = ood.distance_histogram(distances, 4)
-    threshold, refused = ood.threshold_at(histogram, 4, 0.01)
+    np.testing.assert_allclose(distances ** 2 * 4, np.einsum("nd,de,ne->n", features - features.mean(axis=0),
+                                                             fitted.precision, features - features.mean(axis=0)))
+    histogram = ood.distance_histogram(distances)
+    threshold, refused = ood.threshold_at(histogram, 0.01)
     assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)
     assert (distances > threshold).mean() >= 0.01 - 2 / 500  # not far more conservative than asked
