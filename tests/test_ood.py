@@ -174,3 +174,71 @@ def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_
     threshold, refused = ood.threshold_at(histogram, 0.01)
     assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)
     assert (distances > threshold).mean() >= 0.01 - 2 / 500  # not far more conservative than asked
+
+
+def test_a_hospital_refits_its_refusal_threshold_and_calibration_on_its_own_validation_split(store, tmp_path):
+    from pipelines.model_package import loading
+    from pipelines.model_package import thresholds as op
+
+    result = runner.invoke(app, ["thresholds", str(store / "boston.yaml"), "--shards", str(store / "shards")])
+    assert result.exit_code == 0, result.output
+    assert "out of distribution above" in result.output
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(None, "chest-xray", folder)
+    own = op.read(op.hospital_file(store / "shards", "boston", scorer.name, scorer.version))
+    assert own.ood is not None and own.ood.source == "validation split of site boston"
+    assert own.ood.members == scorer.contract.ood.members and own.ood.target_false_refusal == 0.01
+    assert own.calibration is not None and own.calibration.source == "validation split of site boston"
+
+    # Read at the stated rate on the site's own validation distances, as predict measures them: the smallest bin
+    # edge that refuses at most 1 % of them.
+    valid = _predict(store / "boston.yaml", "--split", "valid", "--shards", store / "shards", "--out", tmp_path / "v.csv")
+    distances = valid["ood_distance"].astype(float).dropna().to_numpy()
+    edges = ood.distance_edges()
+    assert (distances > own.ood.threshold).mean() <= 0.01
+    below = edges[np.searchsorted(edges, own.ood.threshold) - 1]
+    assert (distances > below).mean() > 0.01 or below < distances.min()
+
+    # predict at that site uses them: a refusal names the site's split, the calibrated column is the site's map.
+    foreign = foreign_images(tmp_path / "foreign")
+    table = _predict(store / "boston.yaml", foreign["noise"], "--split", "test", "--shards", store / "shards",
+                     "--out", tmp_path / "t.csv")
+    noise = table[table["source"].str.endswith("noise.png")].iloc[0]
+    assert noise["reason"] == "out_of_distribution" and "validation split of site boston" in noise["detail"]
+    scored = table[table["status"] == "scored"]
+    assert len(scored)
+    for disease in own.calibration.diseases:
+        np.testing.assert_allclose(scored[f"calibrated_{disease}"].astype(float),
+                                   own.calibration.apply(disease, scored[f"p_{disease}"].astype(float)), rtol=1e-9)
+
+
+def test_a_site_whose_distances_sit_higher_is_held_to_the_rate_by_its_own_threshold():
+    """The San Juan case (docs/algorithms.md section 15): one site's features spread wider than the others', so
+    the pooled threshold refuses several times the stated rate of its images; its own threshold does not."""
+    rng = np.random.default_rng(1)
+    near, wide = rng.normal(size=(4000, 8)), 1.25 * rng.normal(size=(7000, 8))
+    fitted, _ = ood.gaussian(ood.feature_sums(near[:1000], (8,)) + ood.feature_sums(wide[:1000], (8,)), (8,))
+    valid = {"near": ood.distance_histogram(fitted.distances(near[1000:])),
+             "wide": ood.distance_histogram(fitted.distances(wide[1000:2000]))}
+    wide_test = fitted.distances(wide[2000:])
+    pooled, _ = ood.threshold_at(sum(valid.values()), 0.01)
+    own, _ = ood.threshold_at(valid["wide"], 0.01)
+    assert (wide_test > pooled).mean() > 0.02  # the pooled threshold misses the target at that site
+    assert (wide_test > own).mean() <= 0.02
+
+
+def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():
+    import torch
+
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (3, 32, 32), dtype=np.uint8)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32 * 32, 5)).eval()
+    _, features = ood.scores_and_features(model, images, torch.device("cpu"))
+    assert features.shape == (3, 32 * 32 + 64 + 16)
+    pixels = images.astype(np.float64) / 255
+    thumbnails = pixels.reshape(3, 8, 4, 8, 4).mean(axis=(2, 4)).reshape(3, 64)
+    np.testing.assert_allclose(features[:, 1024:1088], thumbnails, rtol=1e-6)
+    levels = np.minimum((pixels * 16).astype(int), 15).reshape(3, -1)
+    histograms = np.stack([np.bincount(row, minlength=16) / row.size for row in levels])
+    np.testing.assert_allclose(features[:, 1088:], histograms, atol=1e-7)
+    np.testing.assert_allclose(features[:, :1024], pixels.reshape(3, -1), rtol=1e-6)  # the linear head's input

@@ -78,7 +78,10 @@ def with_hospital_refit(scorer: Scorer, hospital_file: Path | None) -> Scorer:
     of the registered ones, where its file has them: the site scores with what was read on its own images."""
     if hospital_file is None or not hospital_file.is_file():
         return scorer
-    own = op.read(hospital_file)
+    return with_refit(scorer, op.read(hospital_file))
+
+
+def with_refit(scorer: Scorer, own: op.OperatingPoints) -> Scorer:
     update = {key: value for key, value in (("ood", own.ood), ("calibration", own.calibration)) if value is not None}
     if scorer.contract.ood is None:  # a model without a refusal model has no Gaussian to measure distances with
         update.pop("ood", None)
