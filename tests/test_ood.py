@@ -242,3 +242,12 @@ def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():
     histograms = np.stack([np.bincount(row, minlength=16) / row.size for row in levels])
     np.testing.assert_allclose(features[:, 1088:], histograms, atol=1e-7)
     np.testing.assert_allclose(features[:, :1024], pixels.reshape(3, -1), rtol=1e-6)  # the linear head's input
+
+
+def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_test_split(store):
+    from pipelines.evaluations import RELIABILITY_TEST_ARTIFACT, evaluate_registered
+    from preprocessing.federation import load_federation
+
+    (result,) = evaluate_registered(load_federation(store / "chest.yaml"), store / "shards")
+    assert result["champion"]
+    assert RELIABILITY_TEST_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(result["run_id"])]
