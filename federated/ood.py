@@ -57,6 +57,9 @@ class OodReference(BaseModel):
     threshold: float  # the ensemble distance above which an image is refused
     target_false_refusal: float  # the rate the threshold was read at
     valid_false_refusal: float  # the pooled validation split's refused fraction at the threshold
+    # The pooled validation distances' median (a bin edge): what a hospital's refit scales the threshold by
+    # (``site_threshold``); None in a contract registered before it.
+    valid_median: float | None = None
     test_false_refusal: float | None  # the pooled test split's (None: no site holds one)
     train_images: int  # images the Gaussian was fitted on, summed over sites
     source: str
@@ -231,6 +234,31 @@ def threshold_at(histogram: np.ndarray, rate: float) -> tuple[float, float]:
     return float(distance_edges()[b + 1]), float(1 - kept[b])
 
 
+def median_of(histogram: np.ndarray) -> float:
+    """The smallest upper bin edge below which at least half of the histogram's distances lie."""
+    return threshold_at(histogram, 0.5)[0]
+
+
+# A site's own (1 - rate) quantile is read directly only when at least this many of its validation images lie
+# beyond it; fewer, and its largest distance, one image's, would set it.
+TAIL_IMAGES = 10
+
+
+def site_threshold(histogram: np.ndarray, registered: OodReference) -> tuple[float, str]:
+    """A hospital's own threshold from its validation distances' histogram, and how it was read: its
+    (1 - rate) quantile where ``TAIL_IMAGES`` lie beyond it; else the pooled threshold scaled by the ratio of the
+    site's median distance to the pooled one (its distances taken as the pool's, stretched: the median is
+    estimable from a few dozen images, the 1 % tail is not)."""
+    rate, images = registered.target_false_refusal, float(histogram.sum())
+    if images * rate >= TAIL_IMAGES or registered.valid_median is None:
+        return threshold_at(histogram, rate)[0], f"its {1 - rate:.0%} quantile"
+    scale = median_of(histogram) / registered.valid_median
+    edges = distance_edges()  # on a bin edge, as every threshold, so that the histograms count it exactly
+    threshold = float(edges[min(np.searchsorted(edges, registered.threshold * scale * (1 - 1e-12)), DISTANCE_BINS)])
+    return threshold, (f"the pooled threshold x {scale:.2f}, its median over the pooled one "
+                                          f"({images:.0f} validation images, under {TAIL_IMAGES} beyond a {rate:.0%} quantile)")
+
+
 def refused_fraction(histogram: np.ndarray, threshold: float) -> float | None:
     """The fraction of a histogram's distances above ``threshold`` (a bin edge); None for an empty histogram."""
     total = histogram.sum()
@@ -281,6 +309,7 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
         return None, sent
     threshold, valid_refused = threshold_at(histograms["valid"], rate)
     reference = OodReference(members=dims, threshold=threshold, target_false_refusal=rate,
+                             valid_median=median_of(histograms["valid"]),
                              valid_false_refusal=valid_refused,
                              test_false_refusal=refused_fraction(histograms["test"], threshold),
                              train_images=n, source=source)

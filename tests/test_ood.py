@@ -186,18 +186,19 @@ def test_a_hospital_refits_its_refusal_threshold_and_calibration_on_its_own_vali
     with loading.scratch_folder() as folder:
         scorer = loading.load_registered(None, "chest-xray", folder)
     own = op.read(op.hospital_file(store / "shards", "boston", scorer.name, scorer.version))
-    assert own.ood is not None and own.ood.source == "validation split of site boston"
+    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the pooled threshold x")
     assert own.ood.members == scorer.contract.ood.members and own.ood.target_false_refusal == 0.01
     assert own.calibration is not None and own.calibration.source == "validation split of site boston"
 
-    # Read at the stated rate on the site's own validation distances, as predict measures them: the smallest bin
-    # edge that refuses at most 1 % of them.
+    # Under 1000 validation images, too few for a 1 % quantile of its own: the pooled threshold scaled by the
+    # ratio of the site's median distance, as predict measures the distances, to the pooled median.
     valid = _predict(store / "boston.yaml", "--split", "valid", "--shards", store / "shards", "--out", tmp_path / "v.csv")
     distances = valid["ood_distance"].astype(float).dropna().to_numpy()
     edges = ood.distance_edges()
-    assert (distances > own.ood.threshold).mean() <= 0.01
-    below = edges[np.searchsorted(edges, own.ood.threshold) - 1]
-    assert (distances > below).mean() > 0.01 or below < distances.min()
+    median = edges[np.searchsorted(edges, np.median(distances))]  # the smallest edge with half below it, +- a bin
+    expected = scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median
+    assert own.ood.threshold == pytest.approx(expected, rel=0.03)
+    assert own.ood.valid_median == pytest.approx(median, rel=0.013)
 
     # predict at that site uses them: a refusal names the site's split, the calibrated column is the site's map.
     foreign = foreign_images(tmp_path / "foreign")
@@ -221,10 +222,24 @@ def test_a_site_whose_distances_sit_higher_is_held_to_the_rate_by_its_own_thresh
     valid = {"near": ood.distance_histogram(fitted.distances(near[1000:])),
              "wide": ood.distance_histogram(fitted.distances(wide[1000:2000]))}
     wide_test = fitted.distances(wide[2000:])
-    pooled, _ = ood.threshold_at(sum(valid.values()), 0.01)
-    own, _ = ood.threshold_at(valid["wide"], 0.01)
+    pooled_histogram = sum(valid.values())
+    pooled, refused = ood.threshold_at(pooled_histogram, 0.01)
+    registered = ood.OodReference(members={"penultimate": 8}, threshold=pooled, target_false_refusal=0.01,
+                                  valid_false_refusal=refused, valid_median=ood.median_of(pooled_histogram),
+                                  test_false_refusal=None, train_images=2000, source="pooled")
     assert (wide_test > pooled).mean() > 0.02  # the pooled threshold misses the target at that site
+
+    # 1000 validation images: 10 beyond its 1 % quantile, read directly.
+    own, how = ood.site_threshold(valid["wide"], registered)
+    assert how == "its 99% quantile" and own == ood.threshold_at(valid["wide"], 0.01)[0]
     assert (wide_test > own).mean() <= 0.02
+
+    # 49 validation images, one of them an outlier: its largest distance would be the quantile; the median-scaled
+    # pooled threshold holds the rate without letting the outlier set it.
+    few = np.concatenate([fitted.distances(wide[2000:2048]), [10.0]])
+    own, how = ood.site_threshold(ood.distance_histogram(few), registered)
+    assert how.startswith("the pooled threshold x") and own < 0.5 * ood.threshold_at(ood.distance_histogram(few), 0.01)[0]
+    assert (wide_test > own).mean() <= 0.02 and own in ood.distance_edges()
 
 
 def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():

@@ -179,8 +179,9 @@ def _own_refusal(scorer: Scorer, features: dict[str, np.ndarray], source: str) -
     if registered is None or scorer.ood is None:
         return None
     histograms = {split: ood.distance_histogram(scorer.ood.distances(f)) for split, f in features.items()}
-    threshold, valid_refused = ood.threshold_at(histograms["valid"], registered.target_false_refusal)
+    threshold, how = ood.site_threshold(histograms["valid"], registered)
     test = histograms.get("test")
     return registered.model_copy(update={
-        "threshold": threshold, "valid_false_refusal": valid_refused, "source": source,
+        "threshold": threshold, "valid_false_refusal": ood.refused_fraction(histograms["valid"], threshold),
+        "valid_median": ood.median_of(histograms["valid"]), "source": f"{source}: {how}",
         "test_false_refusal": None if test is None else ood.refused_fraction(test, threshold)})
