@@ -93,8 +93,8 @@ def thresholds_command(
     if points.ood is not None:
         test = "" if points.ood.test_false_refusal is None else f", its test split {points.ood.test_false_refusal:.1%}"
         typer.echo(f"  out of distribution above {points.ood.threshold:.2f} (registered: "
-                   f"{scorer.contract.ood.threshold:.2f}): refuses {points.ood.valid_false_refusal:.1%} of this "
-                   f"site's validation split{test}")
+                   f"{scorer.contract.ood.threshold:.2f}; read as {points.ood.source.split(': ', 1)[-1]}): refuses "
+                   f"{points.ood.valid_false_refusal:.1%} of this site's validation split{test}")
     if points.calibration is not None:
         typer.echo(f"  calibration map refitted for {', '.join(points.calibration.diseases) or 'no disease'}")
 
