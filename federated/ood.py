@@ -248,8 +248,14 @@ def site_threshold(histogram: np.ndarray, registered: OodReference) -> tuple[flo
     """A hospital's own threshold from its validation distances' histogram, and how it was read: its
     (1 - rate) quantile where ``TAIL_IMAGES`` lie beyond it; else the pooled threshold scaled by the ratio of the
     site's median distance to the pooled one (its distances taken as the pool's, stretched: the median is
-    estimable from a few dozen images, the 1 % tail is not)."""
+    estimable from a few dozen images, the 1 % tail is not). Never for a site whose median distance lies beyond
+    the registered threshold: its typical image is unlike the federation's training images (a hospital that did
+    not train, imaging unlike every site's), and a threshold loosened to take it would take foreign images too; it
+    keeps the registered one."""
     rate, images = registered.target_false_refusal, float(histogram.sum())
+    if median_of(histogram) > registered.threshold:
+        return registered.threshold, ("the registered threshold, kept: over half of its validation images lie "
+                                      "beyond it, unlike the federation's training images")
     if images * rate >= TAIL_IMAGES or registered.valid_median is None:
         return threshold_at(histogram, rate)[0], f"its {1 - rate:.0%} quantile"
     scale = median_of(histogram) / registered.valid_median

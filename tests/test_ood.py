@@ -241,6 +241,12 @@ def test_a_site_whose_distances_sit_higher_is_held_to_the_rate_by_its_own_thresh
     assert how.startswith("the pooled threshold x") and own < 0.5 * ood.threshold_at(ood.distance_histogram(few), 0.01)[0]
     assert (wide_test > own).mean() <= 0.02 and own in ood.distance_edges()
 
+    # A site most of whose images lie beyond the registered threshold (one that did not train, imaging unlike
+    # the federation's) keeps it: a refit would loosen it to take foreign images.
+    foreign_site = fitted.distances(3 * rng.normal(size=(60, 8)))
+    own, how = ood.site_threshold(ood.distance_histogram(foreign_site), registered)
+    assert own == pooled and how.startswith("the registered threshold, kept")
+
 
 def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():
     import torch
