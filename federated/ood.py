@@ -1,19 +1,24 @@
-"""Out-of-distribution refusal: what the federation's training images look like to the network, learnt from sums.
+"""Out-of-distribution refusal: what the federation's training images look like, learnt from sums.
 
-The model (docs/algorithms.md section 15): one Gaussian over the penultimate features (the input of the network's
-last linear layer) of every site's training images, and the Mahalanobis distance of an image's features to it
-(Lee et al., "A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
-NeurIPS 2018, with one class-independent Gaussian: the labels are multi-label, so per-class means do not partition
-the images). Its sufficient statistics are sums, so they travel like any other released sum (``transport.mean_``
-with weights 1, secure aggregation included) and no image's features leave a site:
+The model (docs/algorithms.md section 15): a feature ensemble (Lee et al., "A Simple Unified Framework for
+Detecting Out-of-Distribution Samples and Adversarial Attacks", NeurIPS 2018, section 2.2) of three members, each
+one Gaussian over a vector every image gives: the penultimate features (the input of the network's last linear
+layer), the network's input average-pooled to ``THUMBNAIL_SIDE`` x ``THUMBNAIL_SIDE`` (its layout: where the
+bright and dark parts of the film lie) and its histogram of ``INTENSITY_BINS`` grey levels. An image's distance
+is the largest of its Mahalanobis distances to the members, each divided by the square root of the member's
+dimension (so that each averages about 1 on the images it was fitted on). One class-independent Gaussian per
+member: the labels are multi-label, so per-class means do not partition the images. The sufficient statistics are
+sums, so they travel like any other released sum (``transport.mean_`` with weights 1, secure aggregation included)
+and no image's features leave a site:
 
-1. Each site sums its training split's features: the image count n, sum f and sum f f^T (float64).
-2. Every process turns the pooled sums into the mean and a shrunk covariance, ``gaussian``.
+1. Each site sums its training split's member vectors: the image count n, and per member sum f and sum f f^T.
+2. Every process turns the pooled sums into each member's mean and shrunk covariance, ``gaussian``.
 3. Each site counts its valid and test splits' distances in ``DISTANCE_BINS`` log-spaced bins (``distance_edges``);
    the counts are summed like the evaluation's score histograms.
 4. The threshold is the smallest bin edge that keeps at least 1 - rate of the pooled validation distances
    (``threshold_at``): the false-refusal rate on the pooled validation split is at most ``rate``, exactly, on the
-   histogram it was read from.
+   histogram it was read from. A hospital reads its own threshold from its own validation split the same way
+   (``fedauc thresholds``, pipelines/model_package/thresholds.py): nothing of it leaves the site.
 
 Under differential privacy none of this is computed (docs/privacy.md section 5, ``ood.*``).
 """
@@ -30,9 +35,15 @@ from torch import nn
 from federated.predict import predict_scores
 
 DISTANCE_BINS = 1000
-# The distance divided by sqrt(dimension), whose square averages 1 over the images the Gaussian was fitted on,
-# binned log-uniformly over five decades: a bin is 1.2 % wide, and the top bin also counts every larger distance.
+# The distance (each member's divided by sqrt(its dimension), so about 1 on the images the Gaussians were fitted
+# on) binned log-uniformly over five decades: a bin is 1.2 % wide, and the top bin also counts every larger one.
 _LOG10_RANGE = (-2.0, 3.0)
+# The input-level members. 8 x 8 keeps the film's layout (lung fields, mediastinum, borders) at 64 values; 16 grey
+# levels its exposure and how much of it is background. A CT slice exported as PNG (a bright oval on black) sits
+# within the penultimate features' spread of a small network's chest films but far from both (section 15).
+THUMBNAIL_SIDE = 8
+INTENSITY_BINS = 16
+PENULTIMATE, THUMBNAIL, INTENSITY = "penultimate", "thumbnail", "intensity"
 
 
 class OodReference(BaseModel):
@@ -40,11 +51,15 @@ class OodReference(BaseModel):
     precision matrix travel beside the contract in a file of their own (``Gaussian``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    method: str = "mahalanobis, penultimate features, one Gaussian (Lee et al. 2018)"
-    dimension: int
-    threshold: float  # Mahalanobis distance above which an image is refused
+    method: str = ("mahalanobis feature ensemble (Lee et al. 2018): penultimate features, 8 x 8 input thumbnail, "
+                   "16-level intensity histogram; the largest distance over sqrt(dimension)")
+    members: dict[str, int]  # each member's dimension, in the order its vector comes in the features
+    threshold: float  # the ensemble distance above which an image is refused
     target_false_refusal: float  # the rate the threshold was read at
     valid_false_refusal: float  # the pooled validation split's refused fraction at the threshold
+    # The pooled validation distances' median (a bin edge): what a hospital's refit scales the threshold by
+    # (``site_threshold``); None in a contract registered before it.
+    valid_median: float | None = None
     test_false_refusal: float | None  # the pooled test split's (None: no site holds one)
     train_images: int  # images the Gaussian was fitted on, summed over sites
     source: str
@@ -52,15 +67,33 @@ class OodReference(BaseModel):
 
 @dataclass
 class Gaussian:
-    mean: np.ndarray  # (d,)
-    precision: np.ndarray  # (d, d): the shrunk covariance's inverse
+    """The members' Gaussians side by side: one mean vector, one block-diagonal precision matrix."""
+
+    mean: np.ndarray  # (D,): the members' means, concatenated
+    precision: np.ndarray  # (D, D): each member's shrunk covariance's inverse on its diagonal block, 0 elsewhere
+    blocks: tuple[int, ...]  # each member's dimension
 
     def distances(self, features: np.ndarray) -> np.ndarray:
+        """The ensemble distance of each row of ``features`` (N, D): the largest member distance / sqrt(d)."""
         centred = np.asarray(features, dtype=np.float64) - self.mean
-        return np.sqrt(np.maximum(np.einsum("nd,de,ne->n", centred, self.precision, centred), 0.0))
+        out = np.zeros(len(centred))
+        for part in _slices(self.blocks):
+            square = np.einsum("nd,de,ne->n", centred[:, part], self.precision[part, part], centred[:, part])
+            out = np.maximum(out, np.sqrt(np.maximum(square, 0.0) / (part.stop - part.start)))
+        return out
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"mean": self.mean, "precision": self.precision}
+        return {"mean": self.mean, "precision": self.precision, "blocks": np.asarray(self.blocks, dtype=np.int64)}
+
+    @classmethod
+    def from_arrays(cls, arrays) -> Gaussian:
+        return cls(np.asarray(arrays["mean"]), np.asarray(arrays["precision"]),
+                   tuple(int(b) for b in np.asarray(arrays["blocks"])))
+
+
+def _slices(blocks) -> list[slice]:
+    ends = np.cumsum([0, *blocks])
+    return [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
 
 
 @dataclass
@@ -75,7 +108,7 @@ def to_saved(model: OodModel | None) -> dict | None:
     """``model`` as ``torch.load(weights_only=True)`` reads it back (a torchrun training's result file)."""
     if model is None:
         return None
-    return {"mean": torch.from_numpy(model.gaussian.mean), "precision": torch.from_numpy(model.gaussian.precision),
+    return {**{key: torch.from_numpy(value) for key, value in model.gaussian.arrays().items()},
             "reference": model.reference.model_dump(), "valid_histogram": torch.from_numpy(model.valid_histogram),
             "test_histogram": torch.from_numpy(model.test_histogram)}
 
@@ -83,7 +116,7 @@ def to_saved(model: OodModel | None) -> dict | None:
 def from_saved(saved: dict | None) -> OodModel | None:
     if saved is None:
         return None
-    return OodModel(Gaussian(saved["mean"].numpy(), saved["precision"].numpy()),
+    return OodModel(Gaussian.from_arrays({key: saved[key].numpy() for key in ("mean", "precision", "blocks")}),
                     OodReference.model_validate(saved["reference"]), saved["valid_histogram"].numpy(),
                     saved["test_histogram"].numpy())
 
@@ -97,59 +130,98 @@ def head_layer(model: nn.Module) -> nn.Linear:
     return linear[-1]
 
 
+def members(model: nn.Module, pictures: bool = True) -> dict[str, int]:
+    """Each member's dimension for ``model``: the input-level members only where its input is an image."""
+    dims = {PENULTIMATE: head_layer(model).in_features}
+    if pictures:
+        dims.update({THUMBNAIL: THUMBNAIL_SIDE * THUMBNAIL_SIDE, INTENSITY: INTENSITY_BINS})
+    return dims
+
+
+def _input_members(x: torch.Tensor) -> torch.Tensor:
+    """The thumbnail and grey-level histogram of each image of a (B, ch, H, W) batch in [0, 1], (B, 64 + 16)."""
+    grey = x.detach().float().mean(dim=1, keepdim=True)
+    thumbnail = nn.functional.adaptive_avg_pool2d(grey, THUMBNAIL_SIDE).flatten(1)
+    level = (grey.flatten(1) * INTENSITY_BINS).long().clamp(0, INTENSITY_BINS - 1)
+    counts = torch.zeros(len(grey), INTENSITY_BINS, device=grey.device).scatter_add_(
+        1, level, torch.ones_like(level, dtype=torch.float32))
+    return torch.cat([thumbnail, counts / level.shape[1]], dim=1)
+
+
 def scores_and_features(model: nn.Module, images, device: torch.device, amp: bool = False,
                         channels_last: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``predict_scores`` of ``images`` and, from the same forward pass, their penultimate features (N, d) float64."""
+    """``predict_scores`` of ``images`` and, from the same forward pass, each image's member vectors
+    concatenated in ``members`` order (N, D) float64."""
     head = head_layer(model)
+    inputs_seen: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []
-    handle = head.register_forward_hook(
-        lambda _module, inputs, _output: captured.append(inputs[0].detach().float().reshape(len(inputs[0]), -1).cpu()))
+    handles = [model.register_forward_pre_hook(
+                   lambda _module, args: inputs_seen.append(_input_members(args[0]).cpu()) if args[0].ndim == 4 else None),
+               head.register_forward_hook(lambda _module, inputs, _output: captured.append(
+                   inputs[0].detach().float().reshape(len(inputs[0]), -1).cpu()))]
     try:
         scores = predict_scores(model, images, device, amp=amp, channels_last=channels_last)
     finally:
-        handle.remove()
-    features = torch.cat(captured).double().numpy() if captured else np.zeros((0, head.in_features))
-    return scores, features
+        for handle in handles:
+            handle.remove()
+    if not captured:
+        return scores, np.zeros((0, sum(members(model, np.ndim(images) >= 3).values())))
+    features = torch.cat(captured)
+    if inputs_seen:
+        features = torch.cat([features, torch.cat(inputs_seen)], dim=1)
+    return scores, features.double().numpy()
 
 
-def feature_sums(features: np.ndarray, dimension: int) -> np.ndarray:
-    """``[n, sum f (d), sum f f^T (d * d)]`` of one site's features, float64: what step 1 sends."""
-    features = np.asarray(features, dtype=np.float64).reshape(-1, dimension)
-    return np.concatenate([[len(features)], features.sum(axis=0), (features.T @ features).ravel()])
+def feature_sums(features: np.ndarray, blocks) -> np.ndarray:
+    """``[n, then per member: sum f (d), sum f f^T (d * d)]`` of one site's features, float64: what step 1 sends."""
+    features = np.asarray(features, dtype=np.float64).reshape(-1, sum(blocks))
+    parts = [features[:, part] for part in _slices(blocks)]
+    return np.concatenate([[len(features)], *(np.concatenate([f.sum(axis=0), (f.T @ f).ravel()]) for f in parts)])
 
 
-def gaussian(sums: np.ndarray, dimension: int) -> tuple[Gaussian, int]:
-    """The mean and precision from pooled ``feature_sums``; and n. The covariance is shrunk towards its mean
-    variance times the identity with weight d / (n + d) (a prior worth d images: a Ledoit-Wolf-like target
-    without the fourth moments, which would cost another d^2 sum), so that n < d images still give an
-    invertible matrix and the rare directions of the training features are not trusted beyond what n supports."""
-    n = float(sums[0])
-    if n < 2:
-        raise ValueError(f"{n:.0f} training images in the federation: too few to fit the feature distribution")
-    mean = sums[1 : 1 + dimension] / n
-    second = sums[1 + dimension :].reshape(dimension, dimension) / n
+def _shrunk_precision(n: float, mean: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The inverse of the covariance shrunk towards its mean variance times the identity with weight
+    d / (n + d) (a prior worth d images: a Ledoit-Wolf-like target without the fourth moments, which would cost
+    another d^2 sum), so that n < d images still give an invertible matrix and the rare directions of the
+    training features are not trusted beyond what n supports."""
+    dimension = len(mean)
     covariance = (second - np.outer(mean, mean)) * n / (n - 1)
     covariance = (covariance + covariance.T) / 2
     weight = dimension / (n + dimension)
     scale = max(float(np.trace(covariance)) / dimension, 1e-12)
-    shrunk = (1 - weight) * covariance + weight * scale * np.eye(dimension)
-    return Gaussian(mean, np.linalg.inv(shrunk)), int(round(n))
+    return np.linalg.inv((1 - weight) * covariance + weight * scale * np.eye(dimension))
 
 
-def distance_edges(dimension: int) -> np.ndarray:
-    """The ``DISTANCE_BINS + 1`` bin edges of the Mahalanobis distance."""
-    return np.sqrt(dimension) * np.logspace(*_LOG10_RANGE, DISTANCE_BINS + 1)
+def gaussian(sums: np.ndarray, blocks) -> tuple[Gaussian, int]:
+    """Each member's mean and precision from pooled ``feature_sums``; and n."""
+    n = float(sums[0])
+    if n < 2:
+        raise ValueError(f"{n:.0f} training images in the federation: too few to fit the feature distribution")
+    means, precision, offset = [], np.zeros((sum(blocks), sum(blocks))), 1
+    for part in _slices(blocks):
+        d = part.stop - part.start
+        mean = sums[offset : offset + d] / n
+        second = sums[offset + d : offset + d + d * d].reshape(d, d) / n
+        offset += d + d * d
+        means.append(mean)
+        precision[part, part] = _shrunk_precision(n, mean, second)
+    return Gaussian(np.concatenate(means), precision, tuple(blocks)), int(round(n))
 
 
-def distance_histogram(distances: np.ndarray, dimension: int) -> np.ndarray:
+def distance_edges() -> np.ndarray:
+    """The ``DISTANCE_BINS + 1`` bin edges of the ensemble distance."""
+    return np.logspace(*_LOG10_RANGE, DISTANCE_BINS + 1)
+
+
+def distance_histogram(distances: np.ndarray) -> np.ndarray:
     """Counts of ``distances`` per bin; below the first edge in the first bin, above the last in the last."""
-    edges = distance_edges(dimension)
+    edges = distance_edges()
     index = np.clip(np.searchsorted(edges, np.asarray(distances, dtype=np.float64), side="right") - 1,
                     0, DISTANCE_BINS - 1)
     return np.bincount(index, minlength=DISTANCE_BINS).astype(np.float64)
 
 
-def threshold_at(histogram: np.ndarray, dimension: int, rate: float) -> tuple[float, float]:
+def threshold_at(histogram: np.ndarray, rate: float) -> tuple[float, float]:
     """(threshold, refused fraction): the smallest upper bin edge below which at least 1 - ``rate`` of the
     histogram's distances lie; an image is refused when its distance exceeds it."""
     total = histogram.sum()
@@ -159,16 +231,53 @@ def threshold_at(histogram: np.ndarray, dimension: int, rate: float) -> tuple[fl
     b = int(np.flatnonzero(kept >= 1 - rate - 1e-12)[0])
     if b == DISTANCE_BINS - 1:  # the top bin is open: nothing it holds may be refused
         return float("inf"), 0.0
-    return float(distance_edges(dimension)[b + 1]), float(1 - kept[b])
+    return float(distance_edges()[b + 1]), float(1 - kept[b])
 
 
-def refused_fraction(histogram: np.ndarray, dimension: int, threshold: float) -> float | None:
+def median_of(histogram: np.ndarray) -> float:
+    """The smallest upper bin edge below which at least half of the histogram's distances lie."""
+    return threshold_at(histogram, 0.5)[0]
+
+
+# A site's own (1 - rate) quantile is read directly only when at least this many of its validation images lie
+# beyond it; fewer, and its largest distance, one image's, would set it.
+TAIL_IMAGES = 10
+
+
+def site_threshold(histogram: np.ndarray, registered: OodReference) -> tuple[float, str]:
+    """A hospital's own threshold from its validation distances' histogram, and how it was read: its
+    (1 - rate) quantile where ``TAIL_IMAGES`` lie beyond it; else the pooled threshold scaled by the ratio of the
+    site's median distance to the pooled one (its distances taken as the pool's, stretched: the median is
+    estimable from a few dozen images, the 1 % tail is not). Never for a site whose median distance lies beyond
+    the registered threshold: its typical image is unlike the federation's training images (a hospital that did
+    not train, imaging unlike every site's), and a threshold loosened to take it would take foreign images too; it
+    keeps the registered one."""
+    rate, images = registered.target_false_refusal, float(histogram.sum())
+    if median_of(histogram) > registered.threshold:
+        return registered.threshold, ("the registered threshold, kept: over half of its validation images lie "
+                                      "beyond it, unlike the federation's training images")
+    if images * rate >= TAIL_IMAGES or registered.valid_median is None:
+        return threshold_at(histogram, rate)[0], f"its {1 - rate:.0%} quantile"
+    scale = median_of(histogram) / registered.valid_median
+    edges = distance_edges()  # on a bin edge, as every threshold, so that the histograms count it exactly
+    threshold = float(edges[min(np.searchsorted(edges, registered.threshold * scale * (1 - 1e-12)), DISTANCE_BINS)])
+    return threshold, (f"the pooled threshold x {scale:.2f}, its median over the pooled one "
+                                          f"({images:.0f} validation images, under {TAIL_IMAGES} beyond a {rate:.0%} quantile)")
+
+
+def refused_fraction(histogram: np.ndarray, threshold: float) -> float | None:
     """The fraction of a histogram's distances above ``threshold`` (a bin edge); None for an empty histogram."""
     total = histogram.sum()
     if total <= 0:
         return None
-    upper = distance_edges(dimension)[1:]
+    upper = distance_edges()[1:]
     return float(histogram[upper > threshold * (1 + 1e-12)].sum() / total)
+
+
+def site_images_are_pictures(sites) -> bool:
+    """Whether the federation's rows are images (uint8 (N, H, W[, 3])), not feature vectors: every site's shard
+    has the same input shape, so every process decides alike."""
+    return np.ndim(sites[0].data.train.images) >= 3 if sites else True
 
 
 def federated_statistics(model: nn.Module, sites, transport, device: torch.device, rate: float, source: str,
@@ -178,17 +287,18 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
     what the transport moves for a summed tensor). None where the federation holds fewer than two training
     images or no validation image to read a threshold from: the model then refuses nothing as out of
     distribution and its contract has no ``ood``. Every process decides alike, from the same pooled sums."""
-    dimension = head_layer(model).in_features
+    dims = members(model, site_images_are_pictures(sites))
+    blocks = tuple(dims.values())
     sums = []
     for site in sites:
         train = site.data.train
         _, features = scores_and_features(model, train.images, device, amp, channels_last) if len(train) else (
-            None, np.zeros((0, dimension)))
-        sums.append(torch.from_numpy(feature_sums(features, dimension)).to(device))
+            None, np.zeros((0, sum(blocks))))
+        sums.append(torch.from_numpy(feature_sums(features, blocks)).to(device))
     transport.mean_([[s] for s in sums], [1.0] * len(sites))
     if float(sums[0][0]) < 2:
         return None, [bytes_of(s) for s in sums]
-    fitted, n = gaussian(sums[0].cpu().numpy(), dimension)
+    fitted, n = gaussian(sums[0].cpu().numpy(), blocks)
     histograms = {}
     for split in ("valid", "test"):
         counts = []
@@ -197,16 +307,17 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
             distances = np.zeros(0)
             if part is not None and len(part):
                 distances = fitted.distances(scores_and_features(model, part.images, device, amp, channels_last)[1])
-            counts.append(torch.from_numpy(distance_histogram(distances, dimension)).to(device))
+            counts.append(torch.from_numpy(distance_histogram(distances)).to(device))
         transport.mean_([[c] for c in counts], [1.0] * len(sites))
         histograms[split] = counts[0].cpu().numpy()
     sent = [bytes_of(s) + 2 * bytes_of(counts[0]) for s in sums]  # the sums and the two splits' histograms
     if histograms["valid"].sum() <= 0:
         return None, sent
-    threshold, valid_refused = threshold_at(histograms["valid"], dimension, rate)
-    reference = OodReference(dimension=dimension, threshold=threshold, target_false_refusal=rate,
+    threshold, valid_refused = threshold_at(histograms["valid"], rate)
+    reference = OodReference(members=dims, threshold=threshold, target_false_refusal=rate,
+                             valid_median=median_of(histograms["valid"]),
                              valid_false_refusal=valid_refused,
-                             test_false_refusal=refused_fraction(histograms["test"], dimension, threshold),
+                             test_false_refusal=refused_fraction(histograms["test"], threshold),
                              train_images=n, source=source)
     return OodModel(fitted, reference, histograms["valid"], histograms["test"]), sent
 

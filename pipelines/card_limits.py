@@ -85,7 +85,8 @@ def calibration_and_ood(blocks, contract, metrics: dict[str, float]) -> None:
     else:
         test = "no test split" if ood.test_false_refusal is None else f"{ood.test_false_refusal:.1%}"
         blocks.paragraph(f"Out-of-distribution refusal: {ood.method}, fitted on {ood.train_images} training images "
-                         f"({ood.dimension} features). An image farther than {ood.threshold:.1f} is refused "
+                         f"({', '.join(f'{name} {d}' for name, d in ood.members.items())} values). An image farther than "
+                         f"{ood.threshold:.2f} is refused "
                          "`out_of_distribution` with no score; the threshold was read at a false-refusal rate of "
                          f"{ood.target_false_refusal:.0%} and refuses {ood.valid_false_refusal:.1%} of the pooled "
                          f"validation images and {test} of the pooled test images.")

@@ -41,6 +41,9 @@ from pipelines import descriptions, model_card, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.federation import Federation
 
+# An evaluation run's reliability diagram: the registered calibration map before and after, on the pooled test split.
+RELIABILITY_TEST_ARTIFACT = "reliability_test_pooled.png"
+
 UNDEFINED = {
     "site": "undefined at this site: no labelled positive or no labelled negative image in the split",
     "pooled": "undefined: no site's split holds a labelled positive or no site's a labelled negative",
@@ -146,10 +149,23 @@ def record(federation: Federation, scored: Scored, launcher: Launcher, champion:
                                          f"{federation.name}: model v{scored.version}, pooled test ROC")
             client.log_figure(run_id, figure, ROC_ARTIFACT)
             plt.close(figure)
+            calibration = _calibration(federation.task, scored.version)
+            if calibration is not None:  # the registered map on the split it was not fitted on (section 16)
+                figure = plots.reliability_figure(histograms, list(scored.diseases or federation.sites[0].diseases),
+                                                  calibration, f"{federation.name}: model v{scored.version}, "
+                                                  "reliability, pooled test")
+                client.log_figure(run_id, figure, RELIABILITY_TEST_ARTIFACT)
+                plt.close(figure)
         status = "FINISHED"
     finally:
         client.set_terminated(run_id, status=status)
     return run_id
+
+
+def _calibration(task: str, version: str):
+    """The registered version's calibration map (docs/algorithms.md section 16); None where it has none."""
+    metadata = mlflow.models.get_model_info(f"models:/{schema.registered_model_name(task)}/{version}").metadata or {}
+    return ModelContract.model_validate(metadata[METADATA_KEY]).calibration if METADATA_KEY in metadata else None
 
 
 def _privacy_params(scored: Scored) -> dict[str, object]:

@@ -11,7 +11,7 @@ import numpy as np
 
 # histogram_roc: the exact ROC points at the bin edges, the curve the histogram metrics integrate.
 from models.metrics import histogram_auc, histogram_auc_interval, histogram_roc
-from pipelines.model_package.calibration import Calibration, bin_centres, platt, reliability
+from pipelines.model_package.calibration import Calibration, bin_centres, ece_interval, platt, reliability
 
 
 def roc_figure(histograms: np.ndarray, diseases: tuple[str, ...], title: str):
@@ -66,8 +66,8 @@ def forest_figure(rows: list[tuple[str, dict[str, tuple[float, float, float]]]],
 
 def reliability_figure(histograms: np.ndarray, diseases: list[str], calibration: Calibration, title: str):
     """Per disease, the observed rate of disease against the stated probability, before (the raw score) and after
-    the calibration map, from score histograms (C, 2, B); the legend gives each curve's expected calibration
-    error and its 95 % interval."""
+    the calibration map, from score histograms (C, 2, B): the validation ones the map was fitted on, or a test
+    split's; the legend gives each curve's expected calibration error on them and its 95 % interval."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     centres = bin_centres(histograms.shape[-1])
     for column, disease in enumerate(diseases):
@@ -76,8 +76,11 @@ def reliability_figure(histograms: np.ndarray, diseases: list[str], calibration:
             ax.plot([], [], " ", label=f"{disease}: no map ({calibration.undefined.get(disease, '')})")
             continue
         positives, negatives = np.clip(np.asarray(histograms[column], dtype=np.float64), 0, None)
-        for stated, ece, style in ((centres, fitted.valid_before, "--"),
-                                   (platt(centres, fitted.slope, fitted.intercept), fitted.valid_after, "-")):
+        if positives.sum() + negatives.sum() < 1:
+            ax.plot([], [], " ", label=f"{disease}: no labelled image")
+            continue
+        for stated, style in ((centres, "--"), (platt(centres, fitted.slope, fitted.intercept), "-")):
+            ece = ece_interval(positives, negatives, stated)
             images, mean_stated, observed = reliability(positives, negatives, stated)
             filled = images > 0
             when = "raw score" if style == "--" else "calibrated"

@@ -97,10 +97,17 @@ def test_predict_on_a_test_split_equals_the_federated_evaluation(store, tmp_path
     expected = predict_scores(spec.build(state), shard.splits["test"].images, torch.device("cpu"))[:, 0]
     manifest = pd.read_parquet(manifest_path(store / "shards" / "vienna", "test"))
     table = _predict(store / "vienna.yaml", "--split", "test", "--out", tmp_path / "p.parquet", "--workers", "0")
-    assert (table["status"] == "scored").all() and len(table) == len(manifest)
+    # Every file decoded; the site's own images refused only as out of distribution, at about the stated 1 %
+    # (docs/algorithms.md section 15; here on 32 px phantoms of a two-round model, at most one in ten).
+    refused = table["status"] != "scored"
+    assert len(table) == len(manifest) and set(table.loc[refused, "reason"]) <= {"out_of_distribution"}
+    assert refused.sum() <= 0.1 * len(table), table.loc[refused, ["source", "detail"]]
     by_file = dict(zip(table["source"].map(lambda s: s.split("/data/vienna/")[1]), table["p_Melanoma"]))
+    by_distance = dict(zip(table["source"].map(lambda s: s.split("/data/vienna/")[1]), table["ood_distance"]))
     got = np.array([by_file[p] for p in manifest["image_path"]])
-    np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    scored = ~np.isnan(got)
+    assert np.isfinite([by_distance[p] for p in manifest["image_path"]]).all()  # every file reached the network
+    np.testing.assert_allclose(got[scored], expected[scored], atol=1e-6, rtol=0)
     assert table["study_uid"].str.len().gt(0).all()  # DICOMs: their UIDs
     assert set(table["model"]) == {MODEL} and set(table["model_version"]) == {"1"}
 
@@ -198,8 +205,8 @@ def test_drift_is_near_zero_on_the_validation_split_large_on_a_shifted_site_and_
             Image.fromarray((tile.astype(np.float32) * gains).clip(0, 255).astype(np.uint8)).save(folder / f"{i}.png")
         return _predict(folder, "--task", "melanoma", "--out", tmp_path / f"{name}.csv", "--workers", "0")
 
-    # A shifted site: the same lesions under a mild blue cast (new camera, new light): still like the training
-    # images to the network, so scored, and its scores drift.
+    # A shifted site: the same lesions under a mild blue cast (new camera, new light): mostly still like the
+    # training images, so scored, and its scores drift.
     shifted_dir = tmp_path / "shifted"
     shifted = cast("shifted", [0.8, 0.85, 1.0])
     # A strong blue cast, darker, is what the out-of-distribution refusal is for (federated/ood.py): nothing is
@@ -221,7 +228,9 @@ def test_drift_is_near_zero_on_the_validation_split_large_on_a_shifted_site_and_
 
     assert leaks(far, shifted) == [] and leaks(near, same) == []
     assert leaks({**far, "suppressed": [shifted["source"][0]]}, shifted) != []
-    assert far["scored"] == len(valid) and far["refused"] == {}
+    # The cast also darkens the images: the refusal's grey-level members (docs/algorithms.md section 15) refuse a
+    # few of them (8 of 47 when measured); most are scored, and their scores drift.
+    assert set(far["refused"]) <= {"out_of_distribution"} and far["scored"] >= 0.75 * len(valid)
     refused = drift.aggregates(foreign.to_dict("records"), reference, ["Melanoma"], sharing)
     assert refused["scored"] == "<5" and refused["refused"] == {"out_of_distribution": len(valid)}  # 0 is small
     assert refused["histograms"] == {}  # no score, so no drift to measure: the refusals are the signal

@@ -86,7 +86,7 @@ def test_the_cards_numbers_are_the_mlflow_metrics_they_come_from(store):
         assert calibrated[2].startswith(f"{fitted.test_before.value:.3f} [") and "-> " in calibrated[2]
     else:
         assert f"Melanoma: no calibration map ({contract.calibration.undefined['Melanoma']})" in markdown
-    assert f"farther than {contract.ood.threshold:.1f} is refused" in markdown and "{'" not in markdown
+    assert f"farther than {contract.ood.threshold:.2f} is refused" in markdown and "{'" not in markdown
     assert png.startswith(b"\x89PNG") and "data:image/png;base64," in page and "<table>" in page
     assert evaluated["run_id"] in markdown
 

@@ -88,7 +88,8 @@ def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
     assert reference is not None and scorer.ood is not None
     assert reference.target_false_refusal == 0.01
     assert reference.valid_false_refusal <= 0.01
-    assert reference.dimension == scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0]
+    assert reference.members == {"penultimate": 128, "thumbnail": 64, "intensity": 16}
+    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0] == 208
     assert np.isfinite(reference.threshold) and reference.threshold > 0
 
 
@@ -157,8 +158,8 @@ def test_drift_counts_refusals_by_reason():
 def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_numpy():
     rng = np.random.default_rng(0)
     features = rng.normal(size=(500, 4)) @ np.diag([1.0, 2.0, 0.5, 3.0]) + 1.0
-    halves = [ood.feature_sums(part, 4) for part in (features[:200], features[200:])]
-    fitted, n = ood.gaussian(halves[0] + halves[1], 4)  # the sum of the sites' sums, as the transport adds them
+    halves = [ood.feature_sums(part, (4,)) for part in (features[:200], features[200:])]
+    fitted, n = ood.gaussian(halves[0] + halves[1], (4,))  # the sum of the sites' sums, as the transport adds them
     assert n == 500
     np.testing.assert_allclose(fitted.mean, features.mean(axis=0))
     weight = 4 / (500 + 4)
@@ -167,7 +168,107 @@ def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_
     np.testing.assert_allclose(np.linalg.inv(fitted.precision), shrunk, rtol=1e-9)
 
     distances = fitted.distances(features)
-    histogram = ood.distance_histogram(distances, 4)
-    threshold, refused = ood.threshold_at(histogram, 4, 0.01)
+    np.testing.assert_allclose(distances ** 2 * 4, np.einsum("nd,de,ne->n", features - features.mean(axis=0),
+                                                             fitted.precision, features - features.mean(axis=0)))
+    histogram = ood.distance_histogram(distances)
+    threshold, refused = ood.threshold_at(histogram, 0.01)
     assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)
     assert (distances > threshold).mean() >= 0.01 - 2 / 500  # not far more conservative than asked
+
+
+def test_a_hospital_refits_its_refusal_threshold_and_calibration_on_its_own_validation_split(store, tmp_path):
+    from pipelines.model_package import loading
+    from pipelines.model_package import thresholds as op
+
+    result = runner.invoke(app, ["thresholds", str(store / "boston.yaml"), "--shards", str(store / "shards")])
+    assert result.exit_code == 0, result.output
+    assert "out of distribution above" in result.output
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(None, "chest-xray", folder)
+    own = op.read(op.hospital_file(store / "shards", "boston", scorer.name, scorer.version))
+    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the pooled threshold x")
+    assert own.ood.members == scorer.contract.ood.members and own.ood.target_false_refusal == 0.01
+    assert own.calibration is not None and own.calibration.source == "validation split of site boston"
+
+    # Under 1000 validation images, too few for a 1 % quantile of its own: the pooled threshold scaled by the
+    # ratio of the site's median distance, as predict measures the distances, to the pooled median.
+    valid = _predict(store / "boston.yaml", "--split", "valid", "--shards", store / "shards", "--out", tmp_path / "v.csv")
+    distances = valid["ood_distance"].astype(float).dropna().to_numpy()
+    edges = ood.distance_edges()
+    median = edges[np.searchsorted(edges, np.median(distances))]  # the smallest edge with half below it, +- a bin
+    expected = scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median
+    assert own.ood.threshold == pytest.approx(expected, rel=0.03)
+    assert own.ood.valid_median == pytest.approx(median, rel=0.013)
+
+    # predict at that site uses them: a refusal names the site's split, the calibrated column is the site's map.
+    foreign = foreign_images(tmp_path / "foreign")
+    table = _predict(store / "boston.yaml", foreign["noise"], "--split", "test", "--shards", store / "shards",
+                     "--out", tmp_path / "t.csv")
+    noise = table[table["source"].str.endswith("noise.png")].iloc[0]
+    assert noise["reason"] == "out_of_distribution" and "validation split of site boston" in noise["detail"]
+    scored = table[table["status"] == "scored"]
+    assert len(scored)
+    for disease in own.calibration.diseases:
+        np.testing.assert_allclose(scored[f"calibrated_{disease}"].astype(float),
+                                   own.calibration.apply(disease, scored[f"p_{disease}"].astype(float)), rtol=1e-9)
+
+
+def test_a_site_whose_distances_sit_higher_is_held_to_the_rate_by_its_own_threshold():
+    """The San Juan case (docs/algorithms.md section 15): one site's features spread wider than the others', so
+    the pooled threshold refuses several times the stated rate of its images; its own threshold does not."""
+    rng = np.random.default_rng(1)
+    near, wide = rng.normal(size=(4000, 8)), 1.25 * rng.normal(size=(7000, 8))
+    fitted, _ = ood.gaussian(ood.feature_sums(near[:1000], (8,)) + ood.feature_sums(wide[:1000], (8,)), (8,))
+    valid = {"near": ood.distance_histogram(fitted.distances(near[1000:])),
+             "wide": ood.distance_histogram(fitted.distances(wide[1000:2000]))}
+    wide_test = fitted.distances(wide[2000:])
+    pooled_histogram = sum(valid.values())
+    pooled, refused = ood.threshold_at(pooled_histogram, 0.01)
+    registered = ood.OodReference(members={"penultimate": 8}, threshold=pooled, target_false_refusal=0.01,
+                                  valid_false_refusal=refused, valid_median=ood.median_of(pooled_histogram),
+                                  test_false_refusal=None, train_images=2000, source="pooled")
+    assert (wide_test > pooled).mean() > 0.02  # the pooled threshold misses the target at that site
+
+    # 1000 validation images: 10 beyond its 1 % quantile, read directly.
+    own, how = ood.site_threshold(valid["wide"], registered)
+    assert how == "its 99% quantile" and own == ood.threshold_at(valid["wide"], 0.01)[0]
+    assert (wide_test > own).mean() <= 0.02
+
+    # 49 validation images, one of them an outlier: its largest distance would be the quantile; the median-scaled
+    # pooled threshold holds the rate without letting the outlier set it.
+    few = np.concatenate([fitted.distances(wide[2000:2048]), [10.0]])
+    own, how = ood.site_threshold(ood.distance_histogram(few), registered)
+    assert how.startswith("the pooled threshold x") and own < 0.5 * ood.threshold_at(ood.distance_histogram(few), 0.01)[0]
+    assert (wide_test > own).mean() <= 0.02 and own in ood.distance_edges()
+
+    # A site most of whose images lie beyond the registered threshold (one that did not train, imaging unlike
+    # the federation's) keeps it: a refit would loosen it to take foreign images.
+    foreign_site = fitted.distances(3 * rng.normal(size=(60, 8)))
+    own, how = ood.site_threshold(ood.distance_histogram(foreign_site), registered)
+    assert own == pooled and how.startswith("the registered threshold, kept")
+
+
+def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():
+    import torch
+
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (3, 32, 32), dtype=np.uint8)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32 * 32, 5)).eval()
+    _, features = ood.scores_and_features(model, images, torch.device("cpu"))
+    assert features.shape == (3, 32 * 32 + 64 + 16)
+    pixels = images.astype(np.float64) / 255
+    thumbnails = pixels.reshape(3, 8, 4, 8, 4).mean(axis=(2, 4)).reshape(3, 64)
+    np.testing.assert_allclose(features[:, 1024:1088], thumbnails, rtol=1e-6)
+    levels = np.minimum((pixels * 16).astype(int), 15).reshape(3, -1)
+    histograms = np.stack([np.bincount(row, minlength=16) / row.size for row in levels])
+    np.testing.assert_allclose(features[:, 1088:], histograms, atol=1e-7)
+    np.testing.assert_allclose(features[:, :1024], pixels.reshape(3, -1), rtol=1e-6)  # the linear head's input
+
+
+def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_test_split(store):
+    from pipelines.evaluations import RELIABILITY_TEST_ARTIFACT, evaluate_registered
+    from preprocessing.federation import load_federation
+
+    (result,) = evaluate_registered(load_federation(store / "chest.yaml"), store / "shards")
+    assert result["champion"]
+    assert RELIABILITY_TEST_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(result["run_id"])]

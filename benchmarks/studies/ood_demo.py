@@ -13,7 +13,10 @@ out-of-distribution reason alone) out of scored:
   slices exported as PNG at four windowings; the melanoma sites' test images (dermoscopy phantoms);
 * the chest sites' test images given to the melanoma champion (the same target);
 * each site's own test images given to its task's champion, its source files as the shard manifest lists them
-  (target: at most the contract's stated false-refusal rate + 1 point).
+  (target: at most the contract's stated false-refusal rate + 1 point), twice: with the registered threshold
+  read from the pooled validation distances (a hospital that did not train, or has not run ``fedauc
+  thresholds``), and with the site's own threshold and calibration map, read on its validation split as
+  ``fedauc thresholds`` reads them (``table.recalibrate``, applied by ``loading.with_refit``).
 
 The calibration errors are read from the champion's contract: the pooled test split's ECE before and after the
 Platt map, with their bootstrap intervals (pipelines/model_package/calibration.py).
@@ -40,7 +43,8 @@ from pydicom.data import get_testdata_file
 from common.errors import FedaucError
 from common.home import fedauc_home
 from pipelines import tracking
-from pipelines.model_package.loading import load_registered
+from pipelines.hospital.table import recalibrate
+from pipelines.model_package.loading import load_registered, with_refit
 from pipelines.model_package.predict import OOD_COLUMN, OUT_OF_DISTRIBUTION, SCORED, Item, Scorer, score_items
 from pipelines.store_uri import default_tracking_uri, tracking_uri
 from preprocessing.federation import load_federation
@@ -143,6 +147,16 @@ def test_images(home: Path, task: str) -> dict[str, list[Item]]:
     return sets
 
 
+def refitted(home: Path, task: str, scorer: Scorer) -> dict[str, Scorer]:
+    """Per site, the scorer with the threshold and calibration map ``fedauc thresholds`` reads on its
+    validation split, applied as predict applies the file it writes."""
+    federation = load_federation(home / FEDERATIONS[task])
+    out = {}
+    for site in federation.sites:
+        out[site.name] = with_refit(scorer, recalibrate(scorer, site, federation.shards / site.name))
+    return out
+
+
 def refusals(scorer: Scorer, items: list[Item]) -> dict:
     rows = pd.DataFrame(list(score_items(scorer, items, workers=0)))
     refused = rows["status"] != SCORED
@@ -150,7 +164,10 @@ def refusals(scorer: Scorer, items: list[Item]) -> dict:
     return {"images": len(rows), "refused": int(refused.sum()), "ood": int((rows["reason"] == OUT_OF_DISTRIBUTION).sum()),
             "other": ", ".join(f"{reason} {n}" for reason, n in reasons.items()) or "-",
             "accepted": [(Path(source).name, distance) for source, distance in
-                         zip(rows.loc[~refused, "source"], rows.loc[~refused, OOD_COLUMN])]}
+                         zip(rows.loc[~refused, "source"], rows.loc[~refused, OOD_COLUMN])],
+            # Refused for another reason, or farther than a threshold: what another threshold would refuse.
+            "other_refused": int((refused & (rows["reason"] != OUT_OF_DISTRIBUTION)).sum()),
+            "distances": rows[OOD_COLUMN].astype(float).to_numpy()}
 
 
 def _line(model: str, images: str, counts: dict, target: str, met: bool) -> str:
@@ -185,7 +202,7 @@ def main() -> None:
         tests = {task: test_images(home, task) for task in FEDERATIONS}
         for task, scorer in scorers.items():
             ood = scorer.contract.ood
-            print(f"{task}: {scorer.name} v{scorer.version}; threshold {ood.threshold:.1f}, stated false refusal "
+            print(f"{task}: {scorer.name} v{scorer.version}; threshold {ood.threshold:.2f}, stated false refusal "
                   f"{ood.target_false_refusal:.1%} (pooled validation {ood.valid_false_refusal:.1%}, pooled test "
                   f"{ood.test_false_refusal:.1%} from the federation's histograms)")
         foreign = {"chest-xray": {"noise": noise_images(scratch / "noise", args.noise),
@@ -195,21 +212,32 @@ def main() -> None:
                                   "dermoscopy (melanoma sites' test)": list(itertools.chain(*tests["melanoma"].values()))},
                    "melanoma": {"chest radiographs (chest sites' test)": list(itertools.chain(*tests["chest-xray"].values()))}}
         print("\n| model | images | n | refused | of which OOD | other reasons | target | met |\n|---|---|---|---|---|---|---|---|")
-        accepted = []
+        accepted, foreign_counts = [], {}
         for task, sets in foreign.items():
             for name, items in sets.items():
-                counts = refusals(scorers[task], items)
+                counts = foreign_counts[task, name] = refusals(scorers[task], items)
                 print(_line(task, name, counts, f">= {FOREIGN_TARGET:.0%}", counts["refused"] >= FOREIGN_TARGET * counts["images"]))
-                accepted += [f"{task} scored {file} ({name}) at distance {distance:.1f}" for file, distance in counts["accepted"]]
+                accepted += [f"{task} scored {file} ({name}) at distance {distance:.2f}" for file, distance in counts["accepted"]]
+        own_scorers = {task: refitted(home, task, scorer) for task, scorer in scorers.items()}
+        # The same foreign images at each site's own threshold (the same distances: only the threshold moves).
+        print("\n| model | images | refused at each site's own threshold |\n|---|---|---|")
+        for (task, name), counts in foreign_counts.items():
+            print(f"| {task} | {name} | " + "; ".join(
+                f"{site} ({own.contract.ood.threshold:.2f}) "
+                f"{(counts['other_refused'] + int((counts['distances'] > own.contract.ood.threshold).sum())) / counts['images']:.1%}"
+                for site, own in own_scorers[task].items()) + " |")
         for task, sites in tests.items():
             limit = scorers[task].contract.ood.target_false_refusal + FALSE_REFUSAL_MARGIN
-            pooled = {"images": 0, "refused": 0, "ood": 0}
-            for site, items in sites.items():
-                counts = refusals(scorers[task], items)
-                print(_line(task, f"{site}'s own test", counts, f"<= {limit:.0%}", counts["refused"] <= limit * counts["images"]))
-                pooled = {k: pooled[k] + counts[k] for k in pooled}
-            print(_line(task, "pooled own test", {**pooled, "other": "see sites"}, f"<= {limit:.0%}",
-                        pooled["refused"] <= limit * pooled["images"]))
+            for threshold in ("pooled", "own"):
+                pooled = {"images": 0, "refused": 0, "ood": 0}
+                for site, items in sites.items():
+                    scorer = scorers[task] if threshold == "pooled" else own_scorers[task][site]
+                    counts = refusals(scorer, items)
+                    print(_line(task, f"{site}'s own test, {threshold} threshold {scorer.contract.ood.threshold:.2f}",
+                                counts, f"<= {limit:.0%}", counts["refused"] <= limit * counts["images"]))
+                    pooled = {k: pooled[k] + counts[k] for k in pooled}
+                print(_line(task, f"pooled own test, {threshold} thresholds", {**pooled, "other": "see sites"},
+                            f"<= {limit:.0%}", pooled["refused"] <= limit * pooled["images"]))
         print("\nForeign images scored, not refused:" if accepted else "", *accepted, sep="\n  ")
         print("\n| model | disease | test ECE before | test ECE after |\n|---|---|---|---|")
         for task, scorer in scorers.items():
@@ -218,6 +246,9 @@ def main() -> None:
                 print(f"| {task} | {disease} | {_ece(fitted.test_before)} | {_ece(fitted.test_after)} |")
             for disease, why in calibration.undefined.items():
                 print(f"| {task} | {disease} | no map: {why} | |")
+            for site, own in own_scorers[task].items():
+                for disease, fitted in own.contract.calibration.diseases.items():
+                    print(f"| {task}, {site}'s own map | {disease} | {_ece(fitted.test_before)} | {_ece(fitted.test_after)} |")
 
 
 if __name__ == "__main__":

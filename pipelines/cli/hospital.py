@@ -51,6 +51,7 @@ def predict_command(
         if own is None and sites:
             own = hospital_file(shards_root(shards), sites[0].name, scorer.name, scorer.version)
         chosen = loading.choose_points(scorer, operating_point, own)
+        scorer = loading.with_hospital_refit(scorer, own)
         typer.echo(f"model {scorer.name} version {scorer.version}; operating point {operating_point}: {chosen.source}")
         total = sum(1 for _ in table.input_items(inputs, split))
         set_aside: list[dict] = []
@@ -67,8 +68,8 @@ def thresholds_command(
     shards: str = typer.Option(None, "--shards", help="Where the site's shards are (default: $FEDAUC_SHARDS, else shards/)."),
     out: Path = typer.Option(None, "--out", help="Where to write them (default: <shards>/thresholds/<site>/<model>-v<version>.json)."),
 ) -> None:
-    """Read the operating points again on this hospital's own validation split (its scores stay here); predict
-    then uses them for this site."""
+    """Read the operating points, the out-of-distribution threshold and the calibration map again on this
+    hospital's own validation split (its scores stay here); predict and the PACS job then use them for this site."""
     from pipelines import tracking
     from pipelines.hospital import table
     from pipelines.model_package import loading
@@ -89,6 +90,13 @@ def thresholds_command(
                                                 f"spec {p.specificity:.2f})" for name, p in by_point.items()))
     for disease, reason in points.undefined.items():
         typer.echo(f"  {disease}: none ({reason})")
+    if points.ood is not None:
+        test = "" if points.ood.test_false_refusal is None else f", its test split {points.ood.test_false_refusal:.1%}"
+        typer.echo(f"  out of distribution above {points.ood.threshold:.2f} (registered: "
+                   f"{scorer.contract.ood.threshold:.2f}; read as {points.ood.source.split(': ', 1)[-1]}): refuses "
+                   f"{points.ood.valid_false_refusal:.1%} of this site's validation split{test}")
+    if points.calibration is not None:
+        typer.echo(f"  calibration map refitted for {', '.join(points.calibration.diseases) or 'no disease'}")
 
 
 def pacs_command(

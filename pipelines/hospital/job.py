@@ -60,7 +60,9 @@ def run(site_yaml: str | Path, shards_root: str | Path, model: str | None = None
     with loading.scratch_folder() as folder:
         scorer = loading.load_registered(model, site.task, Path(folder))
         check_provenance(scorer, allow_synthetic_model)
-        chosen = loading.choose_points(scorer, point, hospital_file(shards_root, site.name, scorer.name, scorer.version))
+        own = hospital_file(shards_root, site.name, scorer.name, scorer.version)
+        chosen = loading.choose_points(scorer, point, own)
+        scorer = loading.with_hospital_refit(scorer, own)
         echo(f"model {scorer.name} v{scorer.version}; operating point {point}: {chosen.source}")
         summary = pacs.score_pacs(web, scorer, point, chosen.thresholds, chosen.source,
                                   state_file(shards_root, site.name), settings.lookback_days,

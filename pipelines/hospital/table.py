@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 import torch
 
 from common.errors import ConfigError, DataError
+from federated import ood
 from federated.data import load_shard
-from federated.predict import predict_scores
 from models.metrics.histograms import score_histograms
+from pipelines.model_package import calibration as cal
 from pipelines.model_package import thresholds as op
 from pipelines.model_package.loading import Chosen
 from pipelines.model_package.predict import (
@@ -145,8 +146,9 @@ def predict_to_table(scorer: Scorer, items: Iterator[Item], out: Path, chosen: C
 
 
 def recalibrate(scorer: Scorer, site: SiteConfig, site_shards: Path) -> op.OperatingPoints:
-    """The operating points on this hospital's own validation split (its shards: the tiles the same decoder
-    made), scored by the one prediction path; the scores stay here."""
+    """The operating points, the out-of-distribution threshold and the calibration map on this hospital's own
+    validation split (its shards: the tiles the same decoder made), scored by the one prediction path; the
+    scores and distances stay here. The site's test split, where it has one, states how they hold out of sample."""
     data = load_shard(site_shards)
     valid = data.splits.get("valid")
     if valid is None or len(valid) == 0:
@@ -158,8 +160,28 @@ def recalibrate(scorer: Scorer, site: SiteConfig, site_shards: Path) -> op.Opera
         raise DataError(f"site {site.name!r}: its shards hold {shape} tiles of {list(data.diseases)}, model "
                         f"{scorer.name} v{scorer.version} takes {tuple(want)} of {scorer.contract.diseases}",
                         fix=f"preprocess the site with image_size: {scorer.contract.image_size} for this model")
-    scores = predict_scores(scorer.network, valid.images, torch.device("cpu"))
-    bins = op.HISTOGRAM_BINS
-    histograms = np.stack([np.stack(score_histograms(valid.labels[:, c], scores[:, c], bins))
-                           for c in range(len(data.diseases))])
-    return op.from_histograms(histograms, list(data.diseases), f"validation split of site {site.name}")
+    source, diseases = f"validation split of site {site.name}", list(data.diseases)
+    scored = {split: ood.scores_and_features(scorer.network, part.images, torch.device("cpu"))
+              for split, part in data.splits.items() if split in ("valid", "test") and len(part)}
+    histograms = {split: np.stack([np.stack(score_histograms(data.splits[split].labels[:, c], scores[:, c],
+                                                             op.HISTOGRAM_BINS)) for c in range(len(diseases))])
+                  for split, (scores, _) in scored.items()}
+    points = op.from_histograms(histograms["valid"], diseases, source)
+    return points.model_copy(update={
+        "ood": _own_refusal(scorer, {split: features for split, (_, features) in scored.items()}, source),
+        "calibration": cal.from_histograms(histograms["valid"], diseases, source, histograms.get("test"))})
+
+
+def _own_refusal(scorer: Scorer, features: dict[str, np.ndarray], source: str) -> ood.OodReference | None:
+    """The registered refusal model's threshold read again on this site's validation distances, at the
+    contract's rate (None where the model has no refusal model)."""
+    registered = scorer.contract.ood
+    if registered is None or scorer.ood is None:
+        return None
+    histograms = {split: ood.distance_histogram(scorer.ood.distances(f)) for split, f in features.items()}
+    threshold, how = ood.site_threshold(histograms["valid"], registered)
+    test = histograms.get("test")
+    return registered.model_copy(update={
+        "threshold": threshold, "valid_false_refusal": ood.refused_fraction(histograms["valid"], threshold),
+        "valid_median": ood.median_of(histograms["valid"]), "source": f"{source}: {how}",
+        "test_false_refusal": None if test is None else ood.refused_fraction(test, threshold)})

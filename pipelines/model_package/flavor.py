@@ -94,7 +94,7 @@ def load_scorer(model_dir: str | Path, name: str = "", version: str = "") -> Sco
     ood = None
     if contract.ood is not None:
         with np.load(Path(model_dir) / OOD_FILE, allow_pickle=False) as arrays:
-            ood = Gaussian(arrays["mean"], arrays["precision"])
+            ood = Gaussian.from_arrays(arrays)
     return Scorer.from_state(contract, state, name, version, ood)
 
 

@@ -5,7 +5,7 @@ operating points a scoring run uses (a hospital's own file before the registered
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlflow
@@ -71,6 +71,21 @@ def choose_points(scorer: Scorer, point: str, hospital_file: Path | None) -> Cho
         return Chosen(point, dict.fromkeys(diseases), "none registered with the model: no decisions")
     points = scorer.contract.operating_points
     return Chosen(point, points.thresholds(point, diseases), f"registered with the model ({points.source})")
+
+
+def with_hospital_refit(scorer: Scorer, hospital_file: Path | None) -> Scorer:
+    """``scorer`` with the hospital's own refusal threshold and calibration map (``fedauc thresholds``) in place
+    of the registered ones, where its file has them: the site scores with what was read on its own images."""
+    if hospital_file is None or not hospital_file.is_file():
+        return scorer
+    return with_refit(scorer, op.read(hospital_file))
+
+
+def with_refit(scorer: Scorer, own: op.OperatingPoints) -> Scorer:
+    update = {key: value for key, value in (("ood", own.ood), ("calibration", own.calibration)) if value is not None}
+    if scorer.contract.ood is None:  # a model without a refusal model has no Gaussian to measure distances with
+        update.pop("ood", None)
+    return replace(scorer, contract=scorer.contract.model_copy(update=update)) if update else scorer
 
 
 def scratch_folder() -> tempfile.TemporaryDirectory:

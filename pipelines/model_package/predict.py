@@ -148,9 +148,9 @@ def _rows(scorer: Scorer, paths: list[str], result) -> list[dict]:
             # Unlike anything the federation trained on: no score is stated, as for a file the decoder refused.
             p = np.full_like(p, np.nan)
             row.update(status=REFUSED, reason=OUT_OF_DISTRIBUTION, detail=(
-                f"{row['source']}: Mahalanobis distance {distance:.1f} to the training images' features, above "
-                f"the threshold {contract.ood.threshold:.1f} (which refuses "
-                f"{contract.ood.valid_false_refusal:.1%} of the pooled validation images)"))
+                f"{row['source']}: distance {distance:.2f} to the training images (federated/ood.py), above "
+                f"the threshold {contract.ood.threshold:.2f} read from the {contract.ood.source} (which it "
+                f"refuses {contract.ood.valid_false_refusal:.1%} of)"))
         row.update({probability_column(d): float(v) for d, v in zip(contract.diseases, p)})
         row.update({calibrated_column(d): float(contract.calibration.apply(d, v)) if contract.calibration else np.nan
                     for d, v in zip(contract.diseases, p)})

@@ -11,7 +11,10 @@ specificity at that sensitivity) and ``youden`` (the largest sensitivity + speci
 a labelled positive or negative has no points (its reason is recorded instead).
 
 At one hospital ``fedauc thresholds`` reads them again from its own validation split (scores that stay
-there) into a file of its own, which predict then prefers (``hospital_file``).
+there) into a file of its own, which predict and the PACS job then prefer (``hospital_file``), together with
+the out-of-distribution threshold read from the same split's distances at the contract's false-refusal rate and
+the calibration map refitted on its histograms (docs/algorithms.md sections 15 and 16): a site whose images lie
+in the pooled distances' tail is held to the stated rate by a threshold of its own, and none of it leaves.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pydantic import BaseModel, ConfigDict
 from common.formats import check as check_format
 from common.formats import stamp
 from federated.config import TrainConfig
+from federated.ood import OodReference
+from pipelines.model_package.calibration import Calibration
 
 # The bins of a hospital's own histograms: those of the federated evaluation (TrainConfig.eval_bins).
 HISTOGRAM_BINS = TrainConfig.model_fields["eval_bins"].default
@@ -50,6 +55,10 @@ class OperatingPoints(BaseModel):
     negatives: dict[str, int]
     points: dict[str, dict[str, OperatingPoint]]
     undefined: dict[str, str] = {}
+    # Read at one hospital only (a hospital file): its own refusal threshold and calibration map, which replace
+    # the registered ones where it scores; None in the registered points and in a file written before them.
+    ood: OodReference | None = None
+    calibration: Calibration | None = None
 
     def thresholds(self, point: str, diseases: list[str]) -> dict[str, float | None]:
         if point not in POINTS:
