@@ -132,6 +132,7 @@ UNDEFINED_ARTIFACT = "undefined_metrics.json"  # why a metric is NaN: undefined 
 ROC_ARTIFACT = "roc_test_pooled.png"  # the pooled test ROC curves
 # The reliability diagram before and after calibration, an artifact of the training run that registers the model.
 RELIABILITY_ARTIFACT = "reliability_valid_pooled.png"
+RELIABILITY_TEST_ARTIFACT = "reliability_test_pooled.png"  # an evaluation's: the registered map on the test split
 # A training's params beside its TrainConfig's fields (pipelines/runs.py): the algorithm's parameters with their
 # defaults resolved (``algo.<name>``), the federation, its task and sites, K and I, the code; and each site's
 # shard hash (``shard_hash.<site>``), which an evaluation's run carries too.

@@ -35,14 +35,19 @@ from common.errors import ConfigError
 from federated import TrainConfig, schema
 from federated.evaluation import Evaluation, combine_sites
 from federated.launch import InProcess, Launcher
-from federated.schema import ROC_ARTIFACT, SUPPRESSED_ARTIFACT, UNDEFINED_ARTIFACT, MetricKey
+from federated.schema import (
+    RELIABILITY_TEST_ARTIFACT,
+    ROC_ARTIFACT,
+    SUPPRESSED_ARTIFACT,
+    UNDEFINED_ARTIFACT,
+    MetricKey,
+)
 from federated.scoring import ModelToScore
 from pipelines import descriptions, model_card, plots, registry, tracking
 from pipelines.model_package.contract import METADATA_KEY, ModelContract
 from preprocessing.federation import Federation
 
 # An evaluation run's reliability diagram: the registered calibration map before and after, on the pooled test split.
-RELIABILITY_TEST_ARTIFACT = "reliability_test_pooled.png"
 
 UNDEFINED = {
     "site": "undefined at this site: no labelled positive or no labelled negative image in the split",

@@ -266,7 +266,8 @@ def test_the_input_members_are_the_thumbnail_and_the_grey_level_histogram():
 
 
 def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_test_split(store):
-    from pipelines.evaluations import RELIABILITY_TEST_ARTIFACT, evaluate_registered
+    from federated.schema import RELIABILITY_TEST_ARTIFACT
+    from pipelines.evaluations import evaluate_registered
     from preprocessing.federation import load_federation
 
     (result,) = evaluate_registered(load_federation(store / "chest.yaml"), store / "shards")
