@@ -28,6 +28,18 @@ class DataError(FedaucError, ValueError):
     """Input data (a label file, an image, a shard) that cannot be read as its layout says."""
 
 
+class FailedAtSite(FedaucError):
+    """A hospital's flow or task run failed. Its state and logs reach the consortium's Prefect server, and what
+    failed usually names the hospital's files (a YAML, a data root, an image), so the message says only the step
+    and the kind of problem; ``at_site`` is the whole error, for the hospital's own log and command line."""
+
+    def __init__(self, step: str, at_site: BaseException, log: str):
+        super().__init__(f"{step} failed at the site ({type(at_site).__name__}); the message names the hospital's "
+                         f"files, so it stays in the hospital's own log (logger {log!r} of its worker)",
+                         fix="at the hospital: read the worker's log, or run the step there with `fedauc`")
+        self.at_site = at_site
+
+
 def problem_message(error: dict) -> str:
     """A pydantic error's message (one of ``ValidationError.errors()``) in the words a user reads."""
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):

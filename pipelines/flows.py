@@ -30,7 +30,7 @@ from pipelines import evaluations, retention, run_names, runs, tracking
 from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, preprocess
 from pipelines.run_names import FLOW_RUN_PLACEHOLDER
-from pipelines.site_params import site_yaml
+from pipelines.site_params import failures_stay_at_the_site, site_yaml
 from pipelines.tables import fold_intervals, markdown_table
 from preprocessing.federation import load_federation
 from preprocessing.label_report import label_report
@@ -50,6 +50,7 @@ def _transient(task, task_run, state) -> bool:
 
 # --- onboarding ---------------------------------------------------------------------------------------
 @task(name="validate-site", task_run_name=run_names.site_step("validate"), cache_policy=NO_CACHE)
+@failures_stay_at_the_site("validate")
 def validate(site_yaml: str) -> None:
     # Without the label values and losses: their lines name values and counts, and this task's state reaches the
     # consortium's Prefect server; `fedauc sites validate` shows them at the site.
@@ -59,6 +60,7 @@ def validate(site_yaml: str) -> None:
 
 
 @task(name="labels-report", task_run_name=run_names.site_step("labels-report"), cache_policy=NO_CACHE)
+@failures_stay_at_the_site("labels-report")
 def labels_only_report(site_yaml: str) -> dict:
     config = load_site(site_yaml)
     report = label_report(scan_site(config), config.task)
@@ -68,6 +70,7 @@ def labels_only_report(site_yaml: str) -> dict:
 
 
 @flow(name="onboard_site", flow_run_name=run_names.of_flow(run_names.site_step("onboard", "site")))
+@failures_stay_at_the_site("onboard")
 def onboard_site(site: str) -> dict:
     """The gate before a site joins: its YAML and data root validate, and its labels are worth reading.
     ``site``: its name, resolved at the site (``pipelines.site_params``)."""
@@ -164,6 +167,7 @@ def training_artifact(summary: dict, task: str) -> None:
 
 
 @flow(name="start_site_client")
+@failures_stay_at_the_site("start-site")
 def start_site_client(kit: str, site_yaml: str, shards_root: str) -> int:
     """At a hospital: its NVIDIA FLARE client from its startup kit, after every check
     (federated/flare/site/start.py); runs until the client stops and returns its exit status."""

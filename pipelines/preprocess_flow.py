@@ -21,7 +21,7 @@ from federated.privacy.binding import check_binding, data_binding
 from federated.privacy.budget import declared_budget, set_budget
 from federated.privacy.ledger import check_delta
 from pipelines import run_names
-from pipelines.site_params import site_shards, site_yaml
+from pipelines.site_params import failures_stay_at_the_site, site_shards, site_yaml
 from preprocessing.label_report import label_report, require_usable_rows
 from preprocessing.losses import excess_reasons
 from preprocessing.qc import (
@@ -44,17 +44,20 @@ def artifact_key(text: str) -> str:
 
 
 @task(name="scan", task_run_name=run_names.site_step("scan"), cache_policy=NO_CACHE)
+@failures_stay_at_the_site("scan")
 def scan(site_yaml: str) -> tuple[SiteConfig, ScanResult]:
     config = load_site(site_yaml)
     return config, scan_site(config)
 
 
 @task(name="write-shards", task_run_name="write-shards {config.name}", cache_policy=NO_CACHE)
+@failures_stay_at_the_site("write-shards")
 def write_shards(config: SiteConfig, result: ScanResult, out_dir: str, workers: int, binding: str) -> ShardSummary:
     return shard_site(config, result, Path(out_dir), workers=workers, ledger_binding=binding)
 
 
 @task(name="qc-report", task_run_name="qc-report {config.name}", cache_policy=NO_CACHE)
+@failures_stay_at_the_site("qc-report")
 def report(config: SiteConfig, summary: ShardSummary, ages: dict[str, int]) -> dict:
     qc = build_report(summary.site_dir, ages)
     json_path, md_path = write_report(summary.site_dir, qc)
@@ -116,6 +119,7 @@ def preprocess(config_path: str | Path, out_dir: str | Path, workers: int = 2, r
 
 
 @flow(name="preprocess_site", flow_run_name=run_names.of_flow(run_names.site_step("preprocess", "site")))
+@failures_stay_at_the_site("preprocess")
 def preprocess_site(site: str, shards: str | None = None, workers: int = 2, raise_budget: bool = False) -> dict:
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""

@@ -9,7 +9,7 @@ import os
 import typer
 from typer.core import TyperGroup
 
-from common.errors import FedaucError
+from common.errors import FailedAtSite, FedaucError
 from pipelines.store_uri import tracking_uri
 
 
@@ -22,9 +22,11 @@ class _UserErrorsAsMessages(TyperGroup):
         try:
             return super().invoke(ctx)
         except FedaucError as err:
-            if debug_requested():
-                raise
-            typer.echo(f"error: {err}", err=True)
+            # A flow run at this site told its Prefect server only the step; here, at the site, the whole error.
+            at_site = err.at_site if isinstance(err, FailedAtSite) else err
+            if debug_requested() or not isinstance(at_site, FedaucError):
+                raise at_site from None
+            typer.echo(f"error: {at_site}", err=True)
             typer.echo("(`fedauc --debug ...` shows the traceback)", err=True)
             raise typer.Exit(code=1) from None
 
@@ -63,6 +65,11 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show the full tr
 
 
 def quiet_prefect_user_errors() -> None:
+    from pipelines.site_params import SITE_LOG
+
+    # The site's own log of a failed step: this command prints that error itself.
+    logging.getLogger(SITE_LOG).propagate = False
+    logging.getLogger(SITE_LOG).addHandler(logging.NullHandler())
     if debug_requested():
         return
     for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
