@@ -180,7 +180,7 @@ def score_new_studies(task_name: str) -> str:
     table = pd.read_csv(out, keep_default_na=False)
     shown = pd.DataFrame({"image": table["source"].map(lambda s: Path(s).name[:12]), "status": table["status"]})
     for disease in scorer.contract.diseases:
-        shown[disease] = [f"{p:.2f} {'+' if d == 'True' else '-'}" if status == "scored" else ""
+        shown[disease] = [f"{float(p):.2f} {'+' if d == 'True' else '-'}" if status == "scored" else ""
                           for p, d, status in zip(table[f"p_{disease}"], table[disease].astype(str), table["status"])]
     return (f"Model {scorer.name} v{scorer.version}, decisions (+/-) at the Youden point of the pooled validation "
             f"histograms; all columns in {out.relative_to(fedauc_home())}.\n\n" + markdown_table(shown))
