@@ -37,7 +37,18 @@ class FailedAtSite(FedaucError):
         super().__init__(f"{step} failed at the site ({type(at_site).__name__}); the message names the hospital's "
                          f"files, so it stays in the hospital's own log (logger {log!r} of its worker)",
                          fix="at the hospital: read the worker's log, or run the step there with `fedauc`")
-        self.at_site = at_site
+        self.at_site: BaseException | None = at_site
+
+    def __reduce__(self):
+        # Prefect persists a failed run's exception as its result: pickled, it is what may leave the site.
+        return _failed_at_site, (self.args[0], self.fix)
+
+
+def _failed_at_site(message: str, fix: str | None) -> FailedAtSite:
+    failed = FailedAtSite.__new__(FailedAtSite)
+    FedaucError.__init__(failed, message, fix)
+    failed.at_site = None
+    return failed
 
 
 def problem_message(error: dict) -> str:

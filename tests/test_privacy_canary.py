@@ -2,8 +2,9 @@
 
 A tiny generic-CSV federation whose patient ids and file names are marker strings (all starting with
 ``zqxcanary``) and whose images are made of 4x4 blocks of eight planted gray levels (no other value, so a
-run of them is recognisable as pixels in any encoding) is onboarded and preprocessed by a "site" process,
-then trained, registered and evaluated by a "centre" process (in-process, and at the sites as an NVIDIA FLARE
+run of them is recognisable as pixels in any encoding) is onboarded and preprocessed by a "site" process
+(with a third site whose onboarding fails: the failure's state and logs reach the centre too), then trained,
+registered and evaluated by a "centre" process (in-process, and at the sites as an NVIDIA FLARE
 simulator job), both against one temporary MLflow SQLite store and one isolated Prefect home (a real
 ephemeral Prefect server). Then every file of the MLflow store and its artifacts, of the Prefect home
 (database, results, logs), of the FLARE job's server side (logs, the sites' returned summaries) and the
@@ -43,6 +44,7 @@ from canary_scanner import LEVELS, MARK, scan, scan_bytes
 
 SIZE = 32  # source size = shard size, so the planted blocks reach the shards unresampled
 SITES = ("north", "south")
+FAILING = "east"  # a third site of the hospital's, whose onboarding fails
 DISEASES = {"Cardiomegaly": "cmg", "Edema": "edm", "Consolidation": "cns", "Atelectasis": "atl", "Pleural Effusion": "eff"}
 ROOT = Path(__file__).resolve().parents[1]
 # The hospital's own folder (its data and site YAMLs): a path that holds the marker, so that a path of the
@@ -93,12 +95,16 @@ def build_federation(root: Path, images_per_site: int = 36) -> None:
         (root / "sites" / f"{site}.yaml").write_text(yaml.safe_dump({**config, "root": "at-the-hospital"}))
         entries.append({"config": f"sites/{site}.yaml"})
     (root / "federation.yaml").write_text(yaml.safe_dump({"name": "canary", "task": "chest-xray", "sites": entries}))
+    # A site whose label table is not there: its failed onboarding reaches the centre's Prefect too, where the
+    # error's path (inside the hospital's folder, which holds the marker) must not.
+    (root / HOSPITAL / f"{FAILING}.yaml").write_text(yaml.safe_dump({**config, "name": FAILING, "root": "data/gone"}))
 
 
 # --- the two processes (run as `python tests/test_privacy_canary.py site|centre ROOT`) -------------------
 def run_site(root: Path) -> None:
     """A hospital: onboard and preprocess (its Prefect flow runs report to the central Prefect server), its
     worker set up as infra/README.md says: its site YAMLs in $FEDAUC_SITES, its shards in $FEDAUC_SHARDS."""
+    from common.errors import FailedAtSite
     from pipelines.prefect_env import configure_prefect_env
 
     configure_prefect_env()
@@ -109,6 +115,12 @@ def run_site(root: Path) -> None:
     for site in SITES:
         flows.onboard_site(site)
         preprocess_site(site, workers=0)
+    try:
+        flows.onboard_site(FAILING)
+    except FailedAtSite:
+        pass  # its state, task runs and logs at the centre are scanned with the rest
+    else:
+        raise AssertionError(f"site {FAILING} onboarded without its label table")
 
 
 def run_centre(root: Path) -> None:

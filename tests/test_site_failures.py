@@ -3,6 +3,7 @@ the hospital's paths (pipelines.site_params.failures_stay_at_the_site): a site Y
 patient, onboarded and preprocessed as its worker runs them, leaves that name in no flow run, task run or log
 line the server holds, and in the error the site itself gets."""
 
+import pickle
 import time
 
 import pytest
@@ -61,6 +62,8 @@ def test_a_failed_site_run_tells_the_server_the_step_and_the_site_the_whole_erro
         run(site)
     assert MARKER in str(raised.value.at_site)  # the hospital's own error names its data root
     assert MARKER not in str(raised.value) and "failed at the site" in str(raised.value)
+    # Prefect persists a failed run's exception as its result, pickled: the site's error stays out of it.
+    assert MARKER.encode() not in pickle.dumps(raised.value)
     held = _held_by_the_server(step)
     assert any("failed at the site" in text for text in held), held
     assert not [text for text in held if MARKER in text]
