@@ -107,3 +107,24 @@ def test_a_deployment_with_a_bad_training_setting_is_refused_before_anything_is_
     with pytest.raises(ConfigError, match=r"nightly-chest-codasca \(pipelines/flows.py:train_federated\): "
                                           r"training config: lr: Input should be greater than 0"):
         check_entrypoints([broken])
+
+
+def _unit(name: str) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for line in (ROOT / "infra" / "systemd" / name).read_text().splitlines():
+        key, equals, value = line.partition("=")
+        if equals and not line.startswith("#"):
+            settings.setdefault(key.strip(), []).extend(value.split() if key == "Environment" else [value])
+    return settings
+
+
+def test_the_hospitals_two_units_share_one_private_ledger_folder():
+    """The worker preprocesses (writing the site's budget into its ledger), the FLARE client charges it: one
+    folder, as one user, private to it."""
+    units = [_unit("fedauc-prefect-worker.service"), _unit("fedauc-site.service")]
+    states = [{v.partition("=")[2] for v in unit["Environment"] if v.startswith("FEDAUC_SITE_STATE=")} for unit in units]
+    assert states[0] == states[1] and len(states[0]) == 1
+    (state,) = states[0]
+    for unit in units:
+        assert unit["User"] == ["fedauc"] and unit["StateDirectoryMode"] == ["0700"]
+        assert state.startswith(f"/var/lib/{unit['StateDirectory'][0]}/")
