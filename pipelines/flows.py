@@ -28,7 +28,7 @@ from federated.schema import HEADLINE_METRIC, SELECTION_METRIC
 from federated.sites import site_shard_dirs
 from pipelines import evaluations, retention, run_names, runs, tracking
 from pipelines.compare import compare_runs
-from pipelines.preprocess_flow import artifact_key, preprocess
+from pipelines.preprocess_flow import artifact_key, log_outcome, preprocess
 from pipelines.run_names import FLOW_RUN_PLACEHOLDER
 from pipelines.site_params import failures_stay_at_the_site, site_yaml
 from pipelines.tables import fold_intervals, markdown_table
@@ -91,13 +91,16 @@ def preprocess_federation(federation_yaml: str, out_dir: str, workers: int = 2, 
 
     ``dispatch="local"`` runs each site's preprocessing here, inside this flow run (the embedded default, one
     machine): ``preprocess_flow.preprocess``, the work of ``preprocess_site`` without a flow run of its own per
-    site, so without that flow's log lines (a quarantine over the site's share is in the returned
-    ``quarantine_over_share``, not logged); ``"deployments"`` triggers each site's deployment ``preprocess_site/preprocess-<site>`` so that it runs
-    on that hospital's own work pool (infra/prefect.yaml) and waits for all of them.
+    site, each site's outcome logged as that flow logs it; ``"deployments"`` triggers each site's deployment
+    ``preprocess_site/preprocess-<site>`` so that it runs on that hospital's own work pool (infra/prefect.yaml)
+    and waits for all of them.
     """
     federation = load_federation(federation_yaml)
     if dispatch == "local":
-        return [preprocess(site.source, out_dir, workers) for site in federation.sites]
+        results = [preprocess(site.source, out_dir, workers) for site in federation.sites]
+        for result in results:
+            log_outcome(result)
+        return results
     if dispatch != "deployments":
         raise ValueError(f"dispatch must be 'local' or 'deployments', got {dispatch!r}")
     # Each hospital's deployment names its site and shards folder; the hospital resolves them.

@@ -124,7 +124,13 @@ def preprocess_site(site: str, shards: str | None = None, workers: int = 2, rais
     """Site ``site``'s shards (its name, or its YAML relative to the worker's folder) into ``shards``
     (relative to the worker's folder; default $FEDAUC_SHARDS, else shards/): both resolved here, at the site."""
     result = preprocess(site_yaml(site), site_shards(shards), workers, raise_budget)
-    # No counts: this log reaches the centre's server, and a small quarantine count could single a patient out.
+    log_outcome(result)
+    return result
+
+
+def log_outcome(result: dict) -> None:
+    """A site's preprocessing in the run's log, which reaches the centre's server: no counts (a small quarantine
+    count could single a patient out), the reasons that took more than the site's share by name only."""
     logger = get_run_logger()
     logger.info("site %s: shards %s (content hash %s), QC report %s", result["site"],
                 "reused, nothing changed" if result["reused"] else "written", result["content_hash"],
@@ -133,4 +139,3 @@ def preprocess_site(site: str, shards: str | None = None, workers: int = 2, rais
         logger.warning("site %s lost rows: quarantine reason(s) %s over the site's max_quarantine_share; `fedauc "
                        "preprocess` at the site names the column, value or files behind them and the fix",
                        result["site"], ", ".join(result["quarantine_over_share"]))
-    return result

@@ -47,6 +47,22 @@ def mlflow_store(tmp_path_factory):
     mlflow.set_tracking_uri(None)
 
 
+def _logged_prefixes(wanted: int) -> set[str]:
+    """The starts ("site <name>: shards ...") of the preprocessing lines Prefect's server holds; run logs reach
+    it in batches."""
+    import time
+
+    from prefect import get_client
+
+    deadline = time.monotonic() + 30
+    while True:
+        with get_client(sync_client=True) as client:
+            lines = {log.message.split(" (")[0] for log in client.read_logs() if log.message.startswith("site ")}
+        if len(lines) >= wanted or time.monotonic() > deadline:
+            return lines
+        time.sleep(1)
+
+
 def test_onboard_preprocess_train_evaluate(federation, mlflow_store, monkeypatch):
     monkeypatch.setenv("FEDAUC_SITES", str(federation))  # the site's worker finds its YAML by the site's name
     report = flows.onboard_site("alpha")
@@ -55,6 +71,7 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store, monkeypatch
     shards = federation / "shards"
     first = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
     assert [s["site"] for s in first] == ["alpha", "beta"]
+    assert {"site alpha: shards written", "site beta: shards written"} <= _logged_prefixes(2)
     again = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
     assert all(s["reused"] for s in again) and not any(s["reused"] for s in first)
 
