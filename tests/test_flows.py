@@ -47,17 +47,19 @@ def mlflow_store(tmp_path_factory):
     mlflow.set_tracking_uri(None)
 
 
-def _logged_prefixes(wanted: int) -> set[str]:
-    """The starts ("site <name>: shards ...") of the preprocessing lines Prefect's server holds; run logs reach
-    it in batches."""
+def _logged_prefixes(flow_run_id, wanted: int) -> set[str]:
+    """The starts ("site <name>: shards ...") of the preprocessing lines Prefect's server holds of a flow run;
+    run logs reach it in batches."""
     import time
 
     from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    only = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     deadline = time.monotonic() + 30
     while True:
         with get_client(sync_client=True) as client:
-            lines = {log.message.split(" (")[0] for log in client.read_logs() if log.message.startswith("site ")}
+            lines = {log.message.split(" (")[0] for log in client.read_logs(only) if log.message.startswith("site ")}
         if len(lines) >= wanted or time.monotonic() > deadline:
             return lines
         time.sleep(1)
@@ -69,9 +71,12 @@ def test_onboard_preprocess_train_evaluate(federation, mlflow_store, monkeypatch
     assert report["input_rows"] == report["kept"] + report["quarantined"] == 120
 
     shards = federation / "shards"
-    first = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
+    state = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0,
+                                        return_state=True)
+    first = state.result()
     assert [s["site"] for s in first] == ["alpha", "beta"]
-    assert {"site alpha: shards written", "site beta: shards written"} <= _logged_prefixes(2)
+    assert _logged_prefixes(state.state_details.flow_run_id, 2) == {"site alpha: shards written",
+                                                                    "site beta: shards written"}
     again = flows.preprocess_federation(str(federation / "federation.yaml"), str(shards), workers=0)
     assert all(s["reused"] for s in again) and not any(s["reused"] for s in first)
 
