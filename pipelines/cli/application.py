@@ -67,9 +67,12 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show the full tr
 def quiet_prefect_user_errors() -> None:
     from pipelines.site_params import SITE_LOG
 
-    # The site's own log of a failed step: this command prints that error itself.
-    logging.getLogger(SITE_LOG).propagate = False
-    logging.getLogger(SITE_LOG).addHandler(logging.NullHandler())
+    # The site's own log of a failed step: this command prints that error itself (once per process: a command
+    # run again in it, as the tests do, adds no second handler).
+    site_log = logging.getLogger(SITE_LOG)
+    site_log.propagate = False
+    if not site_log.handlers:
+        site_log.addHandler(logging.NullHandler())
     if debug_requested():
         return
     for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
