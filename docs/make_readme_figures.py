@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 
 from federated import schema
 from pipelines import tracking
-from pipelines.servers import ui_commands, wait_for
+from pipelines.servers import ui_servers, wait_for
 from pipelines.ui_views import task_links
 
 DOCS = Path(__file__).resolve().parent
@@ -44,7 +44,8 @@ def mlflow_screenshots(task: str, trainings: Path, champion: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    command, url = ui_commands(PORT, PORT + 1)["MLflow"]
+    server = ui_servers(PORT, PORT + 1)["MLflow"]
+    command, url = server.command, server.url
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError, FedaucError
@@ -46,15 +47,31 @@ def server_env(name: str) -> dict[str, str]:
     return {**os.environ, **TELEMETRY_OFF, **(MLFLOW_SERVER_ENV if name == "MLflow" else {})}
 
 
-def ui_commands(mlflow_port: int, prefect_port: int) -> dict[str, tuple[list[str], str]]:
-    """name -> (command, URL) for both UIs."""
+@dataclass(frozen=True)
+class UIServer:
+    """One UI server fedauc starts: its command, URL, port and environment."""
+
+    command: list[str]
+    url: str
+    port: int
+    env: dict[str, str]
+
+
+def ui_servers(mlflow_port: int, prefect_port: int) -> dict[str, UIServer]:
+    """name -> the server, for both UIs."""
     bin_dir = Path(sys.executable).parent
+    mlflow_url, prefect_url = f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}"
     return {
-        "MLflow": ([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", tracking.tracking_uri(),
-                    "--app-name", MLFLOW_UI_APP, "--workers", MLFLOW_UI_WORKERS,
-                    "--host", "127.0.0.1", "--port", str(mlflow_port)], f"http://127.0.0.1:{mlflow_port}"),
-        "Prefect": ([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-                    f"http://127.0.0.1:{prefect_port}"),
+        "MLflow": UIServer([str(bin_dir / "mlflow"), "ui", "--backend-store-uri", tracking.tracking_uri(),
+                            "--app-name", MLFLOW_UI_APP, "--workers", MLFLOW_UI_WORKERS,
+                            "--host", "127.0.0.1", "--port", str(mlflow_port)],
+                           mlflow_url, mlflow_port, server_env("MLflow")),
+        # Prefect's UI calls the API where its settings say, 127.0.0.1:4200 by default: on another port it
+        # showed no run and "Can't connect to Server API" unless told its own address.
+        "Prefect": UIServer([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(prefect_port)],
+                            prefect_url, prefect_port,
+                            {**server_env("Prefect"), "PREFECT_UI_API_URL": f"{prefect_url}/api"}),
     }
 
 
@@ -168,24 +185,20 @@ def serve_uis(mlflow_port: int, prefect_port: int, echo: Callable[[str], None] =
     the fedauc folder's ``logs/``)."""
     log_dir = Path(log_dir or fedauc_home() / "logs")
     signal.signal(signal.SIGTERM, _interrupt)
-    commands = ui_commands(mlflow_port, prefect_port)
-    ports = {"MLflow": mlflow_port, "Prefect": prefect_port}
-    for name, port in ports.items():
-        if port_in_use(port):
+    servers = ui_servers(mlflow_port, prefect_port)
+    for name, server in servers.items():
+        if port_in_use(server.port):
             option = f"--{name.lower()}-port"
-            raise ConfigError(f"{name} UI: port {port} on 127.0.0.1 is already in use (is `fedauc ui` running?)",
-                              fix=f"open the running UI, stop it, or pass {option} with a free port")
+            raise ConfigError(f"{name} UI: port {server.port} on 127.0.0.1 is already in use (is `fedauc ui` "
+                              "running?)", fix=f"open the running UI, stop it, or pass {option} with a free port")
     processes = {}
     try:
-        for name, (command, url) in commands.items():
+        for name, server in servers.items():
             log_path = Path(log_dir) / f"{name.lower()}-ui.log"
-            # Prefect's UI calls the API where its settings say, 127.0.0.1:4200 by default: on another port it
-            # showed no run and "Can't connect to Server API" unless told its own address.
-            env = {**server_env(name), **({"PREFECT_UI_API_URL": f"{url}/api"} if name == "Prefect" else {})}
-            processes[name] = start_server(f"{name} UI", command, url, ports[name], log_path, env=env,
-                                           log_limit=UI_LOG_LIMIT)
-            echo(f"{name} UI: {url}  (log: {log_path})")
-        echo(links_text(task_links(commands["MLflow"][1], commands["Prefect"][1])))
+            processes[name] = start_server(f"{name} UI", server.command, server.url, server.port, log_path,
+                                           env=server.env, log_limit=UI_LOG_LIMIT)
+            echo(f"{name} UI: {server.url}  (log: {log_path})")
+        echo(links_text(task_links(servers["MLflow"].url, servers["Prefect"].url)))
         echo("Ctrl-C stops both.")
         while all(p.poll() is None for p in processes.values()):
             time.sleep(1)

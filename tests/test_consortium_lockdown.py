@@ -109,10 +109,10 @@ def test_no_server_fedauc_starts_and_no_fedauc_process_sends_telemetry():
     import subprocess
     import sys
 
-    from pipelines.servers import server_env
+    from pipelines.servers import ui_servers
 
-    for name in ("MLflow", "Prefect"):
-        env = server_env(name)
+    for server in ui_servers(5001, 4201).values():
+        env = server.env
         assert env["MLFLOW_DISABLE_TELEMETRY"] == "true" and env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     # A fedauc process outside any CI or test environment (where MLflow turns telemetry off by itself).
     clean = {k: v for k, v in os.environ.items()

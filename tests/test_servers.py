@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from common.errors import ConfigError, FedaucError
-from pipelines.servers import ui_commands, wait_for
+from pipelines.servers import ui_servers, wait_for
 
 
 def test_wait_for_names_a_server_that_exits():
@@ -29,11 +29,12 @@ def test_wait_for_returns_once_the_server_answers(tmp_path):
 
 def test_ui_commands_serve_the_pipeline_stores(monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'x.db'}")
-    commands = ui_commands(5001, 4201)
-    mlflow_command, mlflow_url = commands["MLflow"]
+    servers = ui_servers(5001, 4201)
+    mlflow_command = servers["MLflow"].command
     assert mlflow_command[mlflow_command.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path / 'x.db'}"
-    assert mlflow_url == "http://127.0.0.1:5001"
-    assert commands["Prefect"][1] == "http://127.0.0.1:4201"
+    assert servers["MLflow"].url == "http://127.0.0.1:5001"
+    assert servers["Prefect"].url == "http://127.0.0.1:4201"
+    assert servers["Prefect"].env["PREFECT_UI_API_URL"] == "http://127.0.0.1:4201/api"
 
 
 def test_ui_refuses_a_taken_port_before_starting_anything(tmp_path, monkeypatch):
@@ -102,7 +103,7 @@ def test_the_mlflow_ui_reads_what_fedauc_sets_to_open_training_runs():
 
 def test_the_mlflow_ui_runs_fedaucs_app_with_one_worker(monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'x.db'}")
-    command, _ = ui_commands(5001, 4201)["MLflow"]
+    command = ui_servers(5001, 4201)["MLflow"].command
     assert command[command.index("--app-name") + 1] == "fedauc" and command[command.index("--workers") + 1] == "1"
 
 
