@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from federated.privacy.policy import DPConfig
 
@@ -96,6 +96,19 @@ class TrainSettings(BaseModel):
     augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels
     loader_workers: int = Field(default=2, ge=0)
     progress: bool = True
+    # Set by federated.sites.training_settings once the algorithm's hyperparameters are checked as well: a layer
+    # handed these settings trusts them instead of validating them again, as scikit-learn's
+    # _fit_context(prefer_skip_nested_validation=True) lets an estimator's inner calls trust its parameters.
+    _checked: bool = PrivateAttr(default=False)
+
+    @property
+    def checked(self) -> bool:
+        """Whether ``federated.sites.training_settings`` validated these settings, hyperparameters included."""
+        return self._checked
+
+    def mark_checked(self) -> TrainSettings:
+        self._checked = True
+        return self
 
     @field_validator("device")
     @classmethod
