@@ -115,6 +115,7 @@ class TrainSettings(BaseModel):
         return self._checked
 
     def mark_checked(self) -> TrainSettings:
+        """These settings, marked as validated by ``federated.sites.training_settings`` (its own use)."""
         self._checked = True
         return self
 
