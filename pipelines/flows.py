@@ -139,7 +139,9 @@ def train_task(federation_yaml: str, shards_root: str, config: TrainSettings | d
     tracking.configure()  # the entry of the process it runs in (the demo's trainings: a process pool's)
     federation = load_federation(federation_yaml)
     logger = get_run_logger()
-    settings = training_settings(config)  # once, for a deployment's dict; fedauc train's come checked
+    # A deployment's dict (Prefect's flow parameters may have made it a TrainSettings already) is checked here,
+    # once, the algorithm's hyperparameters included; fedauc train's come checked and pass as they are.
+    settings = training_settings(config)
     logger.info("training %s on federation %s (%d sites), %s rounds", settings.algorithm, federation.name,
                 len(federation.sites), settings.rounds)
     result = runs.train_tracked(federation, Path(shards_root), settings, run_name, launch.launcher(launcher))
