@@ -90,9 +90,11 @@ def _imported_packages(path: Path) -> set[str]:
 
 def test_the_benchmarks_and_their_shared_support_import_nothing_of_the_tests():
     """What a benchmark shares with a test (a phantom federation, an Orthanc, a centre's records) lives in
-    ``testbed/``, which both import: the suite is no library, and testbed/ stands beneath the benchmarks too."""
+    ``testbed/``, which both import: the suite is no library, testbed/ stands beneath the benchmarks, and the
+    product imports none of the three."""
     wrong = [f"{path.relative_to(ROOT)} imports {package}"
-             for folder, refused in (("benchmarks", {"tests"}), ("testbed", {"tests", "benchmarks"}))
+             for folder, refused in (("benchmarks", {"tests"}), ("testbed", {"tests", "benchmarks"}),
+                                     *((package, {"tests", "benchmarks", "testbed"}) for package in PRODUCT if package != "benchmarks"))
              for path in sorted((ROOT / folder).rglob("*.py")) for package in _imported_packages(path) & refused]
     assert not wrong, "\n".join(wrong)
     assert "testbed" in _imported_packages(ROOT / "benchmarks" / "throughput" / "flare.py")
