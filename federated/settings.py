@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from federated.privacy.policy import DPConfig
 
@@ -46,17 +46,21 @@ class TrainSettings(BaseModel):
     eval_every: int = Field(default=0, ge=0)  # rounds between evaluations; 0: only after the last round
     # Score histogram bins of the site-local evaluation (federated/evaluation.py): the pooled metrics'
     # error bound shrinks as 1/eval_bins, the evaluation payload grows as 16 * C * eval_bins bytes per site.
-    eval_bins: int = Field(default=1000, ge=1)
-    eval_min_count: int = Field(default=10, ge=1)  # site metrics from fewer positives or negatives are suppressed
+    eval_bins: int = Field(default=1000, ge=1, description="Score histogram bins of the site-local evaluation.")
+    eval_min_count: int = Field(default=10, ge=1, description="Site metrics from fewer positives or negatives are "
+                                "suppressed.")
     # The out-of-distribution refusal's target false-refusal rate on the pooled validation split (federated/ood.py),
     # fitted after the last round; 0: no refusal model (never under differential privacy: docs/privacy.md section 5).
-    ood_false_refusal: float = Field(default=0.01, ge=0.0, lt=1.0)
-    device: str = "auto"  # "auto" = cuda when available; under torchrun cuda:<local rank>
-    amp: bool = True  # bfloat16 autocast, CUDA only (CPU stays float32 and deterministic)
-    channels_last: bool = True  # CUDA only
+    ood_false_refusal: float = Field(default=0.01, ge=0.0, lt=1.0, description="The refusal of foreign images' target "
+                                     "false-refusal rate on the pooled validation split; 0: no refusal model.")
+    device: str = Field(default="auto", description="auto: cuda where available (under torchrun cuda:<local rank>), "
+                        "else cpu; or a torch device.")
+    amp: bool = Field(default=True, description="bfloat16 autocast, CUDA only (CPU stays float32 and deterministic).")
+    channels_last: bool = Field(default=True, description="Channels-last memory format, CUDA only.")
     # torch.compile each site's network for its training steps (network.training_forward: state_dict keys
     # unchanged). Pays a compilation at the start (minutes for DenseNet121); a long GPU run's option.
-    compile_network: bool = False
+    compile_network: bool = Field(default=False, description="torch.compile each site's network for its training "
+                                     "steps.")
     # torch.compile's mode. "reduce-overhead" replays the forward and backward passes as CUDA graphs: at the
     # usual per-site batches a GPU step is bound by kernel launches, not by the GPU (docs/performance.md).
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
@@ -82,20 +86,38 @@ class TrainSettings(BaseModel):
     # Rounds of FedAvg (BCE) at the start, out of ``rounds``, before ``algorithm`` starts from the warmed model:
     # LibAUC's recipe (cross-entropy first, then the AUC loss; docs/algorithms.md section 12). federated.train
     # runs it, in-process only; 0: off (docs/claims.md measures it).
-    warmup_rounds: int = Field(default=0, ge=0)
+    warmup_rounds: int = Field(default=0, ge=0, description="Rounds of FedAvg (BCE) first, out of --rounds, in "
+                               "this process only.")
     # Training health (federated/health.py): a site's round loss past this multiple of its first round's stops
     # the training as diverged; a site's update norm past this multiple of the other sites' median is named
     # in a warning.
-    divergence_factor: float = Field(default=1000.0, gt=1)
-    outlier_factor: float = Field(default=10.0, gt=1)
+    divergence_factor: float = Field(default=1000.0, gt=1, description="A site's round loss past this multiple of its "
+                                     "first round's stops the training.")
+    outlier_factor: float = Field(default=10.0, gt=1, description="A site's update norm past this multiple of the "
+                                  "other sites' median is warned of.")
     # How a round's MEAN tensors combine: the weighted mean, or a coordinate-wise robust rule over sites that
     # outvotes a broken site (federated/aggregation.py: when it helps, what it costs).
     robust_aggregation: Literal[RULES] = "mean"
-    trim_fraction: float = Field(default=0.2, gt=0, lt=0.5)  # trimmed-mean: the share of sites dropped at each end
-    augment_flip: bool = False  # random horizontal flips of training images, on the training device
-    augment_shift: int = Field(default=0, ge=0)  # random translations up to this many pixels
+    trim_fraction: float = Field(default=0.2, gt=0, lt=0.5, description="With --aggregation trimmed-mean: the share of "
+                                 "sites dropped at each end.")
+    augment_flip: bool = Field(default=False, description="Random horizontal flips of training images.")
+    augment_shift: int = Field(default=0, ge=0, description="Random translations up to this many pixels.")
     loader_workers: int = Field(default=2, ge=0)
     progress: bool = True
+    # Set by federated.sites.training_settings once the algorithm's hyperparameters are checked as well: a layer
+    # handed these settings trusts them instead of validating them again, as scikit-learn's
+    # _fit_context(prefer_skip_nested_validation=True) lets an estimator's inner calls trust its parameters.
+    _checked: bool = PrivateAttr(default=False)
+
+    @property
+    def checked(self) -> bool:
+        """Whether ``federated.sites.training_settings`` validated these settings, hyperparameters included."""
+        return self._checked
+
+    def mark_checked(self) -> TrainSettings:
+        """These settings, marked as validated by ``federated.sites.training_settings`` (its own use)."""
+        self._checked = True
+        return self
 
     @field_validator("device")
     @classmethod

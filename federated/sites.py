@@ -82,9 +82,12 @@ def training_settings(settings: TrainSettings | dict, names: Mapping[str, str] |
     """``settings`` with the algorithm's hyperparameters, validated: the one check of a training's settings,
     whoever gives them (``fedauc train``, a flow's or a deployment's ``config``), before any shard is read. A bad
     value is a ConfigError, one line per problem, naming the setting as ``names`` has it (a field's dotted path,
-    or the start of one, -> how the caller spells it: the command line's options), else by its field."""
+    or the start of one, -> how the caller spells it: the command line's options), else by its field. Settings
+    this function returned before come back as they are: the layers they pass through trust them."""
     from federated.registry import get_algorithm
 
+    if isinstance(settings, TrainSettings) and settings.checked:
+        return settings
     if isinstance(settings, dict) and "sites" in settings:
         raise ConfigError("the training settings list sites; the federation YAML decides them",
                           fix="remove 'sites' from the settings")
@@ -96,7 +99,7 @@ def training_settings(settings: TrainSettings | dict, names: Mapping[str, str] |
         get_algorithm(validated.algorithm).Params(**validated.params)
     except ValidationError as err:
         raise _settings_error(err, ("params",), names or {}) from None
-    return validated
+    return validated.mark_checked()
 
 
 def _settings_error(err: ValidationError, within: tuple[str, ...], names: Mapping[str, str]) -> ConfigError:

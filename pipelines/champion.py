@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from federated.data import to_model_input
+from federated.engine import TrainResult
 from federated.launch import Launcher, Trained
 from federated.schema import (
     CHAMPION_CHECK_METRIC,
@@ -44,7 +45,7 @@ from federated.sites import trained_diseases
 from federated.version import code_version
 from pipelines import descriptions, evaluations, model_card, plots, registry
 from pipelines.model_package import calibration, thresholds
-from pipelines.model_package.contract import contract_for
+from pipelines.model_package.contract import ModelContract, contract_for
 from preprocessing.federation import Federation
 
 
@@ -52,25 +53,21 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
                        ) -> tuple[str, bool]:
     """Register the model of ``trained`` (a training on ``federation``, whose sites reported
     ``trained.site_reports``) in the active training run and move the champion alias if it wins on equal terms
-    (a collapsed one, whose scores were constant on a split, never does: see ``registry.register_model``).
-    Both scores are known before registering: the candidate's (its training's, or with local BatchNorm
-    statistics the registered model's own evaluation) and the current champion's on these sites (re-evaluated
-    here where it has none), so promotion only compares. Returns (version, promoted).
+    (a collapsed one, whose scores were constant on a split, never does: see ``registry.register``).
+    Returns (version, promoted).
 
-    The model is registered with its contract (``pipelines.model_package.contract``) and its operating points, read
-    from the training's last evaluation's pooled validation histograms or, where that evaluation did not score
-    the registered model (BatchNorm statistics kept local: it scored the sites' own models), from an evaluation
-    of the registered model itself."""
-    result, reports, config = trained.result, trained.site_reports, trained.result.config
+    One way, each step taking what the ones before gave: the candidate's scores (its training's, or with local
+    BatchNorm statistics the registered model's own evaluation), its contract (``pipelines.model_package.contract``)
+    with the operating points and calibration read from those scores' pooled validation histograms, the current
+    champion's score on these sites (re-evaluated here where it has none), the model logged with its contract, and
+    the version registered once, so that promotion only compares."""
+    result, config = trained.result, trained.result.config
     diseases = trained_diseases(config, federation)
-    input_shape, num_classes = result.input_shape, result.num_classes
     model = result.model().eval()
-    own_score = result.history[-1].get("metrics", {}).get(SELECTION_METRIC, float("nan"))
     collapsed = registry.collapsed_splits(result.history[-1].get("metrics", {}))
     if collapsed:
         mlflow.set_tag(COLLAPSED_TAG, ",".join(collapsed))
-    hashes = {report["site"]: report["shard_hash"] for report in reports}
-    evaluation = evaluations.fingerprint(hashes)
+    evaluation = evaluations.fingerprint({report["site"]: report["shard_hash"] for report in trained.site_reports})
 
     # Under DP a site releases no exact evaluation (docs/privacy.md section 5; one with a budget refuses it): with
     # S_e the evaluations here are noised with it, as the training's own were; without, there are none.
@@ -80,46 +77,65 @@ def register_candidate(federation: Federation, trained: Trained, shards_root: Pa
     def score(models: list[tuple[ModelToScore, dict]]) -> list[evaluations.Scored]:
         return evaluations.score_models(federation, models, shards_root, launcher, noise)
 
-    valid_histograms, test_histograms = result.valid_histograms, result.test_histograms
-    if scorable and (config.bn_stats == "local" or valid_histograms is None):
-        candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
-                                 input_shape=input_shape, num_classes=num_classes,
-                                 diseases=diseases)
-        scored = score([(candidate, model.state_dict())])[0].evaluation
-        valid_histograms, test_histograms = scored.valid_histograms, scored.test_histograms
-        if config.bn_stats == "local":
-            own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
-            mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
-    points = None if valid_histograms is None else thresholds.from_histograms(
-        valid_histograms, list(diseases), f"pooled validation of federation {federation.name}")
-    calibrated = None if valid_histograms is None else calibration.from_histograms(
-        valid_histograms, list(diseases), f"pooled validation of federation {federation.name}", test_histograms)
-    if calibrated is not None:
-        figure = plots.reliability_figure(valid_histograms, list(diseases), calibrated,
-                                          f"{federation.name}: reliability, pooled validation")
-        mlflow.log_figure(figure, RELIABILITY_ARTIFACT)
-        plots.plt.close(figure)
-    contract = contract_for(federation, diseases, config.network, config.network_kwargs, input_shape, code_version(),
-                            points, mlflow.active_run().info.run_id, None if result.ood is None else result.ood.reference,
-                            calibrated)
+    own_score, valid_histograms, test_histograms = _candidate_scores(result, diseases, model, score if scorable
+                                                                     else None)
+    contract = _contract(federation, result, diseases, valid_histograms, test_histograms)
     champion = registry.champion_version(federation.task)
     if champion is not None and registry.score_on(federation.task, champion, evaluation) is None:
         if noise is not None:
             mlflow.set_tag(CHAMPION_CHECK_NOISE_TAG, str(noise))
         if scorable:
             registry.record_score(federation.task, champion, evaluation, _score_champion(
-                champion, federation, input_shape, num_classes, score, launcher))
+                champion, federation, result.input_shape, result.num_classes, score, launcher))
         else:  # unscored here, it keeps the alias (registry.promote_best)
             mlflow.set_tags({CHAMPION_CHECK_VERSION_TAG: champion, CHAMPION_CHECK_SKIPPED_TAG: (
                 "a DP training's sites release no exact evaluation of the champion and it has no "
                 "--eval-noise-multiplier: the champion keeps the alias")})
-    version, promoted = registry.register_model(model, federation.task, synthetic_input_example(input_shape),
-                                                own_score, collapsed, evaluation, contract,
-                                                None if result.ood is None else result.ood.gaussian)
+    model_id = registry.log_model(model, synthetic_input_example(result.input_shape), contract,
+                                  None if result.ood is None else result.ood.gaussian)
+    version, promoted = registry.register(model_id, federation.task, own_score, collapsed, evaluation)
     descriptions.describe_registered_model(federation.task)  # the alias may have moved
     # The new version's card and description; the old and new champions' cards and descriptions name them.
     model_card.alias_moved(federation.task, [version, champion, registry.champion_version(federation.task)])
     return version, promoted
+
+
+def _candidate_scores(result: TrainResult, diseases: tuple[str, ...], model: torch.nn.Module, score
+                      ) -> tuple[float, np.ndarray | None, np.ndarray | None]:
+    """The candidate's selection score and its pooled (valid, test) histograms: its training's last evaluation,
+    unless that did not score the registered model (BatchNorm statistics kept local: it scored the sites' own
+    models) or evaluated nothing, and ``score`` (None: the sites release no evaluation) can score it here."""
+    config = result.config
+    own_score = result.history[-1].get("metrics", {}).get(SELECTION_METRIC, float("nan"))
+    valid_histograms, test_histograms = result.valid_histograms, result.test_histograms
+    if score is not None and (config.bn_stats == "local" or valid_histograms is None):
+        candidate = ModelToScore(label="candidate", network=config.network, network_kwargs=config.network_kwargs,
+                                 input_shape=result.input_shape, num_classes=result.num_classes, diseases=diseases)
+        scored = score([(candidate, model.state_dict())])[0].evaluation
+        valid_histograms, test_histograms = scored.valid_histograms, scored.test_histograms
+        if config.bn_stats == "local":
+            own_score = scored.metrics.get(SELECTION_METRIC, float("nan"))
+            mlflow.log_metric(REGISTERED_MODEL_METRIC, own_score)
+    return own_score, valid_histograms, test_histograms
+
+
+def _contract(federation: Federation, result: TrainResult, diseases: tuple[str, ...],
+              valid_histograms: np.ndarray | None, test_histograms: np.ndarray | None) -> ModelContract:
+    """The candidate's contract, its operating points and calibration read from the pooled validation histograms
+    (none without them); the calibration's reliability diagram is logged on the training's run."""
+    config = result.config
+    source = f"pooled validation of federation {federation.name}"
+    points = None if valid_histograms is None else thresholds.from_histograms(valid_histograms, list(diseases), source)
+    calibrated = None if valid_histograms is None else calibration.from_histograms(
+        valid_histograms, list(diseases), source, test_histograms)
+    if calibrated is not None:
+        figure = plots.reliability_figure(valid_histograms, list(diseases), calibrated,
+                                          f"{federation.name}: reliability, pooled validation")
+        mlflow.log_figure(figure, RELIABILITY_ARTIFACT)
+        plots.plt.close(figure)
+    return contract_for(federation, diseases, config.network, config.network_kwargs, result.input_shape,
+                        code_version(), points, mlflow.active_run().info.run_id,
+                        None if result.ood is None else result.ood.reference, calibrated)
 
 
 def synthetic_input_example(input_shape: tuple[int, ...]) -> np.ndarray:

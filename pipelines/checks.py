@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.errors import ConfigError
 from federated.launch import Launcher
+from federated.settings import TrainSettings
 from pipelines.onboarding import shards_root
 from preprocessing.federation import Federation, load_federation
 from preprocessing.sites import SiteConfigError, validate_site
@@ -22,12 +23,13 @@ def check_site(site_yaml: str | Path) -> None:
 
 
 def check_training(federation_yaml: str | Path, shards: str | Path | None, config: dict, launcher: Launcher,
-                   names: Mapping[str, str] | None = None) -> tuple[Federation, Path]:
+                   names: Mapping[str, str] | None = None) -> tuple[Federation, Path, TrainSettings]:
     """Where it runs (``launcher``, checked when it was built: whether it takes the algorithm), ``config`` (a
     ``TrainConfig`` without sites: ``federated.sites.training_settings``, a bad value named as ``names`` says),
     the federation and its site files, and every site's shards where this machine reads them
     (``federated.sites.federation_config``: the same check every launcher's training makes). Returns the
-    federation and its shards folder."""
+    federation, its shards folder and the settings, validated: what the flow and the engine take without
+    validating them again."""
     from federated import get_algorithm
     from federated.dp.refusals import check_dp_job
     from federated.sites import federation_config, training_settings
@@ -40,7 +42,7 @@ def check_training(federation_yaml: str | Path, shards: str | Path | None, confi
     federation = load_federation(federation_yaml)
     root = shards_root(shards, federation)
     federation_config(federation, root, settings, read_shards=launcher.reads_shards_here)
-    return federation, root
+    return federation, root, settings
 
 
 def check_evaluation(federation_yaml: str | Path, shards: str | Path | None,

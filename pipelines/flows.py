@@ -25,7 +25,8 @@ from common.errors import FedaucError
 from federated import launch
 from federated.backends import SiteFailure
 from federated.schema import HEADLINE_METRIC, SELECTION_METRIC
-from federated.sites import site_shard_dirs
+from federated.settings import TrainSettings
+from federated.sites import site_shard_dirs, training_settings
 from pipelines import evaluations, retention, run_names, runs, tracking
 from pipelines.compare import compare_runs
 from pipelines.preprocess_flow import artifact_key, log_outcome, preprocess
@@ -123,7 +124,9 @@ def _training_cache_key(context, parameters) -> str | None:
         return None
     federation = load_federation(parameters["federation_yaml"])
     hashes = [shard_content_hash(d) for d in site_shard_dirs(federation, Path(parameters["shards_root"]))]
-    payload = json.dumps({"hashes": hashes, "config": parameters["config"], "tracking": tracking.tracking_uri(),
+    config = parameters["config"]
+    config = config.model_dump(mode="json") if isinstance(config, TrainSettings) else config
+    payload = json.dumps({"hashes": hashes, "config": config, "tracking": tracking.tracking_uri(),
                           "name": parameters.get("run_name"), "launcher": where.model_dump(mode="json")},
                          sort_keys=True, default=str)
     return "train-" + hashlib.sha256(payload.encode()).hexdigest()
@@ -131,14 +134,17 @@ def _training_cache_key(context, parameters) -> str | None:
 
 @task(name="train", task_run_name=run_names.training, retries=1, retry_delay_seconds=5,
       retry_condition_fn=_transient, cache_key_fn=_training_cache_key, persist_result=True)
-def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
+def train_task(federation_yaml: str, shards_root: str, config: TrainSettings | dict, run_name: str | None = None,
                launcher: dict | None = None) -> dict:
     tracking.configure()  # the entry of the process it runs in (the demo's trainings: a process pool's)
     federation = load_federation(federation_yaml)
     logger = get_run_logger()
-    logger.info("training %s on federation %s (%d sites), %s rounds", config.get("algorithm"), federation.name,
-                len(federation.sites), config.get("rounds"))
-    result = runs.train_tracked(federation, Path(shards_root), config, run_name, launch.launcher(launcher))
+    # A deployment's dict (Prefect's flow parameters may have made it a TrainSettings already) is checked here,
+    # once, the algorithm's hyperparameters included; fedauc train's come checked and pass as they are.
+    settings = training_settings(config)
+    logger.info("training %s on federation %s (%d sites), %s rounds", settings.algorithm, federation.name,
+                len(federation.sites), settings.rounds)
+    result = runs.train_tracked(federation, Path(shards_root), settings, run_name, launch.launcher(launcher))
     summary = runs.training_summary(result)
     logger.info("%s: %s = %.4f, %s = %.4f; model version %s %s (MLflow run %s, %.0f s)", summary["run_name"],
                 HEADLINE_METRIC, summary[HEADLINE_METRIC], SELECTION_METRIC, summary[SELECTION_METRIC],
@@ -148,9 +154,10 @@ def train_task(federation_yaml: str, shards_root: str, config: dict, run_name: s
 
 
 @flow(name="train_federated", flow_run_name=run_names.of_flow(run_names.training))
-def train_federated(federation_yaml: str, shards_root: str, config: dict, run_name: str | None = None,
-                    launcher: dict | None = None) -> dict:
-    """One algorithm, one federation, one config (a ``federated.TrainConfig`` without its sites), where
+def train_federated(federation_yaml: str, shards_root: str, config: TrainSettings | dict,
+                    run_name: str | None = None, launcher: dict | None = None) -> dict:
+    """One algorithm, one federation, one config (``federated.TrainSettings``, as `fedauc train` validated them,
+    or a deployment's dict of them, validated in the task), where
     ``launcher`` says (its JSON form, federated/launch.py: default in this process; e.g.
     ``{"kind": "flare", "env": "prod", "workspace": folder, "kit": admin kit}`` for a running consortium).
     ``{flow_run}`` in ``run_name`` becomes this flow run's short id, which its name also carries

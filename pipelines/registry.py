@@ -52,15 +52,16 @@ def register_model(
     contract=None,
     ood=None,
 ) -> tuple[str, bool]:
-    """Log ``model`` into the active run, register it as ``fedauc-<task>`` and move the champion alias to the
-    version with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns
-    (version, promoted). ``collapsed``: the splits on which the model's scores were constant
-    (:func:`collapsed_splits`); such a version is tagged with them and never becomes champion. ``evaluation``:
-    the fingerprint of the sites and shards ``selection_metric`` was measured on; the current champion's score
-    there is recorded before (:func:`record_score`, pipelines/champion.py), so registering only compares.
-    ``contract`` (a ``pipelines.model_package.contract.ModelContract``): what the model says about itself; with it
-    the model is also a pyfunc model that scores image files (``pipelines.model_package.flavor``), without it (the
-    registry's own tests) the bare program is logged. ``ood``: the ``federated.ood.Gaussian`` of the contract's
+    """Log ``model`` into the active run (:func:`log_model`) and register it (:func:`register`): (version,
+    promoted)."""
+    return register(log_model(model, input_example, contract, ood), task, selection_metric, collapsed, evaluation)
+
+
+def log_model(model, input_example: np.ndarray, contract=None, ood=None) -> str:
+    """Log ``model`` into the active run; its logged model's id. ``contract`` (a
+    ``pipelines.model_package.contract.ModelContract``): what the model says about itself; with it the model is
+    also a pyfunc model that scores image files (``pipelines.model_package.flavor``), without it (the registry's
+    own tests) the bare program is logged. ``ood``: the ``federated.ood.Gaussian`` of the contract's
     out-of-distribution refusal, stored beside it.
 
     ``input_example`` is stored with the model (``input_example.json`` and torch.export's sample inputs), at the
@@ -75,18 +76,27 @@ def register_model(
     if input_example.shape[0] < 2:
         raise ValueError("input_example needs at least 2 rows: torch.export treats a batch of 1 as static")
     model.eval()
-    name = registered_model_name(task)
     # Stated, not inferred: inference would pin the local "+cpu" build label, which no index serves.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
     if contract is not None:
-        from pipelines.model_package.flavor import log_model
+        from pipelines.model_package.flavor import log_model as log_with_contract
 
-        info = log_model(model, contract, input_example, requirements, ood)
-    else:
-        info = mlflow.pytorch.log_model(model, name="model", input_example=input_example,
-                                        serialization_format="pt2", pip_requirements=requirements)
+        return log_with_contract(model, contract, input_example, requirements, ood).model_id
+    return mlflow.pytorch.log_model(model, name="model", input_example=input_example, serialization_format="pt2",
+                                    pip_requirements=requirements).model_id
+
+
+def register(model_id: str, task: str, selection_metric: float, collapsed: list[str] = (),
+             evaluation: str | None = None) -> tuple[str, bool]:
+    """Register the logged model ``model_id`` as ``fedauc-<task>`` and move the champion alias to the version
+    with the best pooled validation macro-AUC on the same evaluation (``promote_best``). Returns (version,
+    promoted). ``collapsed``: the splits on which the model's scores were constant (:func:`collapsed_splits`);
+    such a version is tagged with them and never becomes champion. ``evaluation``: the fingerprint of the sites
+    and shards ``selection_metric`` was measured on; the current champion's score there is recorded before
+    (:func:`record_score`, pipelines/champion.py), so registering only compares."""
+    name = registered_model_name(task)
     client = MlflowClient()
-    version = _new_version(client, name, info.model_id)
+    version = _new_version(client, name, model_id)
     client.set_model_version_tag(name, version, SELECTION_METRIC_TAG, repr(float(selection_metric)))
     if collapsed:
         client.set_model_version_tag(name, version, COLLAPSED_TAG, ",".join(collapsed))

@@ -40,7 +40,8 @@ def _task(federation_yaml: str) -> str:
 
 
 def training(parameters: dict) -> str:
-    name = parameters.get("run_name") or parameters["config"]["algorithm"]
+    config = parameters["config"]
+    name = parameters.get("run_name") or (config["algorithm"] if isinstance(config, dict) else config.algorithm)
     return f"train {_task(parameters['federation_yaml'])} {with_flow_run(name)}"
 
 

@@ -60,7 +60,8 @@ from federated.schema import (
     TRAINING_ROLE,
     MetricKey,
 )
-from federated.sites import federation_config, trained_diseases
+from federated.settings import TrainSettings
+from federated.sites import federation_config, trained_diseases, training_settings
 from federated.version import code_version
 from pipelines import descriptions, plots, registry, tracking
 from pipelines.champion import register_candidate
@@ -201,11 +202,11 @@ def training_runs(experiment: str, run_name: str, federation: str, sites: list[s
 def train_tracked(
     federation: Federation,
     shards_root: Path,
-    config: dict,
+    config: TrainSettings | dict,
     run_name: str | None = None,
     launcher: Launcher | None = None,
 ) -> TrainingRun:
-    """Train ``config`` (a ``federated.TrainConfig`` without sites) on the federation's shards where
+    """Train ``config`` (the training's settings, or a dict of them: a deployment's) on the federation's shards where
     ``launcher`` says (default: in this process) and record it in MLflow; the records are the same wherever
     it ran. The training is built and checked once here (``federated.sites.federation_config``: where this
     machine holds the shards, every site's folder, task and diseases). What is recorded about the sites' data
@@ -214,8 +215,9 @@ def train_tracked(
     launcher = launcher or InProcess()
     names = [site.name for site in federation.sites]
     launcher.check()
-    launcher.check_algorithm(config["algorithm"])
-    config = federation_config(federation, shards_root, config, read_shards=launcher.reads_shards_here)
+    settings = training_settings(config)  # the command line's come checked, and are not checked again
+    launcher.check_algorithm(settings.algorithm)
+    config = federation_config(federation, shards_root, settings, read_shards=launcher.reads_shards_here)
     pooled = launcher.pools(config.algorithm)
     client = MlflowClient()
     experiment = tracking.experiment_id(federation.task)

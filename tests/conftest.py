@@ -197,27 +197,10 @@ def evaluable_melanoma(tmp_path_factory):
 
 
 def melanoma_federation(root, n=120, prevalence=None):
-    import yaml
+    from testbed.federations import DERMATOLOGY_CLINICS, phantom_federation
 
-    from preprocessing.scan import scan_site
-    from preprocessing.shards import shard_site
-    from preprocessing.sites import load_site
-    from preprocessing.synth import generate_site
-
-    entries = []
-    for name, image_format in (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg")):
-        generate_site("siim-isic-2020", root / "data" / name, n=n, seed=3, profile=name,
-                      image_format=image_format, workers=0, progress=False, prevalence=prevalence)
-        site = {"name": name, "format": "siim-isic-2020", "root": f"data/{name}", "task": "melanoma",
-                "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.25},
-                "options": {"image_format": image_format}, "synthetic": True}
-        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
-        config = load_site(root / f"{name}.yaml")
-        shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)
-        entries.append({"config": f"{name}.yaml"})
-    federation = root / "melanoma.yaml"
-    federation.write_text(yaml.safe_dump({"name": "tiny-melanoma", "task": "melanoma", "sites": entries}))
-    return root, federation
+    return root, phantom_federation(root / "melanoma.yaml", "tiny-melanoma", "melanoma", DERMATOLOGY_CLINICS, n=n,
+                                    prevalence=prevalence, synthetic=True)
 
 
 def write_generic_csv_site(root, name="clinic", patients=40, seed=0):

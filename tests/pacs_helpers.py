@@ -1,16 +1,9 @@
-"""A real Orthanc PACS (Debian's orthanc with orthanc-dicomweb) on 127.0.0.1 for the tests, a chest X-ray model
-registered with its contract, and phantom radiographs: what tests/test_hospital_pacs.py and
-tests/test_deploy_schedule.py share."""
+"""A chest X-ray model registered with its contract, phantom radiographs and their upload to the tests' Orthanc
+(testbed/orthanc.py): what tests/test_hospital_pacs.py and tests/test_deploy_schedule.py share."""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import shutil
-import socket
-import subprocess
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -25,49 +18,7 @@ from pipelines import registry
 from pipelines.champion import synthetic_input_example
 from pipelines.model_package import thresholds
 from pipelines.model_package.contract import ModelContract, Provenance
-
-PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
-USER, PASSWORD = "hospital", "s3cret-pacs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def orthanc_server(here: Path):
-    """Orthanc with DICOMweb and a password, its storage in ``here``; skips where it is not installed."""
-    if shutil.which("Orthanc") is None or not PLUGIN.is_file() or shutil.which("dciodvfy") is None:
-        pytest.skip("Orthanc, its DICOMweb plugin or dciodvfy is not installed "
-                    "(apt-get install orthanc orthanc-dicomweb dicom3tools; `make setup` does it as root)")
-    here.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    config = {"Name": "fedauc-test", "StorageDirectory": str(here / "db"), "IndexDirectory": str(here / "db"),
-              "HttpPort": port, "DicomServerEnabled": False, "RemoteAccessAllowed": False,
-              "AuthenticationEnabled": True, "RegisteredUsers": {USER: PASSWORD}, "Plugins": [str(PLUGIN)],
-              "DicomWeb": {"Enable": True, "Root": "/dicom-web/"}}
-    (here / "orthanc.json").write_text(json.dumps(config))
-    log = (here / "orthanc.log").open("w")
-    process = subprocess.Popen(["Orthanc", str(here / "orthanc.json")], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(f"{base}/system", auth=(USER, PASSWORD), timeout=2).ok:
-                break
-        except requests.ConnectionError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"Orthanc did not start: {(here / 'orthanc.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    try:
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+from testbed.orthanc import PASSWORD, USER
 
 
 def register_chest_model(store: Path, synthetic_sites: tuple[str, ...] = ()) -> str:

@@ -76,3 +76,25 @@ def test_benchmarks_is_this_repositorys_package():
     import benchmarks
 
     assert Path(benchmarks.__file__).resolve() == ROOT / "benchmarks" / "__init__.py"
+
+
+def _imported_packages(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_benchmarks_and_their_shared_support_import_nothing_of_the_tests():
+    """What a benchmark shares with a test (a phantom federation, an Orthanc, a centre's records) lives in
+    ``testbed/``, which both import: the suite is no library, testbed/ stands beneath the benchmarks, and the
+    product imports none of the three."""
+    wrong = [f"{path.relative_to(ROOT)} imports {package}"
+             for folder, refused in (("benchmarks", {"tests"}), ("testbed", {"tests", "benchmarks"}),
+                                     *((package, {"tests", "benchmarks", "testbed"}) for package in PRODUCT if package != "benchmarks"))
+             for path in sorted((ROOT / folder).rglob("*.py")) for package in _imported_packages(path) & refused]
+    assert not wrong, "\n".join(wrong)
+    assert "testbed" in _imported_packages(ROOT / "benchmarks" / "throughput" / "flare.py")

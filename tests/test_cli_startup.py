@@ -85,7 +85,7 @@ def test_choice_names_agree_with_what_they_name():
     from federated.flare.centre.environments import FLARE_ENVS
     from federated.launch import LAUNCHERS, Flare
     from federated.settings import LAUNCHER_KINDS, RULES
-    from pipelines.cli.training import Aggregation, FlareEnv, TrainBackend
+    from pipelines.cli.train_options import Aggregation, FlareEnv, TrainBackend
 
     assert tuple(LAUNCHERS) == LAUNCHER_KINDS == tuple(kind.value for kind in TrainBackend)
     assert get_args(TrainConfig.model_fields["robust_aggregation"].annotation) == RULES

@@ -109,3 +109,42 @@ def test_help_shows_each_bound_the_settings_hold_an_option_to():
     lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│    --")}
     for option, shown in (("--rounds", "(> 0)"), ("--eval-every", "(>= 0)"), ("--max-grad-norm", "(> 0)")):
         assert shown in lines[option], lines[option]
+
+
+def test_every_setting_is_an_option_and_a_setting_the_settings_gain_is_one_without_an_edit():
+    """The options derive from TrainSettings' fields (pipelines/cli/train_options.py): one list, not two."""
+    import typer
+    from pydantic import Field
+
+    from federated.settings import TrainSettings
+    from pipelines.cli.train_options import NOT_OPTIONS, command_signature, option_names
+
+    assert set(option_names()) >= set(TrainSettings.model_fields) - NOT_OPTIONS
+
+    class Gained(TrainSettings):
+        mixup_alpha: float = Field(default=0.0, ge=0)
+
+    assert option_names(Gained)["mixup_alpha"] == "--mixup-alpha"
+    given = {}
+
+    def probe(**options):
+        given.update(options)
+
+    probe.__signature__ = command_signature(Gained)
+    gained = typer.Typer()
+    gained.command()(probe)
+    result = runner.invoke(gained, ["--help"], env={"COLUMNS": "200"})
+    (line,) = [line for line in result.output.splitlines() if "--mixup-alpha" in line]
+    assert "(>= 0)" in line and "[default: 0.0]" in line
+    result = runner.invoke(gained, ["--federation", "f.yaml", "--algorithm", "fedavg", "--mixup-alpha", "0.4"])
+    assert result.exit_code == 0, result.output
+    assert given["mixup_alpha"] == 0.4 and given["rounds"] == 20
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--trim-fraction", "0.7"], "error: --trim-fraction: Input should be less than 0.5"),
+    (["--warmup-rounds", "-1"], "error: --warmup-rounds: Input should be greater than or equal to 0"),
+    (["--site-weighting", "weighted", "--outlier-factor", "1"], "error: --outlier-factor: Input should be greater"),
+])
+def test_an_option_derived_from_a_setting_is_named_in_its_one_error(options, expected):
+    assert _train_error(*options).startswith(expected)

@@ -225,11 +225,12 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, tmp_p
     """pacs-scoring-hanoi on the pool site-hanoi: the scheduler makes a run, the hospital's worker scores the
     new study of a real Orthanc and stores its SR; the PACS password reaches the worker from its environment
     only (the deployment's parameters hold none)."""
-    from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+    from pacs_helpers import radiograph, register_chest_model, upload
     from pydicom.uid import generate_uid
 
     from pipelines.hospital import pacs
     from pipelines.hospital.sinks import DicomSrSink
+    from testbed.orthanc import PASSWORD, USER, orthanc_server
 
     with orthanc_server(tmp_path / "orthanc") as base:
         store = register_chest_model(tmp_path / "store")

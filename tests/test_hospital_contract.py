@@ -21,7 +21,7 @@ import pydicom
 import pytest
 import yaml
 from pacs_files import reports_in
-from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+from pacs_helpers import radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
@@ -38,6 +38,7 @@ from pipelines.model_package.predict import Item, score_items
 from preprocessing.federation import load_federation
 from preprocessing.scan import scan_site
 from preprocessing.sites import SharingPolicy, SiteConfigError, load_site, validate_site
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 runner = CliRunner()
 MODEL = "models:/fedauc-chest-xray/1"

@@ -13,7 +13,7 @@ import pydicom
 import pytest
 import yaml
 from pacs_files import Adversary, dciodvfy_errors, reports_in, restudy
-from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+from pacs_helpers import radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
@@ -23,6 +23,7 @@ from pipelines.hospital import dicom_sr, pacs
 from pipelines.hospital.sinks import DicomSrSink
 from pipelines.model_package.loading import choose_points, load_registered
 from pipelines.model_package.predict import Item, score_items
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -14,13 +14,14 @@ import mlflow
 import pytest
 import yaml
 from pacs_files import Adversary, restudy
-from pacs_helpers import PASSWORD, USER, orthanc_server, register_chest_model, upload
+from pacs_helpers import register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
 
 from pipelines.cli import app
 from pipelines.hospital import dicomweb, job, pacs
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 pytestmark = pytest.mark.slow
 RG1 = Path(get_testdata_file("RG1_UNCR.dcm"))

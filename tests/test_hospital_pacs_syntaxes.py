@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pacs_files import Adversary, chest_in_every_syntax, dciodvfy_errors, reports_in, restudy
-from pacs_helpers import PASSWORD, USER, orthanc_server, register_chest_model, upload
+from pacs_helpers import register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from pipelines.cli import app
 from pipelines.hospital import dicom_sr, pacs
 from pipelines.model_package.loading import choose_points, load_registered
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 pytestmark = pytest.mark.slow
 MODEL = "models:/fedauc-chest-xray/1"

@@ -11,12 +11,13 @@ from pathlib import Path
 import pydicom
 import pytest
 from pacs_files import Adversary, dciodvfy_errors, reports_in, restudy
-from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+from pacs_helpers import radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
 from pipelines.hospital import dicom_sr, pacs, pacs_state
 from pipelines.model_package.loading import choose_points, load_registered
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 pytestmark = pytest.mark.slow
 RG1 = Path(get_testdata_file("RG1_UNCR.dcm"))  # a real chest PA (CR)

@@ -13,7 +13,7 @@ import pydicom
 import pytest
 import yaml
 from pacs_files import Adversary, reports_in, restudy
-from pacs_helpers import PASSWORD, USER, orthanc_server, radiograph, register_chest_model, upload
+from pacs_helpers import radiograph, register_chest_model, upload
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 from typer.testing import CliRunner
@@ -22,6 +22,7 @@ from common.errors import ConfigError
 from pipelines.cli import app
 from pipelines.hospital import job, pacs, sink_registry
 from pipelines.hospital.result import StudyResult
+from testbed.orthanc import PASSWORD, USER, orthanc_server
 
 pytestmark = pytest.mark.slow
 MODEL = "models:/fedauc-chest-xray/1"

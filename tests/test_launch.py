@@ -45,7 +45,7 @@ def test_what_each_launcher_owns():
 
 
 def test_the_command_line_offers_what_the_launchers_and_environments_define():
-    from pipelines.cli.training import FlareEnv, TrainBackend
+    from pipelines.cli.train_options import FlareEnv, TrainBackend
 
     assert [m.value for m in TrainBackend] == list(LAUNCHERS) == ["inprocess", "torchrun", "flare"]
     assert tuple(m.value for m in FlareEnv) == FLARE_ENVS

@@ -7,7 +7,6 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from federated import ood
@@ -20,23 +19,11 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def chest(tmp_path_factory):
     """Two CheXpert-layout phantom hospitals at 32 px, trained two rounds and registered in a store of their own."""
-    from preprocessing.scan import scan_site
-    from preprocessing.shards import shard_site
-    from preprocessing.sites import load_site
-    from preprocessing.synth import generate_site
+    from testbed.federations import PhantomSite, phantom_federation
 
     root = tmp_path_factory.mktemp("ood-chest")
-    entries = []
-    for seed, name in enumerate(("stanford", "boston")):
-        generate_site("chexpert", root / "data" / name, n=160, seed=seed, workers=0, progress=False)
-        site = {"name": name, "format": "chexpert", "root": f"data/{name}/CheXpert-v1.0-small", "task": "chest-xray",
-                "image_size": 32, "min_image_size": 16, "split": {"seed": 0, "valid": 0.25, "test": 0.25}}
-        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
-        config = load_site(root / f"{name}.yaml")
-        shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)
-        entries.append({"config": f"{name}.yaml"})
-    federation = root / "chest.yaml"
-    federation.write_text(yaml.safe_dump({"name": "tiny-chest", "task": "chest-xray", "sites": entries}))
+    hospitals = tuple(PhantomSite(name, "chexpert", seed=seed) for seed, name in enumerate(("stanford", "boston")))
+    federation = phantom_federation(root / "chest.yaml", "tiny-chest", "chest-xray", hospitals, n=160, valid=0.25)
     uri = f"sqlite:///{root / 'mlruns.db'}"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -1,7 +1,7 @@
 """``fedauc prune`` on a real MLflow store (SQLite and its artifact folder) and a real checkpoint folder: what
 the retention policy keeps (trainings, their privacy records, the champion and the registry, a noised
 evaluation) stays, the old evaluation and scoring detail and old checkpoint rounds go, and ``--dry-run``
-changes nothing. Records are written by fedauc's own recording code (tests/year_records.py)."""
+changes nothing. Records are written by fedauc's own recording code (testbed/year_records.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import mlflow
 import numpy as np
 import pytest
-import year_records as records
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from typer.testing import CliRunner
@@ -24,6 +23,7 @@ from federated.checkpoint import LATEST
 from federated.schema import CHAMPION_ALIAS, EVALUATION_ROLE, PRIVACY_PREFIX, SCORING_ROLE
 from pipelines import retention, tracking
 from pipelines.cli import app
+from testbed import year_records as records
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -91,3 +91,23 @@ def test_centralized_pools_the_sites_in_process(store):
     assert run.data.params["batch_size"] == "16"  # K x B: an iteration sees what a federated one sees
     assert "test/pooled/auc_macro" in run.data.metrics
     assert (tiny / "checkpoints" / "pooled" / "LATEST").read_text() == "round_000001"
+
+
+def test_fedauc_train_validates_its_settings_once_and_the_flow_and_engine_trust_them(store, monkeypatch):
+    """The command builds the settings, the flow and the engine take the object whole (scikit-learn's
+    ``_fit_context(prefer_skip_nested_validation=True)``): one validation for one training, not one per layer."""
+    from federated.settings import TrainSettings
+
+    validations = []
+    validate = TrainSettings.model_validate.__func__
+
+    def counted(cls, value, *args, **kwargs):
+        if cls is TrainSettings:
+            validations.append(type(value).__name__)
+        return validate(cls, value, *args, **kwargs)
+
+    monkeypatch.setattr(TrainSettings, "model_validate", classmethod(counted))
+    run_id = fedauc_train(store, "fedavg", "validated-once", 1, "--trim-fraction", "0.3")
+    assert validations == ["dict"]
+    params = MlflowClient().get_run(run_id).data.params
+    assert params["trim_fraction"] == "0.3"  # an option no hand list names reaches the record

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 import federated
 from federated.backends import dtype_groups, flatten
@@ -41,29 +40,9 @@ from federated.flare.centre.job import train_flare
 from federated.flare.centre.poc import LocalConsortium
 from federated.sites import federation_config
 from preprocessing.federation import load_federation
-from preprocessing.scan import scan_site
-from preprocessing.shards import shard_site
-from preprocessing.sites import load_site
-from preprocessing.synth import generate_site
+from testbed.federations import DERMATOLOGY_CLINICS, phantom_federation
 
 TARGET_S = 0.5  # transport seconds per round
-
-
-def make_federation(root: Path, images: int, image_size: int) -> Path:
-    entries = []
-    for name, image_format in (("vienna", "dicom"), ("barcelona", "jpeg"), ("new-york", "jpeg")):
-        generate_site("siim-isic-2020", root / "data" / name, n=images, seed=3, profile=name,
-                      image_format=image_format, workers=0, progress=False)
-        site = {"name": name, "format": "siim-isic-2020", "root": f"data/{name}", "task": "melanoma",
-                "image_size": image_size, "min_image_size": 16, "split": {"seed": 0, "valid": 0.2, "test": 0.25},
-                "options": {"image_format": image_format}}
-        (root / f"{name}.yaml").write_text(yaml.safe_dump(site))
-        config = load_site(root / f"{name}.yaml")
-        shard_site(config, scan_site(config), root / "shards", workers=0, progress=False)
-        entries.append({"config": f"{name}.yaml"})
-    federation = root / "melanoma.yaml"
-    federation.write_text(yaml.safe_dump({"name": "bench-melanoma", "task": "melanoma", "sites": entries}))
-    return federation
 
 
 def summarise(mode: str, wall: float, history: list[dict]) -> dict:
@@ -95,7 +74,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         print(f"preparing 3 sites x {args.images} images at {args.image} px ...", flush=True)
-        federation = load_federation(make_federation(root, args.images, args.image))
+        federation = load_federation(phantom_federation(root / "melanoma.yaml", "bench-melanoma", "melanoma",
+                                                        DERMATOLOGY_CLINICS, n=args.images, image_size=args.image))
         settings = dict(algorithm="codasca", params={"T0": 4}, network="small_resnet", rounds=args.rounds,
                         local_steps=args.local_steps, batch_size=32, lr=0.1, eval_every=0, progress=False,
                         loader_workers=0, device="cpu")

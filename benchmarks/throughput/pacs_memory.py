@@ -1,6 +1,6 @@
 """Peak memory of the PACS scoring job on a large study: bounded by one instance, not by the study.
 
-A real Orthanc (Debian's, with DICOMweb; tests/pacs_helpers.py starts it) holds two studies of pydicom-data's
+A real Orthanc (Debian's, with DICOMweb; testbed/orthanc.py starts it) holds two studies of pydicom-data's
 chest PA (RG1, 7.2 MB uncompressed): a small one (one instance) and a large one (``--instances`` copies, in
 series of 35, about 1 GB at 140). Each study is scored by one run of ``pipelines.hospital.pacs.score_pacs``
 in a fresh process (64 px tiles, ``small_resnet``, the decoder in its worker process as the job runs it),
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import SkipTest
 
 import pydicom
 import requests
@@ -76,7 +77,7 @@ def child(url: str, user: str, password: str, state: str) -> None:
 
 def measure(auth: tuple[str, str], study_instances: int, folder: Path) -> dict:
     """A fresh Orthanc holding one study of ``study_instances``, scored by a fresh process."""
-    from tests.pacs_helpers import orthanc_server
+    from testbed.orthanc import orthanc_server
 
     with orthanc_server(folder / "orthanc") as base:
         size = fill(base, auth, generate_uid(), study_instances)
@@ -96,11 +97,14 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
-    from tests.pacs_helpers import PASSWORD, USER
+    from testbed.orthanc import PASSWORD, USER
 
     auth = (USER, PASSWORD)
     with tempfile.TemporaryDirectory() as tmp:
-        small = measure(auth, 1, Path(tmp) / "small")
+        try:
+            small = measure(auth, 1, Path(tmp) / "small")
+        except SkipTest as missing:
+            raise SystemExit(f"pacs_memory: {missing}") from None
         large = measure(auth, args.instances, Path(tmp) / "large")
     print(f"peak RSS of one PACS scoring run (64 px tiles, small_resnet), RG1 chest PA copies, {sys.platform}:")
     for name, row in (("small study", small), ("large study", large)):

@@ -2,7 +2,7 @@
 operator's daily commands at 1, 3, 6 and 12 months, against the targets of issue 45 (every store grows at
 most linearly and a year fits a 100 GB disk; every daily command answers in under 2 s at 12 months).
 
-The records are written by fedauc's own recording code with synthetic numbers (tests/year_records.py):
+The records are written by fedauc's own recording code with synthetic numbers (testbed/year_records.py):
 a weekly training of 40 rounds (per-round records on the parent and the 8 site runs, privacy spending, the
 model registered and the champion moved), a nightly evaluation of the champion, and each site's day of
 PACS scoring (one record per site and day, however often the 15-minute job runs: pipelines/hospital/drift.py);
@@ -190,7 +190,7 @@ def measure_kept(work: Path, where: dict, prefect_url: str) -> dict:
 
 def write_year(work: Path, months: list[int], log, where: dict, prefect_url: str) -> list[dict]:
     from benchmarks.year import flow_runs
-    from tests import year_records
+    from testbed import year_records
 
     rng = np.random.default_rng(45)
     fed = year_records.federation(SITES)

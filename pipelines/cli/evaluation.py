@@ -7,7 +7,8 @@ import typer
 
 from federated.settings import DEFAULT_LAUNCHER
 from pipelines.cli.application import flows
-from pipelines.cli.training import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend, launcher_from_options
+from pipelines.cli.train_options import ADMIN_KIT, FLARE_ENV, FLARE_WORKSPACE, FlareEnv, TrainBackend
+from pipelines.cli.training import launcher_from_options
 
 
 def evaluate_command(

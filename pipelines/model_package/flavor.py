@@ -46,7 +46,7 @@ INPUT_COLUMNS = ("path", "bytes")
 def log_model(model, contract: ModelContract, input_example: np.ndarray, pip_requirements: list[str],
               ood: Gaussian | None = None):
     """Log ``model`` with ``contract`` (and the Gaussian of its out-of-distribution refusal) into the active run as
-    ``model`` (registered by ``pipelines.registry.register_model``); MLflow's ModelInfo."""
+    ``model`` (logged by ``pipelines.registry.log_model``, then registered); MLflow's ModelInfo."""
     if (ood is None) != (contract.ood is None):
         raise ValueError("the contract's out-of-distribution threshold and its Gaussian go together")
     return Model.log(None, name="model", flavor=sys.modules[__name__],
