@@ -89,7 +89,7 @@ def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
     assert reference.target_false_refusal == 0.01
     assert reference.valid_false_refusal <= 0.01
     assert reference.members == {"penultimate": 128, "thumbnail": 64, "intensity": 16}
-    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0] == 208
+    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[-1] == scorer.ood.precision.shape[-1] == 208
     assert np.isfinite(reference.threshold) and reference.threshold > 0
 
 
@@ -186,17 +186,19 @@ def test_a_hospital_refits_its_refusal_threshold_and_calibration_on_its_own_vali
     with loading.scratch_folder() as folder:
         scorer = loading.load_registered(None, "chest-xray", folder)
     own = op.read(op.hospital_file(store / "shards", "boston", scorer.name, scorer.version))
-    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the pooled threshold x")
+    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the ")
     assert own.ood.members == scorer.contract.ood.members and own.ood.target_false_refusal == 0.01
     assert own.calibration is not None and own.calibration.source == "validation split of site boston"
 
     # Under 1000 validation images, too few for a 1 % quantile of its own: the pooled threshold scaled by the
-    # ratio of the site's median distance, as predict measures the distances, to the pooled median.
+    # ratio of the site's median distance, as predict measures the distances, to the pooled median, where that
+    # loosens it.
     valid = _predict(store / "boston.yaml", "--split", "valid", "--shards", store / "shards", "--out", tmp_path / "v.csv")
     distances = valid["ood_distance"].astype(float).dropna().to_numpy()
     edges = ood.distance_edges()
     median = edges[np.searchsorted(edges, np.median(distances))]  # the smallest edge with half below it, +- a bin
-    expected = scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median
+    # It never tightens the registered threshold (a tighter one refused more of the site's own images).
+    expected = max(scorer.contract.ood.threshold, scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median)
     assert own.ood.threshold == pytest.approx(expected, rel=0.03)
     assert own.ood.valid_median == pytest.approx(median, rel=0.013)
 
