@@ -13,8 +13,9 @@ splitting each component in two (Linde, Buzo and Gray 1980), and every step's st
    each child's sums (``component_sums``); every process fits the children from the pooled sums.
 3. Refine, ``REFINE_STEPS`` times: each image to its likeliest component (``log_densities``), each
    component's sums, refit.
-   A split or step that would leave a component under ``MIN_IMAGES_PER_DIMENSION`` x the largest member's
-   dimension training images is undone: the mixture keeps the components it had (a small federation keeps one).
+   The split is kept where it lowers Akaike's criterion (``Fit.criterion``, from the sums); a split or step that
+   would leave a component under ``MIN_IMAGES_PER_DIMENSION`` x the largest member's dimension training images
+   is undone: the mixture keeps the components it had (a small federation keeps one).
 4. Each site counts its train, valid and test distances (to the nearest component) in ``ood.distance_edges``'
    bins, and flags each bin edge beyond which more than the rate of its own train and validation distances lie
    (``over_rate``); counts and flags are summed. The threshold is the smallest edge no site flags
@@ -111,10 +112,13 @@ class Fit:
         return self.sums[:, 0]
 
     def criterion(self) -> float:
-        """The Bayesian information criterion (Schwarz 1978) of the hard assignment the sums were summed under,
-        from the sums alone: each component's log likelihood of its images is -n/2 (tr(P C) - log det P +
-        d log 2 pi), C their covariance about the component's mean, P its shrunk precision; a component costs
-        its weight and each member's mean and covariance in parameters. Smaller is better."""
+        """Akaike's information criterion (Akaike 1974) of the hard assignment the sums were summed under, from the
+        sums alone: each component's log likelihood of its images is -n/2 (tr(P C) - log det P + d log 2 pi), C
+        their covariance about the component's mean, P its shrunk precision; a component costs its weight and
+        each member's mean and covariance in parameters. Smaller is better. Not Schwarz's criterion: its log n
+        per parameter assumes far more images than parameters, and a component of ``small_resnet``'s ensemble has
+        10,680 parameters for the demo's 2,166 melanoma images (it kept one Gaussian there, where two hold
+        New York's images to the rate)."""
         total, log_likelihood, parameters = self.counts.sum(), 0.0, 0
         for sums, precision in zip(self.sums, self.mixture.precision):
             n, offset = sums[0], 1
