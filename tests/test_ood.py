@@ -275,3 +275,99 @@ def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_tes
     (result,) = evaluate_registered(load_federation(store / "chest.yaml"), store / "shards")
     assert result["champion"]
     assert RELIABILITY_TEST_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(result["run_id"])]
+
+
+def _as_dicom(jpeg, path, study: str, sop_seed: int):
+    """A hospital's film as its PACS holds it: the phantom JPEG's pixels in a DX DICOM of ``study``."""
+    import pydicom
+    from pacs_helpers import study_tags
+    from PIL import Image
+    from pydicom.uid import generate_uid
+
+    meta = pydicom.dataset.FileMetaDataset()
+    meta.MediaStorageSOPClassUID = pydicom.uid.DigitalXRayImageStorageForPresentation
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds = pydicom.Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.update(study_tags(study, "P1"))
+    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), 1, sop_seed
+    ds.Modality, ds.ViewPosition, ds.Manufacturer = "DX", "PA", "phantom"
+    ds.set_pixel_data(np.asarray(Image.open(jpeg).convert("L")), "MONOCHROME2", 8)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_the_pacs_job_states_and_refuses_with_the_hospitals_refit(store, tmp_path, monkeypatch):
+    """`fedauc thresholds` writes the hospital's map and threshold; `fedauc pacs` at that hospital states the
+    refit's calibrated probability in the SR and refuses by the refit's threshold, not the contract's."""
+    import json
+
+    from pacs_files import reports_in
+    from pacs_helpers import PASSWORD, USER, orthanc_server, upload
+    from pydicom.uid import generate_uid
+
+    from pipelines.hospital import dicom_sr, pacs
+    from pipelines.hospital.job import drift_file
+    from pipelines.model_package import loading
+    from pipelines.model_package import thresholds as op
+    from pipelines.model_package.predict import Item, score_items
+
+    result = runner.invoke(app, ["thresholds", str(store / "boston.yaml"), "--shards", str(store / "shards")])
+    assert result.exit_code == 0, result.output
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(None, "chest-xray", folder)
+    refit_file = op.hospital_file(store / "shards", "boston", scorer.name, scorer.version)
+    own = op.read(refit_file)
+    assert own.calibration is not None and own.calibration.diseases
+
+    # Three of the hospital's films in one study; their distances as the registered model measures them.
+    study = generate_uid()
+    films = sorted((store / "data" / "boston").rglob("*frontal.jpg"))[:3]
+    dicoms = [_as_dicom(jpeg, tmp_path / f"{i}.dcm", study, i + 1) for i, jpeg in enumerate(films)]
+    rows = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(tmp_path)) for p in dicoms], workers=0)}
+    distances = sorted((r["ood_distance"], uid) for uid, r in rows.items())
+    assert all(r["status"] == "scored" for r in rows.values())  # the registered threshold takes all three
+    # The hospital's threshold refuses the farthest of them: between its distance and the next one's.
+    (near, _), (far, far_uid) = distances[-2], distances[-1]
+    assert near < far
+    written = json.loads(refit_file.read_text())
+    written["ood"]["threshold"] = (near + far) / 2
+    refit_file.write_text(json.dumps(written))
+
+    with orthanc_server(tmp_path / "orthanc") as base:
+        for path in dicoms:
+            upload(base, path)
+        site = tmp_path / "boston-pacs.yaml"
+        config = {**yaml.safe_load((store / "boston.yaml").read_text()), "root": str(store / "data" / "boston"),
+                  "sharing": {"min_count": 1},
+                  "pacs": {"url": f"{base}/dicom-web", "username": USER, "stable_minutes": 0,
+                           "password_env": "TEST_PACS_PASSWORD"}}
+        site.write_text(yaml.safe_dump(config))
+        monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
+        result = runner.invoke(app, ["pacs", str(site), "--shards", str(store / "shards"), "--allow-synthetic-model"])
+        assert result.exit_code == 0, result.output
+        assert "this hospital's" in result.output  # the operating points are the hospital's file's too
+        settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{base}/dicom-web", username=USER,
+                                                              password_env="TEST_PACS_PASSWORD"))
+        (report,) = reports_in(pacs.connect(settings, auth), study, tmp_path / "read-back")
+    content = dicom_sr.read_report(report)
+
+    # The farthest film is refused by the hospital's threshold (the contract's would have scored it): no finding.
+    assert set(content["images"]) == set(rows) - {far_uid}
+    (tally,) = json.loads(drift_file(store / "shards", "boston").read_text())[f"{scorer.name}/{scorer.version}"].values()
+    assert tally["refused"] == {"out_of_distribution": 1} and tally["scored"] == 2
+    # The SR states the hospital's calibrated probability beside the raw score, not the contract's.
+    differs = 0
+    for uid, scores in content["images"].items():
+        for disease in scorer.contract.diseases:
+            raw = rows[uid][f"p_{disease}"]
+            assert scores[disease] == pytest.approx(raw, abs=1e-6)
+            if disease in own.calibration.diseases:
+                expected = float(own.calibration.apply(disease, np.array([raw]))[0])
+                assert scores[f"{disease} calibrated"] == pytest.approx(expected, abs=1e-6)
+                registered = scorer.contract.calibration
+                if registered is not None and disease in registered.diseases:
+                    differs += abs(expected - float(registered.apply(disease, np.array([raw]))[0])) > 1e-4
+    assert differs  # the refit's map and the contract's state different probabilities for these films
