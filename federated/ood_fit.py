@@ -141,7 +141,7 @@ def _pooled_components(features: list[np.ndarray], assignments: list[np.ndarray]
     """The mixture refitted from the sites' sums per component (a collective), and the bytes each site sent; None
     where a component would hold too few training images to fit."""
     sums = [torch.from_numpy(component_sums(f, blocks, a, count)).to(device) for f, a in zip(features, assignments)]
-    transport.mean_([[s] for s in sums], [1.0] * len(sums))
+    transport.mean_([[s] for s in sums], [1.0] * len(sums), names=("ood.component_sums",))
     parts = sums[0].cpu().numpy().reshape(count, -1)
     sent = [bytes_of(s) for s in sums]
     if (parts[:, 0] < MIN_IMAGES_PER_DIMENSION * max(blocks)).any():
@@ -214,7 +214,7 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
     features = [scores_and_features(model, site.data.train.images, device, amp, channels_last)[1].astype(np.float32)
                 if len(site.data.train) else np.zeros((0, sum(blocks)), dtype=np.float32) for site in sites]
     sums = [torch.from_numpy(feature_sums(f, blocks)).to(device) for f in features]
-    transport.mean_([[s] for s in sums], [1.0] * len(sites))
+    transport.mean_([[s] for s in sums], [1.0] * len(sites), names=("ood.feature_sums",))
     if float(sums[0][0]) < 2:
         return None, [bytes_of(s) for s in sums]
     n = int(round(float(sums[0][0])))
@@ -232,7 +232,8 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
     histograms = {}
     for name, per_site in summed.items():
         tensors = [torch.from_numpy(values).to(device) for values in per_site]
-        transport.mean_([[t] for t in tensors], [1.0] * len(sites))
+        transport.mean_([[t] for t in tensors], [1.0] * len(sites),
+                        names=("ood.sites_over_rate" if name == "over" else "ood.distance_histograms",))
         histograms[name] = tensors[0].cpu().numpy()
     # the sums, the mixture's steps, the flags and the three splits' histograms
     sent = [bytes_of(s) + extra + 4 * bytes_of(tensors[0]) for s, extra in zip(sums, sent)]
