@@ -264,8 +264,8 @@ def site_threshold(histogram: np.ndarray, registered: OodReference) -> tuple[flo
     site's median distance to the pooled one (its distances taken as the pool's, stretched: the median is
     estimable from a few dozen images, the 1 % tail is not).
 
-    It only ever loosens the registered threshold: that one holds the stated rate on the pooled images, and a
-    tighter one read from a few dozen of a site's images refused more of its own (the demo's NIH: 2.5 % of its
+    It only ever loosens the registered threshold: that one holds the stated rate on every training site's own
+    train and validation images (federated/ood_fit.py), and a tighter one read from a few dozen of a site's images refused more of its own (the demo's NIH: 2.5 % of its
     test images, under 1 % at the registered threshold). Nor does it loosen for a site whose median distance lies
     beyond the registered threshold: its typical image is unlike the federation's training images (a hospital
     that did not train, imaging unlike every site's), and a threshold loosened to take it would take foreign

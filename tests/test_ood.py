@@ -87,7 +87,10 @@ def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
     reference = scorer.contract.ood
     assert reference is not None and scorer.ood is not None
     assert reference.target_false_refusal == 0.01
-    assert reference.valid_false_refusal <= 0.01
+    # Held at each site on its train and validation images together (federated/ood_fit.py); the 88 validation
+    # images alone may hold one more beyond it than 1 %.
+    assert reference.valid_false_refusal <= 0.01 + 1 / 88
+    assert reference.components == 1  # 172 training images: under 2 x 128 for a second component
     assert reference.members == {"penultimate": 128, "thumbnail": 64, "intensity": 16}
     assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[-1] == scorer.ood.precision.shape[-1] == 208
     assert np.isfinite(reference.threshold) and reference.threshold > 0
