@@ -17,7 +17,7 @@ out-of-distribution reason alone) out of scored:
   no target, the refused share is what docs/algorithms.md section 15 discusses;
 * each site's own test images given to its task's champion, its source files as the shard manifest lists them
   (target: at most the contract's stated false-refusal rate + 1 point), twice: with the registered threshold
-  read from the pooled validation distances (a hospital that did not train, or has not run ``fedauc
+  the federation read (federated/ood_fit.py: a hospital that did not train, or has not run ``fedauc
   thresholds``), and with the site's own threshold and calibration map, read on its validation split as
   ``fedauc thresholds`` reads them (``table.recalibrate``, applied by ``loading.with_refit``).
 
