@@ -18,9 +18,10 @@ splitting each component in two (Linde, Buzo and Gray 1980), and every step's st
    is undone: the mixture keeps the components it had (a small federation keeps one).
 4. Each site counts its train, valid and test distances (to the nearest component) in ``ood.distance_edges``'
    bins, and flags each bin edge beyond which more than the rate of its own train and validation distances lie
-   (``over_rate``); counts and flags are summed. The threshold is the smallest edge no site flags
-   (``every_site_threshold``): it holds the rate on every site's own images, not only on the pool, where a big
-   site's images would outweigh a small site's tail. The summed flags say, per edge, how many sites' (1 - rate)
+   (``over_rate``; only a site with at least ``ood.TAIL_IMAGES`` images beyond its own quantile, 1000 train and
+   validation images at 1 %); counts and flags are summed. The threshold is the larger of the pooled train and
+   validation quantile and the smallest edge no site flags (``every_site_threshold``): it holds the rate on every
+   such site's own images, not only on the pool, where a big site's images would outweigh another's tail. The summed flags say, per edge, how many sites' (1 - rate)
    quantiles lie beyond it: under secure aggregation the sites' quantiles without their names.
 
 Every process decides alike from the same pooled sums; no image's features leave a site. The features of a
@@ -37,6 +38,7 @@ from torch import nn
 
 from federated.ood import (
     DISTANCE_BINS,
+    TAIL_IMAGES,
     Gaussian,
     OodModel,
     OodReference,
@@ -49,6 +51,7 @@ from federated.ood import (
     members,
     refused_fraction,
     scores_and_features,
+    threshold_at,
 )
 
 # At most four components, each of at least twice the largest member's dimension in training images (256 for
@@ -181,9 +184,11 @@ def fit_mixture(pooled_sums: np.ndarray, features: list[np.ndarray], blocks, tra
 def over_rate(histogram: np.ndarray, rate: float) -> np.ndarray:
     """Per bin b, 1 where more than ``rate`` of one site's distances lie beyond the bin's upper edge: what the site
     sends so that the threshold holds at every site. Summed, it counts the sites a threshold at that edge would
-    refuse more than the rate of; an empty site flags nothing."""
+    refuse more than the rate of. A site with fewer than ``TAIL_IMAGES`` images beyond its own (1 - rate) quantile
+    flags nothing: its quantile would be a few images' distances (its largest, under 1 / rate images), which
+    would loosen everyone's threshold to one image of its own and stand for that image at the centre."""
     total = histogram.sum()
-    if total <= 0:
+    if total * rate < TAIL_IMAGES:
         return np.zeros(DISTANCE_BINS)
     beyond = 1 - np.cumsum(histogram) / total
     return (beyond > rate + 1e-12).astype(np.float64)
@@ -239,7 +244,8 @@ def federated_statistics(model: nn.Module, sites, transport, device: torch.devic
     sent = [bytes_of(s) + extra + 4 * bytes_of(tensors[0]) for s, extra in zip(sums, sent)]
     if histograms["valid"].sum() <= 0:
         return None, sent
-    threshold = every_site_threshold(histograms["over"])
+    pooled, _ = threshold_at(histograms["train"] + histograms["valid"], rate)
+    threshold = max(pooled, every_site_threshold(histograms["over"]))
     reference = OodReference(members=dims, components=len(fitted.mean), threshold=threshold,
                              target_false_refusal=rate, valid_median=median_of(histograms["valid"]),
                              valid_false_refusal=refused_fraction(histograms["valid"], threshold),

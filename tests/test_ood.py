@@ -164,15 +164,15 @@ def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_
     halves = [ood.feature_sums(part, (4,)) for part in (features[:200], features[200:])]
     fitted, n = ood.gaussian(halves[0] + halves[1], (4,))  # the sum of the sites' sums, as the transport adds them
     assert n == 500
-    np.testing.assert_allclose(fitted.mean, features.mean(axis=0))
+    np.testing.assert_allclose(fitted.mean[0], features.mean(axis=0))
     weight = 4 / (500 + 4)
     covariance = np.cov(features, rowvar=False)
     shrunk = (1 - weight) * covariance + weight * np.trace(covariance) / 4 * np.eye(4)
-    np.testing.assert_allclose(np.linalg.inv(fitted.precision), shrunk, rtol=1e-9)
+    np.testing.assert_allclose(np.linalg.inv(fitted.precision[0]), shrunk, rtol=1e-9)
 
     distances = fitted.distances(features)
     np.testing.assert_allclose(distances ** 2 * 4, np.einsum("nd,de,ne->n", features - features.mean(axis=0),
-                                                             fitted.precision, features - features.mean(axis=0)))
+                                                             fitted.precision[0], features - features.mean(axis=0)))
     histogram = ood.distance_histogram(distances)
     threshold, refused = ood.threshold_at(histogram, 0.01)
     assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)

@@ -35,7 +35,7 @@ def _sites(rng, n: int) -> dict[str, np.ndarray]:
 
 def test_one_threshold_holds_the_rate_at_a_site_unlike_the_others_where_one_gaussian_does_not():
     rng = np.random.default_rng(0)
-    train, valid, test = _sites(rng, 600), _sites(rng, 60), _sites(rng, 2000)
+    train, valid, test = _sites(rng, 1000), _sites(rng, 100), _sites(rng, 2000)
     blocks = (6,)
     fitted = _fit(list(train.values()), blocks)
     assert len(fitted.mean) >= 2 and fitted.precision.shape[1:] == (6, 6)
@@ -49,9 +49,12 @@ def test_one_threshold_holds_the_rate_at_a_site_unlike_the_others_where_one_gaus
     single, _ = ood.gaussian(sum(ood.feature_sums(f, blocks) for f in train.values()), blocks)
     pooled, _ = ood.threshold_at(sum(own(single, s) for s in train), 0.01)
     assert refused_per_site(single, pooled)["apart"] > 0.03  # one Gaussian: the site apart carries the pooled tail
-    # The registered threshold: the smallest edge at which no site flags more than 1 % of its own images beyond.
-    threshold = ood_fit.every_site_threshold(sum(ood_fit.over_rate(own(fitted, s), 0.01) for s in train))
-    assert threshold >= ood.threshold_at(sum(own(fitted, s) for s in train), 0.01)[0]
+    # The registered threshold: the pooled quantile, or the smallest edge at which no site has more than 1 % of its
+    # own images beyond, where that is larger (each site holds 1100 train and validation images: 11 beyond).
+    pooled, _ = ood.threshold_at(sum(own(fitted, s) for s in train), 0.01)
+    threshold = max(pooled, ood_fit.every_site_threshold(sum(ood_fit.over_rate(own(fitted, s), 0.01) for s in train)))
+    # A site of a few hundred images flags nothing: its 1 % quantile would be a few images' distances.
+    assert not ood_fit.over_rate(ood.distance_histogram(fitted.distances(valid["apart"])), 0.01).any()
     assert max(refused_per_site(fitted, threshold).values()) <= 0.02  # the stated 1 % + 1 point, at every site
 
     # What the sums give does not depend on how the images are spread over sites: one site holding them all
