@@ -308,7 +308,8 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
         response = requests.post(f"http://127.0.0.1:{port}/invocations", json=payload, timeout=60)
         assert response.ok, response.text
         answer = pd.DataFrame(response.json()["predictions"])
-        assert list(answer["status"]) == ["scored"] * 4 + ["refused"] == list(expected["status"])
+        assert list(answer["status"]) == ["scored"] * 4 + ["refused"] == list(expected["status"]), (
+            answer[["status", "reason", "ood_distance"]], expected[["status", "reason", "ood_distance", "detail"]])
         assert answer["reason"].iloc[-1] == expected["reason"].iloc[-1] == "out_of_distribution"
         # The same raw score, calibrated probability and distance as predict (its calibration map: the contract's).
         for column in ("p_Melanoma", "calibrated_Melanoma", "ood_distance"):
