@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from federated import evaluation, ood
+from federated import evaluation, ood, ood_fit
 from federated.aggregation import robust_rule
 from federated.algorithms.base import Algorithm, Site
 from federated.backends import InProcessTransport
@@ -330,7 +330,7 @@ class Engine:
         released.evaluations += 1
         evaluated = self.evaluate()
         if r == self.config.rounds - 1 and self.config.ood_false_refusal > 0 and self.config.dp is None:
-            evaluated.ood, sent = ood.federated_statistics(
+            evaluated.ood, sent = ood_fit.federated_statistics(
                 self.global_model(), self.sites, self.transport, self.device, self.config.ood_false_refusal,
                 "pooled train and validation splits of the training's sites", self._mean_bytes, self.fed.amp,
                 self.fed.channels_last)

@@ -277,6 +277,13 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
 
     files = sorted((store / "data" / "vienna").rglob("*.dcm"))[:2] + sorted((store / "data" / "barcelona").rglob("*.jpg"))[:1]
     files.append(_as_png(files[-1], tmp_path))
+    # A lesion under the drift test's strong blue cast, which the model refuses as out of distribution (uniform
+    # noise at 32 px averages into a tile this two-round model takes): serve refuses it too, at the same distance.
+    from PIL import Image
+
+    tile = load_shard(store / "shards" / "vienna").splits["valid"].images[0].astype(np.float32)
+    Image.fromarray((tile * [0.35, 0.45, 1.0]).clip(0, 255).astype(np.uint8)).save(tmp_path / "blue.png")
+    files.append(tmp_path / "blue.png")
     expected = _predict(*files, "--task", "melanoma", "--out", tmp_path / "p.csv", "--workers", "0")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -303,8 +310,13 @@ def test_mlflow_models_serve_answers_invocations_with_file_bytes(registered, sto
         response = requests.post(f"http://127.0.0.1:{port}/invocations", json=payload, timeout=60)
         assert response.ok, response.text
         answer = pd.DataFrame(response.json()["predictions"])
-        assert list(answer["status"]) == ["scored"] * 4
-        np.testing.assert_allclose(answer["p_Melanoma"], expected["p_Melanoma"], atol=1e-6)
+        assert list(answer["status"]) == ["scored"] * 4 + ["refused"] == list(expected["status"])
+        assert answer["reason"].iloc[-1] == expected["reason"].iloc[-1] == "out_of_distribution"
+        # The same raw score, calibrated probability and distance as predict (its calibration map: the contract's).
+        for column in ("p_Melanoma", "calibrated_Melanoma", "ood_distance"):
+            np.testing.assert_allclose(answer[column].astype(float), pd.to_numeric(expected[column], errors="coerce"), atol=1e-5,
+                                       equal_nan=True, err_msg=column)
+        assert answer["calibrated_Melanoma"].iloc[:4].notna().all()
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)

@@ -74,9 +74,12 @@ def test_the_contract_holds_a_threshold_read_at_the_stated_rate(store):
     reference = scorer.contract.ood
     assert reference is not None and scorer.ood is not None
     assert reference.target_false_refusal == 0.01
-    assert reference.valid_false_refusal <= 0.01
+    # Held at each site on its train and validation images together (federated/ood_fit.py); the 88 validation
+    # images alone may hold one more beyond it than 1 %.
+    assert reference.valid_false_refusal <= 0.01 + 1 / 88
+    assert reference.components == 1  # 172 training images: under 2 x 128 for a second component
     assert reference.members == {"penultimate": 128, "thumbnail": 64, "intensity": 16}
-    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[0] == scorer.ood.precision.shape[0] == 208
+    assert scorer.ood.blocks == (128, 64, 16) and scorer.ood.mean.shape[-1] == scorer.ood.precision.shape[-1] == 208
     assert np.isfinite(reference.threshold) and reference.threshold > 0
 
 
@@ -148,15 +151,15 @@ def test_the_threshold_keeps_at_least_the_stated_share_and_the_gaussian_matches_
     halves = [ood.feature_sums(part, (4,)) for part in (features[:200], features[200:])]
     fitted, n = ood.gaussian(halves[0] + halves[1], (4,))  # the sum of the sites' sums, as the transport adds them
     assert n == 500
-    np.testing.assert_allclose(fitted.mean, features.mean(axis=0))
+    np.testing.assert_allclose(fitted.mean[0], features.mean(axis=0))
     weight = 4 / (500 + 4)
     covariance = np.cov(features, rowvar=False)
     shrunk = (1 - weight) * covariance + weight * np.trace(covariance) / 4 * np.eye(4)
-    np.testing.assert_allclose(np.linalg.inv(fitted.precision), shrunk, rtol=1e-9)
+    np.testing.assert_allclose(np.linalg.inv(fitted.precision[0]), shrunk, rtol=1e-9)
 
     distances = fitted.distances(features)
     np.testing.assert_allclose(distances ** 2 * 4, np.einsum("nd,de,ne->n", features - features.mean(axis=0),
-                                                             fitted.precision, features - features.mean(axis=0)))
+                                                             fitted.precision[0], features - features.mean(axis=0)))
     histogram = ood.distance_histogram(distances)
     threshold, refused = ood.threshold_at(histogram, 0.01)
     assert refused <= 0.01 and (distances > threshold).mean() == pytest.approx(refused)
@@ -173,17 +176,19 @@ def test_a_hospital_refits_its_refusal_threshold_and_calibration_on_its_own_vali
     with loading.scratch_folder() as folder:
         scorer = loading.load_registered(None, "chest-xray", folder)
     own = op.read(op.hospital_file(store / "shards", "boston", scorer.name, scorer.version))
-    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the pooled threshold x")
+    assert own.ood is not None and own.ood.source.startswith("validation split of site boston: the ")
     assert own.ood.members == scorer.contract.ood.members and own.ood.target_false_refusal == 0.01
     assert own.calibration is not None and own.calibration.source == "validation split of site boston"
 
     # Under 1000 validation images, too few for a 1 % quantile of its own: the pooled threshold scaled by the
-    # ratio of the site's median distance, as predict measures the distances, to the pooled median.
+    # ratio of the site's median distance, as predict measures the distances, to the pooled median, where that
+    # loosens it.
     valid = _predict(store / "boston.yaml", "--split", "valid", "--shards", store / "shards", "--out", tmp_path / "v.csv")
     distances = valid["ood_distance"].astype(float).dropna().to_numpy()
     edges = ood.distance_edges()
     median = edges[np.searchsorted(edges, np.median(distances))]  # the smallest edge with half below it, +- a bin
-    expected = scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median
+    # It never tightens the registered threshold (a tighter one refused more of the site's own images).
+    expected = max(scorer.contract.ood.threshold, scorer.contract.ood.threshold * median / scorer.contract.ood.valid_median)
     assert own.ood.threshold == pytest.approx(expected, rel=0.03)
     assert own.ood.valid_median == pytest.approx(median, rel=0.013)
 
@@ -260,3 +265,99 @@ def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_tes
     (result,) = evaluate_registered(load_federation(store / "chest.yaml"), store / "shards")
     assert result["champion"]
     assert RELIABILITY_TEST_ARTIFACT in [a.path for a in mlflow.MlflowClient().list_artifacts(result["run_id"])]
+
+
+def _as_dicom(jpeg, path, study: str, sop_seed: int):
+    """A hospital's film as its PACS holds it: the phantom JPEG's pixels in a DX DICOM of ``study``."""
+    import pydicom
+    from pacs_helpers import study_tags
+    from PIL import Image
+    from pydicom.uid import generate_uid
+
+    meta = pydicom.dataset.FileMetaDataset()
+    meta.MediaStorageSOPClassUID = pydicom.uid.DigitalXRayImageStorageForPresentation
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds = pydicom.Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.update(study_tags(study, "P1"))
+    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), 1, sop_seed
+    ds.Modality, ds.ViewPosition, ds.Manufacturer = "DX", "PA", "phantom"
+    ds.set_pixel_data(np.asarray(Image.open(jpeg).convert("L")), "MONOCHROME2", 8)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_the_pacs_job_states_and_refuses_with_the_hospitals_refit(store, tmp_path, monkeypatch):
+    """`fedauc thresholds` writes the hospital's map and threshold; `fedauc pacs` at that hospital states the
+    refit's calibrated probability in the SR and refuses by the refit's threshold, not the contract's."""
+    import json
+
+    from pacs_files import reports_in
+    from pacs_helpers import PASSWORD, USER, orthanc_server, upload
+    from pydicom.uid import generate_uid
+
+    from pipelines.hospital import dicom_sr, pacs
+    from pipelines.hospital.job import drift_file
+    from pipelines.model_package import loading
+    from pipelines.model_package import thresholds as op
+    from pipelines.model_package.predict import Item, score_items
+
+    result = runner.invoke(app, ["thresholds", str(store / "boston.yaml"), "--shards", str(store / "shards")])
+    assert result.exit_code == 0, result.output
+    with loading.scratch_folder() as folder:
+        scorer = loading.load_registered(None, "chest-xray", folder)
+    refit_file = op.hospital_file(store / "shards", "boston", scorer.name, scorer.version)
+    own = op.read(refit_file)
+    assert own.calibration is not None and own.calibration.diseases
+
+    # Three of the hospital's films in one study; their distances as the registered model measures them.
+    study = generate_uid()
+    films = sorted((store / "data" / "boston").rglob("*frontal.jpg"))[:3]
+    dicoms = [_as_dicom(jpeg, tmp_path / f"{i}.dcm", study, i + 1) for i, jpeg in enumerate(films)]
+    rows = {r["sop_uid"]: r for r in score_items(scorer, [Item(str(p), str(tmp_path)) for p in dicoms], workers=0)}
+    distances = sorted((r["ood_distance"], uid) for uid, r in rows.items())
+    assert all(r["status"] == "scored" for r in rows.values())  # the registered threshold takes all three
+    # The hospital's threshold refuses the farthest of them: between its distance and the next one's.
+    (near, _), (far, far_uid) = distances[-2], distances[-1]
+    assert near < far
+    written = json.loads(refit_file.read_text())
+    written["ood"]["threshold"] = (near + far) / 2
+    refit_file.write_text(json.dumps(written))
+
+    with orthanc_server(tmp_path / "orthanc") as base:
+        for path in dicoms:
+            upload(base, path)
+        site = tmp_path / "boston-pacs.yaml"
+        config = {**yaml.safe_load((store / "boston.yaml").read_text()), "root": str(store / "data" / "boston"),
+                  "sharing": {"min_count": 1},
+                  "pacs": {"url": f"{base}/dicom-web", "username": USER, "stable_minutes": 0,
+                           "password_env": "TEST_PACS_PASSWORD"}}
+        site.write_text(yaml.safe_dump(config))
+        monkeypatch.setenv("TEST_PACS_PASSWORD", PASSWORD)
+        result = runner.invoke(app, ["pacs", str(site), "--shards", str(store / "shards"), "--allow-synthetic-model"])
+        assert result.exit_code == 0, result.output
+        assert "this hospital's" in result.output  # the operating points are the hospital's file's too
+        settings, auth = pacs.settings_from(pacs.PacsSettings(url=f"{base}/dicom-web", username=USER,
+                                                              password_env="TEST_PACS_PASSWORD"))
+        (report,) = reports_in(pacs.connect(settings, auth), study, tmp_path / "read-back")
+    content = dicom_sr.read_report(report)
+
+    # The farthest film is refused by the hospital's threshold (the contract's would have scored it): no finding.
+    assert set(content["images"]) == set(rows) - {far_uid}
+    (tally,) = json.loads(drift_file(store / "shards", "boston").read_text())[f"{scorer.name}/{scorer.version}"].values()
+    assert tally["refused"] == {"out_of_distribution": 1} and tally["scored"] == 2
+    # The SR states the hospital's calibrated probability beside the raw score, not the contract's.
+    differs = 0
+    for uid, scores in content["images"].items():
+        for disease in scorer.contract.diseases:
+            raw = rows[uid][f"p_{disease}"]
+            assert scores[disease] == pytest.approx(raw, abs=1e-6)
+            if disease in own.calibration.diseases:
+                expected = float(own.calibration.apply(disease, np.array([raw]))[0])
+                assert scores[f"{disease} calibrated"] == pytest.approx(expected, abs=1e-6)
+                registered = scorer.contract.calibration
+                if registered is not None and disease in registered.diseases:
+                    differs += abs(expected - float(registered.apply(disease, np.array([raw]))[0])) > 1e-4
+    assert differs  # the refit's map and the contract's state different probabilities for these films

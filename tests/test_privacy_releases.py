@@ -65,8 +65,7 @@ def engine_fields(transport: RecordingTransport, norm_groups: list[str]) -> dict
     named = {"federation_context": ["label_counts.positives", "label_counts.known", "label_counts.records"],
              "__init__": ["has_evaluation_split"], "global_model": None, "evaluate": ["evaluation.histograms"],
              "evaluate.gather": ["evaluation.report"],
-             # federated/ood.py's sums and distance histograms: named so that one sent under DP fails as withheld
-             "federated_statistics": ["ood.feature_sums"]}
+             }
     row = ROUND_ROW + [f"update_norm.{g}" for g in norm_groups] + TIMINGS
     fields: dict[str, list[torch.Tensor]] = {}
     for sender, names, per_site in transport.sent:
@@ -78,6 +77,8 @@ def engine_fields(transport: RecordingTransport, norm_groups: list[str]) -> dict
             elif sender in ("communicate", "stage_boundary", "communicate.gather"):
                 prefix = "stage" if sender == "stage_boundary" else "declared"
                 pairs = [(f"{prefix}.{n}", t) for n, t in zip(names or ["gathered"] * len(tensors), tensors)]
+            elif names and all(n.startswith("ood.") for n in names):  # federated/ood_fit.py names what it sends
+                pairs = list(zip(names, tensors))
             elif sender in named:
                 pairs = [(n or sender, t) for n, t in zip(named[sender] or [sender] * len(tensors), tensors)]
             else:
@@ -85,6 +86,25 @@ def engine_fields(transport: RecordingTransport, norm_groups: list[str]) -> dict
             for name, t in pairs:
                 fields.setdefault(name, []).append(t)
     return fields
+
+
+OOD_FIELDS = ("feature_sums", "component_sums", "sites_over_rate", "distance_histograms")
+
+
+def test_without_dp_every_out_of_distribution_statistic_a_site_sends_is_in_the_table():
+    """The refusal model's sums, its mixture's per-component sums, the flags and the distance histograms, as the
+    engine sends them (federated/ood_fit.py) where no DP withholds them: each named in section 5's table."""
+    listed = allow_list()
+    sites = [SyntheticSite(n_train=300, n_valid=40, n_test=40, shape=(6,), num_classes=2, pos_rate=0.3, shift=2.0 * k)
+             for k in range(2)]
+    cfg = TrainConfig(algorithm="fedavg", sites=sites, network="linear", rounds=2, local_steps=2, batch_size=16,
+                      lr=0.1, progress=False, loader_workers=0, eval_every=1)
+    transport = RecordingTransport(2)
+    engine = Engine(cfg, transport=transport)
+    result = engine.run()
+    fields = engine_fields(transport, list(engine.health.groups))
+    assert {f"ood.{field}" for field in OOD_FIELDS} <= set(fields), sorted(f for f in fields if f.startswith("ood."))
+    assert result.ood is not None and not unlisted(fields, listed), unlisted(fields, listed)
 
 
 def test_every_tensor_a_dp_site_sends_is_listed_and_the_withheld_ones_are_nan():
@@ -101,7 +121,7 @@ def test_every_tensor_a_dp_site_sends_is_listed_and_the_withheld_ones_are_nan():
     assert {"evaluation.histograms", "compute_seconds", "stage.mean.a"} <= set(fields)
     assert any(name.startswith("declared.model.") for name in fields)
     assert not any(name.startswith("ood.") for name in fields), "the OOD statistics are withheld under DP: not computed"
-    assert status("ood.feature_sums", listed) == status("ood.distance_histograms", listed) == "withheld"
+    assert {status(f"ood.{field}", listed) for field in OOD_FIELDS} == {"withheld"}
     assert not unlisted(fields, listed), f"not in docs/privacy.md section 5: {unlisted(fields, listed)}"
     for name, values in fields.items():
         if status(name, listed) == "withheld":

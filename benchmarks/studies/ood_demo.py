@@ -12,9 +12,12 @@ out-of-distribution reason alone) out of scored:
   pydicom-data's RG3 (a CR of a lower leg) exported as PNG, with crops, flips and rotations; pydicom-data's CT
   slices exported as PNG at four windowings; the melanoma sites' test images (dermoscopy phantoms);
 * the chest sites' test images given to the melanoma champion (the same target);
+* the melanoma sites' test tiles under the colour casts of the drift test (tests/test_hospital_predict.py: a mild
+  blue cast, darker, as a new dermoscope or light would give, and a strong one), given to the melanoma champion:
+  no target, the refused share is what docs/algorithms.md section 15 discusses;
 * each site's own test images given to its task's champion, its source files as the shard manifest lists them
   (target: at most the contract's stated false-refusal rate + 1 point), twice: with the registered threshold
-  read from the pooled validation distances (a hospital that did not train, or has not run ``fedauc
+  the federation read (federated/ood_fit.py: a hospital that did not train, or has not run ``fedauc
   thresholds``), and with the site's own threshold and calibration map, read on its validation split as
   ``fedauc thresholds`` reads them (``table.recalibrate``, applied by ``loading.with_refit``).
 
@@ -42,6 +45,7 @@ from pydicom.data import get_testdata_file
 
 from common.errors import FedaucError
 from common.home import fedauc_home
+from federated.data import load_shard
 from pipelines import tracking
 from pipelines.hospital.table import recalibrate
 from pipelines.model_package.loading import load_registered, with_refit
@@ -55,6 +59,8 @@ FEDERATIONS = {"chest-xray": "sites/demo/chest.yaml", "melanoma": "sites/demo/me
 NOISE_KINDS = ("uniform", "gaussian", "salt-and-pepper", "smooth", "rgb")
 # (centre, width) in Hounsfield units: lung, soft tissue, bone; None: the slice's own range.
 CT_WINDOWS = {"lung": (-600, 1500), "soft tissue": (40, 400), "bone": (400, 1800), "full range": None}
+CASTS = {"mild blue cast (gains 0.8, 0.85, 1.0)": (0.8, 0.85, 1.0),
+         "strong blue cast (gains 0.35, 0.45, 1.0)": (0.35, 0.45, 1.0)}
 CT_FILES = ("CT_small.dcm", "693_UNCI.dcm", "eCT_Supplemental.dcm", "J2K_pixelrep_mismatch.dcm",
             "bad_sequence.dcm", "explicit_VR-UN.dcm")
 
@@ -136,6 +142,14 @@ def ct_images(folder: Path) -> list[Item]:
     return items
 
 
+def cast_images(home: Path, folder: Path, gains: tuple[float, float, float]) -> list[Item]:
+    """The melanoma sites' test tiles with each colour channel scaled by ``gains``, as PNGs."""
+    federation = load_federation(home / FEDERATIONS["melanoma"])
+    tiles = np.concatenate([load_shard(federation.shards / site.name).splits["test"].images for site in federation.sites])
+    return [_png(folder, f"cast-{i}", (tile.astype(np.float32) * gains).clip(0, 255).astype(np.uint8))
+            for i, tile in enumerate(tiles)]
+
+
 def test_images(home: Path, task: str) -> dict[str, list[Item]]:
     """Each site's test split, as the source files its shard manifest lists, rooted at the site's data root."""
     federation = load_federation(home / FEDERATIONS[task])
@@ -170,10 +184,10 @@ def refusals(scorer: Scorer, items: list[Item]) -> dict:
             "distances": rows[OOD_COLUMN].astype(float).to_numpy()}
 
 
-def _line(model: str, images: str, counts: dict, target: str, met: bool) -> str:
+def _line(model: str, images: str, counts: dict, target: str, met: bool | None) -> str:
     rate = counts["refused"] / counts["images"]
     return (f"| {model} | {images} | {counts['images']} | {rate:.1%} | {counts['ood']} | {counts['other']} | "
-            f"{target} | {'yes' if met else 'NO'} |")
+            f"{target} | {'-' if met is None else 'yes' if met else 'NO'} |")
 
 
 def _ece(error) -> str:
@@ -211,6 +225,7 @@ def main() -> None:
                                   "CT slices as PNG": ct_images(scratch / "ct"),
                                   "dermoscopy (melanoma sites' test)": list(itertools.chain(*tests["melanoma"].values()))},
                    "melanoma": {"chest radiographs (chest sites' test)": list(itertools.chain(*tests["chest-xray"].values()))}}
+        casts = {name: cast_images(home, scratch / f"cast-{i}", gains) for i, (name, gains) in enumerate(CASTS.items())}
         print("\n| model | images | n | refused | of which OOD | other reasons | target | met |\n|---|---|---|---|---|---|---|---|")
         accepted, foreign_counts = [], {}
         for task, sets in foreign.items():
@@ -218,6 +233,9 @@ def main() -> None:
                 counts = foreign_counts[task, name] = refusals(scorers[task], items)
                 print(_line(task, name, counts, f">= {FOREIGN_TARGET:.0%}", counts["refused"] >= FOREIGN_TARGET * counts["images"]))
                 accepted += [f"{task} scored {file} ({name}) at distance {distance:.2f}" for file, distance in counts["accepted"]]
+        for name, items in casts.items():
+            foreign_counts["melanoma", name] = counts = refusals(scorers["melanoma"], items)
+            print(_line("melanoma", name, counts, "none: drift, not foreign", None))
         own_scorers = {task: refitted(home, task, scorer) for task, scorer in scorers.items()}
         # The same foreign images at each site's own threshold (the same distances: only the threshold moves).
         print("\n| model | images | refused at each site's own threshold |\n|---|---|---|")
