@@ -7,6 +7,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from federated import ood
@@ -295,7 +296,7 @@ def test_the_pacs_job_states_and_refuses_with_the_hospitals_refit(store, tmp_pat
     import json
 
     from pacs_files import reports_in
-    from pacs_helpers import PASSWORD, USER, orthanc_server, upload
+    from pacs_helpers import upload
     from pydicom.uid import generate_uid
 
     from pipelines.hospital import dicom_sr, pacs
@@ -303,6 +304,7 @@ def test_the_pacs_job_states_and_refuses_with_the_hospitals_refit(store, tmp_pat
     from pipelines.model_package import loading
     from pipelines.model_package import thresholds as op
     from pipelines.model_package.predict import Item, score_items
+    from testbed.orthanc import PASSWORD, USER, orthanc_server
 
     result = runner.invoke(app, ["thresholds", str(store / "boston.yaml"), "--shards", str(store / "shards")])
     assert result.exit_code == 0, result.output
