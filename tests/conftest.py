@@ -281,6 +281,14 @@ def poc_slot():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="session")
+def renewal() -> dict:
+    """What tests/test_consortium_renewal_poc.py hands on to tests/test_renewed_consortium_poc.py, the consortium
+    unit's last module, in the same worker: the consortium it renewed (stopped) and its old kits, expiring while the
+    modules between them run."""
+    return {}
+
+
 @pytest.fixture
 def trainings():
     """``trainings(args)`` starts ``fedauc <args>`` as the centre runs it, a command of its own, and returns a
