@@ -44,9 +44,13 @@ def connected_sites(admin_kit: Path) -> list[str]:
     """The clients the server has admitted (through the admin's own mutually authenticated session)."""
     session = admin_session(admin_kit)
     try:
-        return sorted(c.name for c in session.get_system_info().client_info)
+        return _admitted(session)
     finally:
         session.close()
+
+
+def _admitted(session) -> list[str]:
+    return sorted(c.name for c in session.get_system_info().client_info)
 
 
 class LocalConsortium:
@@ -85,7 +89,12 @@ class LocalConsortium:
             client = prepare_site(self.kits.sites[site.name], folder / entry.config, self.shards_root)
             self.launch(site.name, client_command(client), client.root)
         names = sorted(site.name for site in self.federation.sites)
-        self._until(deadline, f"sites {', '.join(names)} to connect", lambda: connected_sites(self.kits.admin) == names)
+        # One session for every look (a login costs NVIDIA FLARE's admin client a second's wait).
+        session = admin_session(self.kits.admin, timeout_s=max(1.0, deadline - time.monotonic()))
+        try:
+            self._until(deadline, f"sites {', '.join(names)} to connect", lambda: _admitted(session) == names)
+        finally:
+            session.close()
         return self
 
     def _until(self, deadline: float, what: str, done) -> None:
