@@ -298,6 +298,44 @@ def poc_slot():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="session")
+def _melanoma_consortia():
+    """The session's consortium of ``melanoma_shards`` (at most one), stopped when the session ends."""
+    started = []
+    yield started
+    for consortium in started:
+        consortium.stop()
+
+
+@pytest.fixture(scope="module")
+def melanoma_consortium(poc_slot, melanoma_shards, tmp_path_factory, _melanoma_consortia):
+    """A POC consortium of ``melanoma_shards`` (federated/flare/centre/poc.py) with its server and every site
+    running, each computing on one thread. One for the session, shared by the modules that take it: starting
+    one is a server, three clients and their checks, a quarter of a short module's time. What an earlier
+    module stopped is started again here (a site killed or stopped: that site; the server: all of it), so
+    a module may stop any part of it."""
+    from federated.flare.centre.poc import LocalConsortium
+    from preprocessing.federation import load_federation
+
+    root, federation = melanoma_shards
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # every hospital computes like the one-thread test process
+        if not _melanoma_consortia:
+            _melanoma_consortia.append(LocalConsortium(load_federation(federation), root / "shards",
+                                                       tmp_path_factory.mktemp("poc")).start())
+        consortium = _melanoma_consortia[0]
+        stopped = [name for name in ("server", *consortium.kits.sites)
+                   if name not in consortium.processes or consortium.processes[name].poll() is not None]
+        if "server" in stopped:
+            consortium.stop()
+            consortium.start()
+        elif stopped:
+            for name in stopped:
+                consortium.processes.pop(name, None)
+            consortium.start_sites(stopped)
+    return consortium
+
+
 @pytest.fixture
 def trainings():
     """``trainings(args)`` starts ``fedauc <args>`` as the centre runs it, a command of its own, and returns a
