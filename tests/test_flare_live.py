@@ -54,7 +54,7 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 4}, rounds=ROUNDS, local_step
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_consortium):
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
     return melanoma_consortium
 
 

@@ -52,7 +52,7 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 8}, network="small_resnet", n
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_consortium):
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
     # A job submitted as to a real consortium leaves torch's thread count to each hospital (its own default):
     # one thread here (the shared consortium's), as this process computes, for the bit-for-bit comparisons.
     return melanoma_consortium

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_consortium):
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
     return melanoma_consortium
 
 
