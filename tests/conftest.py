@@ -237,6 +237,21 @@ def generic_csv_site_yaml(name, root):
     }
 
 
+def _start_prefect(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
+    """``prefect server start`` with its own home and database on a free port, ``settings`` in its environment;
+    the process and its API URL, once it answers."""
+    from pipelines.servers import free_port, start_server
+
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", **settings}
+    env.pop("PREFECT_API_URL", None)
+    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
+                           port, home / "server.log", env=env, timeout_s=180)
+    return process, f"http://127.0.0.1:{port}/api"
+
+
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """A Prefect server of its own (home, database, port), its scheduler looping every second; PREFECT_API_URL
@@ -244,17 +259,10 @@ def prefect_server(tmp_path_factory):
     ``configure_prefect_env()`` before it imports Prefect."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipelines.servers import free_port, start_server, stop_server
+    from pipelines.servers import stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1", "PREFECT_UI_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
-                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
-                           port, home / "server.log", env=env, timeout_s=180)
-    api = f"http://127.0.0.1:{port}/api"
+    process, api = _start_prefect(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1")
     patch = pytest.MonkeyPatch()
     patch.setenv("PREFECT_API_URL", api)
     patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
@@ -262,6 +270,29 @@ def prefect_server(tmp_path_factory):
         yield {"api": api, "log": home / "server.log"}
     patch.undo()
     stop_server(process)
+
+
+@pytest.fixture(scope="session")
+def _session_prefect(tmp_path_factory):
+    """One Prefect server for the session's modules that run `fedauc train` many times (its API URL), started
+    by the first of them."""
+    from pipelines.servers import stop_server
+
+    process, api = _start_prefect(tmp_path_factory.mktemp("session-prefect"))
+    yield api
+    stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def shared_prefect(_session_prefect):
+    """PREFECT_API_URL (here and in the commands the module starts) names the session's Prefect server for the
+    module: each `fedauc train` then records its flow run there instead of starting Prefect's temporary server
+    of its own first (a process importing Prefect's server, about 7 CPU s, waited for by the training)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: _session_prefect}):
+        patch.setenv("PREFECT_API_URL", _session_prefect)
+        yield _session_prefect
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +318,44 @@ def renewal() -> dict:
     unit's last module, in the same worker: the consortium it renewed (stopped) and its old kits, expiring while the
     modules between them run."""
     return {}
+
+
+@pytest.fixture(scope="session")
+def _melanoma_consortia():
+    """The session's consortium of ``melanoma_shards`` (at most one), stopped when the session ends."""
+    started = []
+    yield started
+    for consortium in started:
+        consortium.stop()
+
+
+@pytest.fixture(scope="module")
+def melanoma_consortium(poc_slot, melanoma_shards, tmp_path_factory, _melanoma_consortia):
+    """A POC consortium of ``melanoma_shards`` (federated/flare/centre/poc.py) with its server and every site
+    running, each computing on one thread. One for the session, shared by the modules that take it: starting
+    one is a server, three clients and their checks, a quarter of a short module's time. What an earlier
+    module stopped is started again here (a site killed or stopped: that site; the server: all of it), so
+    a module may stop any part of it."""
+    from federated.flare.centre.poc import LocalConsortium
+    from preprocessing.federation import load_federation
+
+    root, federation = melanoma_shards
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # every hospital computes like the one-thread test process
+        if not _melanoma_consortia:
+            _melanoma_consortia.append(LocalConsortium(load_federation(federation), root / "shards",
+                                                       tmp_path_factory.mktemp("poc")).start())
+        consortium = _melanoma_consortia[0]
+        stopped = [name for name in ("server", *consortium.kits.sites)
+                   if name not in consortium.processes or consortium.processes[name].poll() is not None]
+        if "server" in stopped:
+            consortium.stop()
+            consortium.start()
+        elif stopped:
+            for name in stopped:
+                consortium.processes.pop(name, None)
+            consortium.start_sites(stopped)
+    return consortium
 
 
 @pytest.fixture

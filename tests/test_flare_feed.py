@@ -3,6 +3,7 @@ once they last, end live logging with one line on stderr; any other error is a b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -65,3 +66,20 @@ def test_a_bug_is_raised_not_taken_for_a_dropped_connection(read, capsys):
     err = capsys.readouterr().err
     assert err.count("fedauc: live round records stop before the first round: KeyError") == 1, err
     assert "a bug in fedauc, raised when the job ends" in err
+
+
+@pytest.mark.parametrize("read, raised", [(lambda: _records(0), None), (lambda: {}["records"], KeyError)],
+                         ids=["job-ended", "bug"])
+def test_the_feed_lets_go_of_its_reader_once_when_the_job_ends(read, raised):
+    """The admin reader keeps one session for all its reads (a login costs NVIDIA FLARE's admin client a second's
+    wait): the feed closes it once, after its last read, whether the job ended or a bug stopped the feed."""
+    events = []
+
+    def reading():
+        events.append("read")
+        return read()
+
+    feed = LiveFeed([lambda record: None], interval_s=0.01, give_up_s=60.0)
+    with pytest.raises(raised) if raised else contextlib.nullcontext():
+        _run(feed, LiveReader(reading, (OSError,), lambda: events.append("close")), seconds=0.1)
+    assert events.count("close") == 1 and events[-1] == "close" and "read" in events

@@ -1,7 +1,7 @@
 """Operating a running consortium from the centre, on a real one on this machine (federated/flare/centre/poc.py: kits
 from our provisioning, a server and three hospital clients as their own processes, mutual TLS), trainings
 submitted as the centre submits them (``fedauc train --flare-env prod --kit <admin kit>``, no shards here).
-One module, one consortium, the tests in order:
+The session's consortium (``melanoma_consortium``, tests/conftest.py), the tests in order:
 
 (a) while a training runs MLflow already holds its first rounds' metrics (parent and child runs, RUNNING);
 a hospital killed (SIGKILL, its whole process tree) is named at the centre within 60 s of its death by its
@@ -31,7 +31,7 @@ import federated
 from common.lifetime import family
 from federated.checkpoint import committed_rounds
 from federated.flare.centre.operate import consortium_status
-from federated.flare.centre.poc import LocalConsortium, connected_sites
+from federated.flare.centre.poc import connected_sites
 from federated.flare.site.resume import CHECKPOINTS
 from federated.privacy.ledger import Ledger, ledger_path
 from federated.privacy.policy import SiteBudget
@@ -54,15 +54,8 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 4}, rounds=ROUNDS, local_step
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_shards, tmp_path_factory):
-    root, federation = melanoma_shards
-    patch = pytest.MonkeyPatch()
-    patch.setenv("OMP_NUM_THREADS", "1")  # every hospital computes like this one-thread test process
-    try:
-        with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
-            yield running
-    finally:
-        patch.undo()
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
+    return melanoma_consortium
 
 
 def _until(what: str, check, timeout_s: float, thread: threading.Thread | None = None):
@@ -212,7 +205,7 @@ def test_over_poc_a_site_refuses_a_dp_job_over_its_budget_and_status_shows_each_
             path.unlink(missing_ok=True)
 
 
-# Last: it stops a hospital of the module's consortium.
+# Last: it stops a hospital (the next module to take the consortium starts it again).
 def test_start_site_stops_with_its_processes_and_stop_server_names_the_connected_sites(consortium):
     started_as_hospital = consortium.processes["new-york"]  # `fedauc consortium start-site`, from the test above
     members = family(started_as_hospital.pid)

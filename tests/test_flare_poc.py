@@ -1,7 +1,7 @@
 """A real consortium on this machine (federated/flare/centre/poc.py): kits from our provisioning, a server and three
 hospital clients as their own processes, mutual TLS on a port chosen free at start, trainings submitted
-with the admin's kit (``ProdEnv``, as against a real consortium). One file, so that pytest-xdist runs these
-tests one after the other in one worker, on one consortium.
+with the admin's kit (``ProdEnv``, as against a real consortium). The session's consortium (``melanoma_consortium``,
+tests/conftest.py), shared with tests/test_flare_live.py and tests/test_flare_site_lifetime.py.
 
 (a) two rounds of CODASCA give the model NVFlare's simulator gives (max abs difference <= 1e-5), while
 (b) a client holding another consortium's kit dials the server during the job and is not admitted, and the
@@ -52,17 +52,10 @@ SETTINGS = dict(algorithm="codasca", params={"T0": 8}, network="small_resnet", n
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_shards, tmp_path_factory):
-    root, federation = melanoma_shards
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
     # A job submitted as to a real consortium leaves torch's thread count to each hospital (its own default):
-    # here one thread, as this process computes, for the bit-for-bit comparisons.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        running = LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")).start()
-    try:
-        yield running
-    finally:
-        running.stop()
+    # one thread here (the shared consortium's), as this process computes, for the bit-for-bit comparisons.
+    return melanoma_consortium
 
 
 def _foreign_kit(consortium: LocalConsortium, folder) -> object:

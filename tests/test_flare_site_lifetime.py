@@ -1,6 +1,6 @@
 """A hospital's processes live and die together, and a stopped hospital leaves the consortium, on a real one on
 this machine (federated/flare/centre/poc.py: kits from our provisioning, a server and three hospital clients as their
-own processes, mutual TLS). One module, one consortium, the tests in order:
+own processes, mutual TLS). The session's consortium (``melanoma_consortium``, tests/conftest.py), the tests in order:
 
 (a) ``kill -9`` of ``fedauc consortium start-site``'s process group (an OOM kill, a crashed supervisor) while
 a training runs ends its NVFlare client and the job's process within seconds, and the server stops listing
@@ -30,24 +30,16 @@ from typer.testing import CliRunner
 
 from common.lifetime import family, signal_all
 from federated.flare.centre.operate import consortium_status
-from federated.flare.centre.poc import LocalConsortium, connected_sites
+from federated.flare.centre.poc import connected_sites
 from federated.schema import DESCRIPTION_TAG, FAILED_SITE_TAG, FAILURE_TAG
 from pipelines.cli import app
-from preprocessing.federation import load_federation
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def consortium(poc_slot, melanoma_shards, tmp_path_factory):
-    root, federation = melanoma_shards
-    patch = pytest.MonkeyPatch()
-    patch.setenv("OMP_NUM_THREADS", "1")
-    try:
-        with LocalConsortium(load_federation(federation), root / "shards", tmp_path_factory.mktemp("poc")) as running:
-            yield running
-    finally:
-        patch.undo()
+def consortium(poc_slot, melanoma_consortium, shared_prefect):
+    return melanoma_consortium
 
 
 def _of_site(kit: Path) -> list[psutil.Process]:
@@ -185,7 +177,7 @@ def test_a_second_start_site_refuses_and_one_stopped_mid_training_leaves_named_a
         assert run.data.tags[DESCRIPTION_TAG].startswith("FAILED at site new-york: ")
 
 
-# Last: it stops the module's consortium.
+# Last: it stops the consortium (the next module to take it starts it again).
 def test_stop_server_waits_for_no_live_hospital_and_drops_a_silent_one(consortium):
     admin = str(consortium.kits.admin)
     refused = CliRunner().invoke(app, ["consortium", "stop-server", "--kit", admin])

@@ -46,10 +46,12 @@ def parse(text: str) -> list[dict]:
 @dataclass(frozen=True)
 class LiveReader:
     """``read()``: the live file's text so far (None before it exists); ``errors``: what its transport raises
-    when it cannot read the file now (a dropped connection, a busy server), as opposed to a bug."""
+    when it cannot read the file now (a dropped connection, a busy server), as opposed to a bug; ``close()``:
+    lets go of what the reads held open, once the feed is done with them."""
 
     read: Callable[[], str | None]
     errors: tuple[type[BaseException], ...]
+    close: Callable[[], None] = lambda: None
 
 
 class LiveFeed:
@@ -130,13 +132,16 @@ class LiveFeed:
         finally:
             stop.set()
             thread.join()
-            if bugs:
-                raise bugs[0]
-            if self.stopped is None:
-                try:
-                    self.poll(reader.read)
-                except reader.errors as err:
-                    self._stop(err, bug=False)
+            try:
+                if bugs:
+                    raise bugs[0]
+                if self.stopped is None:
+                    try:
+                        self.poll(reader.read)
+                    except reader.errors as err:
+                        self._stop(err, bug=False)
+            finally:
+                reader.close()
 
 
 def local_reader(folder: Path) -> LiveReader:
@@ -149,21 +154,33 @@ def local_reader(folder: Path) -> LiveReader:
 
 
 def admin_reader(kit: Path, username: str, job_id: str) -> LiveReader:
-    """The live file of job ``job_id`` on the consortium's server, through the admin's own session. Its
-    transport's errors: the connection's (``OSError``: NVFlare's ``NoConnection`` is a ``ConnectionError``;
-    timeouts, TLS), its communication layer's, and what NVFlare's admin API raises when the server closed,
-    did not answer, failed or refused the session."""
+    """The live file of job ``job_id`` on the consortium's server, through the admin's own session: one session
+    for every read while it works (each login costs NVIDIA FLARE's admin client a second's wait and both ends
+    a TLS handshake and a signature check), a new one at the next read after one failed. Its transport's
+    errors: the connection's (``OSError``: NVFlare's ``NoConnection`` is a ``ConnectionError``; timeouts,
+    TLS), its communication layer's, and what NVFlare's admin API raises when the server closed, did not
+    answer, failed or refused the session."""
     from nvflare.apis.fl_exception import FLCommunicationError
     from nvflare.fuel.flare_api import api_spec
 
+    errors = (OSError, FLCommunicationError, api_spec.SessionClosed, api_spec.NoReply, api_spec.InternalError,
+              api_spec.AuthenticationError, api_spec.AuthorizationError)
+    open_sessions = []
+
     def read():
-        session = quiet_session(username, kit, timeout_s=10.0)
+        if not open_sessions:
+            open_sessions.append(quiet_session(username, kit, timeout_s=10.0))
         try:
-            return session.cat_target("server", file=f"{job_id}/{LIVE_FILE}")
-        finally:
-            session.close()
-    return LiveReader(read, (OSError, FLCommunicationError, api_spec.SessionClosed, api_spec.NoReply,
-                             api_spec.InternalError, api_spec.AuthenticationError, api_spec.AuthorizationError))
+            return open_sessions[0].cat_target("server", file=f"{job_id}/{LIVE_FILE}")
+        except errors:
+            close()
+            raise
+
+    def close():
+        while open_sessions:
+            open_sessions.pop().close()
+
+    return LiveReader(read, errors, close)
 
 
 def describe_slowest(record: dict) -> str | None:

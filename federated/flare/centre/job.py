@@ -203,6 +203,7 @@ def _lost_port_race(job_dir: Path) -> bool:
 
 # Seconds the submitter waits beyond the job's own timeout (the server's and sites' teardown, the download).
 _RESULT_MARGIN_S = 120.0
+_MONITOR_POLL_S = 1.0
 
 
 def _logged_sessions(exec_env, log: Path):
@@ -243,7 +244,9 @@ def _logged_sessions(exec_env, log: Path):
         def get_job_result(self, job_id: str, timeout: float = 0.0) -> str | None:
             session = self._get_session()
             try:
-                returned = session.monitor_job(job_id, timeout=timeout)
+                # A look a second (NVIDIA FLARE's default is two): one small admin command over the open
+                # session, and the result comes back as soon as the job ends.
+                returned = session.monitor_job(job_id, timeout=timeout, poll_interval=_MONITOR_POLL_S)
                 note(f"job {job_id}: monitor returned {returned}")
                 if returned == MonitorReturnCode.JOB_FINISHED:
                     return session.download_job_result(job_id)

@@ -80,13 +80,28 @@ class LocalConsortium:
         self.launch("server", start_command(prepare_server(self.kits.server)), self.kits.server)
         deadline = time.monotonic() + wait_s
         self._until(deadline, "the server to listen", lambda: _reachable("localhost", self.port))
-        folder = self.federation.path.parent
-        for site, entry in zip(self.federation.sites, self.federation.spec.sites):
-            client = prepare_site(self.kits.sites[site.name], folder / entry.config, self.shards_root)
-            self.launch(site.name, client_command(client), client.root)
-        names = sorted(site.name for site in self.federation.sites)
-        self._until(deadline, f"sites {', '.join(names)} to connect", lambda: connected_sites(self.kits.admin) == names)
+        self.start_sites([site.name for site in self.federation.sites], deadline - time.monotonic())
         return self
+
+    def start_sites(self, names: list[str], wait_s: float = 300.0) -> None:
+        """Start the clients of sites ``names`` (each through the hospital's own checks) and return once the
+        server has heard from every one of them since: one killed without a word stays listed until
+        NVIDIA FLARE's heartbeat timeout, so being listed is not enough."""
+        deadline = time.monotonic() + wait_s
+        folder = self.federation.path.parent
+        configs = {site.name: folder / entry.config for site, entry in zip(self.federation.sites, self.federation.spec.sites)}
+        launched = time.time()
+        for name in names:
+            client = prepare_site(self.kits.sites[name], configs[name], self.shards_root)
+            self.launch(name, client_command(client), client.root)
+        # One session for every look (a login costs NVIDIA FLARE's admin client a second's wait).
+        session = admin_session(self.kits.admin, timeout_s=max(1.0, deadline - time.monotonic()))
+        try:
+            self._until(deadline, f"sites {', '.join(sorted(names))} to connect",
+                        lambda: set(names) <= {c.name for c in session.get_system_info().client_info
+                                               if c.last_connect_time >= launched})
+        finally:
+            session.close()
 
     def _until(self, deadline: float, what: str, done) -> None:
         while not done():
