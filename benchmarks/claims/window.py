@@ -186,18 +186,28 @@ def claim_b(runner: WindowRunner) -> tuple[list[str], dict[str, str]]:
 
 
 def wall_time(runners: list[WindowRunner], parts: list[str], jobs: int) -> list[str]:
-    """What the stored runs cost (CPU seconds of one thread: what a free core takes) and the estimate for the rest."""
-    stored = {k: r for runner in runners for k, r in runner.done.items() if "cpu_seconds" in r}
+    """What the stored runs cost (CPU seconds of one torch thread: what a free core takes) and the whole plan's
+    estimate from it: every validation run plus the reported seeds of every (method, I or budget)."""
+    stored = [r for r in runners[0].done.values() if "cpu_seconds" in r]  # the runners share one store
     if not stored:
         return ["No run stored yet."]
-    per_run = float(np.mean([r["cpu_seconds"] for r in stored.values()]))
-    total = sum(len(calls) for runner, _, make in plan(*runners, parts) if (calls := make()) is not None)
-    missing = sum(sum(runner.spec(*a, **k)["key"] not in runner.done for a, k in calls)
-                  for runner, _, make in plan(*runners, parts) if (calls := make()) is not None)
-    return [f"{len(stored)} runs stored, {per_run:.0f} CPU seconds each on average (one torch thread). Of the runs whose "
-            f"configuration is chosen so far, {missing} of {total} are still to train: about "
-            f"{missing * per_run / jobs / 3600:.1f} h on {jobs} free cores (reported runs wait for their validation "
-            "choice, so the total grows until every choice is made)."]
+    per_iteration = sum(r["cpu_seconds"] for r in stored) / sum(r["iterations"] for r in stored)
+    runner = runners[0]
+    s = runner.setting
+    planned = []  # the budget T of every run of the plan
+    if "premise" in parts or "claim" in parts:
+        methods = 1 + ("claim" in parts)
+        per_config = len(candidates("codasca", None, s.lr_grid)) * len(VALIDATION_SEEDS) + len(s.seeds)
+        planned += [s.iterations] * methods * len(s.periods) * per_config
+    if "b" in parts:
+        for T in B_BUDGETS:
+            for algorithm, params, _ in B_METHODS.values():
+                planned += [T] * (len(candidates(algorithm, params, s.lr_grid)) * len(VALIDATION_SEEDS) + len(s.seeds))
+    done = sum(r["iterations"] for r in stored)
+    return [f"{len(stored)} of the plan's {len(planned)} runs are stored; they took {per_iteration * 1000:.0f} ms of CPU "
+            f"per iteration (one torch thread, {runner.heterogeneity.sites} sites), {sum(r['cpu_seconds'] for r in stored) / 60:.0f} "
+            f"CPU minutes in all. The whole plan: about {per_iteration * sum(planned) / jobs / 3600:.1f} h on {jobs} free "
+            f"core(s), {per_iteration * max(0, sum(planned) - done) / jobs / 3600:.1f} h of it still to run."]
 
 
 def write(runner: WindowRunner, b_runner: WindowRunner, parts: list[str], doc: Path, jobs: int) -> None:
@@ -243,17 +253,14 @@ def main(argv: list[str] | None = None) -> int:
                           heterogeneity=HETEROGENEITY)
     b_runner = WindowRunner(pool, setting, path, args.doc.parent, NAME, cached_only=args.from_cache,
                             heterogeneity=B_HETEROGENEITY)
+    b_runner.done = runner.done  # one file, one store: each sees what the other trains
     started = time.perf_counter()
     for step_runner, what, make in plan(runner, b_runner, args.parts):
         calls = make()
         if calls is None:
             continue
-        step_runner.run_all(calls, args.jobs)
-        if not args.from_cache:
-            for other in (runner, b_runner):  # the other runner shares the file: read what this one stored
-                other.done |= step_runner.done
-            write(runner, b_runner, args.parts, args.doc, args.jobs)
-            print(f"{what}: done after {time.perf_counter() - started:.0f} s", flush=True)
+        step_runner.run_all(calls, args.jobs, lambda: write(runner, b_runner, args.parts, args.doc, args.jobs))
+        print(f"{what}: done after {time.perf_counter() - started:.0f} s", flush=True)
     write(runner, b_runner, args.parts, args.doc, args.jobs)
     return 0
 

@@ -92,9 +92,9 @@ class WindowRunner(Runner):
         """The stored run, or None (``run_all`` trains them)."""
         return self.done.get(self.spec(*args, **kw)["key"])
 
-    def run_all(self, calls: list[tuple[tuple, dict]], jobs: int) -> None:
+    def run_all(self, calls: list[tuple[tuple, dict]], jobs: int, stored: Callable[[], None] = lambda: None) -> None:
         """Train the runs ``calls`` (``spec``'s arguments) not stored yet, on ``jobs`` processes of one torch thread,
-        storing each as it finishes (a stopped run keeps every finished one)."""
+        storing each as it finishes (a stopped run keeps every finished one) and calling ``stored`` after each."""
         specs = {}
         for args, kw in calls:
             spec = self.spec(*args, **kw)
@@ -106,12 +106,14 @@ class WindowRunner(Runner):
         if jobs <= 1:
             for spec in specs.values():
                 self._report(self._store(train_heterogeneous(self.pool, self.setting, spec)))
+                stored()
             return
         context = multiprocessing.get_context("spawn")  # fork after torch has started threads can deadlock
         with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(self.pool.cache,)) as ex:
             running = [ex.submit(_train_in_worker, self.setting, spec) for spec in specs.values()]
             for done in as_completed(running):
                 self._report(self._store(done.result()))
+                stored()
 
     @staticmethod
     def _report(record: dict) -> None:
@@ -180,12 +182,15 @@ def plan(runner: WindowRunner, b_runner: WindowRunner, parts: list[str]) -> list
     def chosen_calls(r, a, p, I, T=None, g=True):
         return reported_calls(r, a, c, I, T, g) if (c := choose(r, a, p, I, T, g)[0]) else []
 
+    # The extremes of I first: a run stopped early has the premise's widest comparison on every seed it reached.
+    first, *middle, last = s.periods
     methods = (["codaplus"] if "premise" in parts or "claim" in parts else []) + (["codasca"] if "claim" in parts else [])
     for algorithm in methods:
-        steps.append((runner, f"{algorithm} validation", lambda a=algorithm: by_seed(
-            [call for I in s.periods for call in validation_calls(runner, a, None, I)])))
-        steps.append((runner, f"{algorithm} reported", lambda a=algorithm: by_seed(
-            [call for I in s.periods for call in chosen_calls(runner, a, None, I)])))
+        for group in ((first, last), *((I,) for I in middle)):
+            steps.append((runner, f"{algorithm} I={group} validation", lambda a=algorithm, g=group: by_seed(
+                [call for I in g for call in validation_calls(runner, a, None, I)])))
+            steps.append((runner, f"{algorithm} I={group} reported", lambda a=algorithm, g=group: by_seed(
+                [call for I in g for call in chosen_calls(runner, a, None, I)])))
     if "b" in parts:
         for T in B_BUDGETS:
             steps.append((b_runner, f"(b) T={T} validation", lambda T=T: by_seed(
