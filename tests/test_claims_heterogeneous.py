@@ -64,3 +64,34 @@ def test_a_federation_larger_than_the_pool_says_what_to_change():
         heterogeneous_federation(grey_pool(n_train=60), Heterogeneity(sites=8, rows=480, min_rows=20), 0)
     with pytest.raises(ValueError, match="raise rows or rate"):
         Heterogeneity(sites=16, rows=400, rate=0.02, min_rows=20)
+
+
+def test_the_window_plan_chooses_on_validation_seeds_only_and_trains_the_extremes_of_I_first(tmp_path):
+    from benchmarks.claims import window_runs
+    from benchmarks.claims.runs import Setting
+
+    setting = Setting(pool=10, size=16, iterations=64, periods=(1, 4, 16), lr_grid=(0.1, 1.0), seeds=(0, 1, 2))
+    runner = window_runs.WindowRunner(grey_pool(), setting, tmp_path / "runs.jsonl", tmp_path, "t")
+    steps = window_runs.plan(runner, runner, ["premise"])
+    assert [what for _, what, _ in steps] == ["codaplus I=(1, 16) validation", "codaplus I=(1, 16) reported",
+                                              "codaplus I=(4,) validation", "codaplus I=(4,) reported"]
+    validation = steps[0][2]()
+    assert {call[0][3] for call in validation} == set(window_runs.VALIDATION_SEEDS)
+    assert [call[0][3] for call in validation] == sorted(call[0][3] for call in validation)  # seed by seed
+    assert steps[1][2]() == []  # nothing reported before its choice is made
+    # Stored validation runs where one stage at lr 1.0 is best at I = 1; a reported seed scoring higher elsewhere
+    # must not move the choice.
+    for args, kw in validation:
+        schedule, lr, seed, I = args[1], args[2], args[3], args[4]
+        best = schedule == window_runs.SCHEDULES["one stage"] and lr == 1.0
+        runner._store({**runner.spec(*args, **kw), "auc": 0.8 if best == (I == 1) else 0.6})
+    runner._store({**runner.spec("codaplus", window_runs.SCHEDULES["two stages"], 0.1, 0, 1), "auc": 0.99})
+    chosen, means = window_runs.choose(runner, "codaplus", None, 1)
+    assert chosen == (window_runs.SCHEDULES["one stage"], 1.0) and max(means) == 0.8
+    reported = steps[1][2]()
+    assert {(call[0][4], call[0][2]) for call in reported} == {(1, 1.0), (16, 0.1)}
+    assert [call[0][3] for call in reported] == [0, 0, 1, 1, 2, 2]  # both extremes of I at each seed in turn
+    # Stored reported seeds count in order up to the first missing one: pairs stay paired.
+    for seed in (0, 2):
+        runner._store({**runner.spec("codaplus", window_runs.SCHEDULES["one stage"], 1.0, seed, 1), "auc": 0.7})
+    assert len(window_runs.reported(runner, "codaplus", chosen, 1)) == 1
