@@ -227,7 +227,8 @@ def write(runner: WindowRunner, b_runner: WindowRunner, parts: list[str], doc: P
                  "overall:", "", *lines, ""]
     rows = [(name, a, None, I, None, True) for a, name in (("codaplus", "CODA+"), ("codasca", "CODASCA")) for I in s.periods]
     rows += [(name, a, p, B_PERIOD, T, g) for T in B_BUDGETS for name, (a, p, g) in B_METHODS.items()]
-    body += ["Mean validation AUC (sites' mean) of every candidate; the best is the one reported:", "",
+    body += ["Mean validation AUC (sites' mean) of every candidate; the best is the one reported (FedAvg has no stage "
+             "schedule: its lrs fill the first columns):", "",
              *validation_table(runner, rows[:2 * len(s.periods)]), *validation_table(b_runner, rows[2 * len(s.periods):])[2:],
              "", *wall_time([runner, b_runner], parts, jobs), "", "| verdict | |", "|---|---|",
              *(f"| {k} | {v} |" for k, v in verdicts.items())]
