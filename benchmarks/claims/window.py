@@ -212,7 +212,7 @@ def wall_time(runners: list[WindowRunner], parts: list[str], jobs: int) -> list[
 
 def write(runner: WindowRunner, b_runner: WindowRunner, parts: list[str], doc: Path, jobs: int) -> None:
     s = runner.setting
-    body = [f"_Written by `python -m benchmarks.claims.window` (run {NAME!r}: T = {s.iterations} iterations per site, "
+    body = [f"_Written by `python -m benchmarks.claims.window` (run {runner.name!r}: T = {s.iterations} iterations per site, "
             f"{s.size} px, small_resnet widths {s.widths}, batch 32 per site with positive-guaranteed batches unless "
             f"said, {len(s.seeds)} reported seeds, choices on validation seeds {', '.join(map(str, VALIDATION_SEEDS))} "
             f"among lrs {s.lr_grid} x stage schedules ({', '.join(SCHEDULES)}))._", "", *federation_text(runner), ""]
@@ -232,7 +232,7 @@ def write(runner: WindowRunner, b_runner: WindowRunner, parts: list[str], doc: P
              *validation_table(runner, rows[:2 * len(s.periods)]), *validation_table(b_runner, rows[2 * len(s.periods):])[2:],
              "", *wall_time([runner, b_runner], parts, jobs), "", "| verdict | |", "|---|---|",
              *(f"| {k} | {v} |" for k, v in verdicts.items())]
-    write_doc(doc, "\n".join(body), NAME)
+    write_doc(doc, "\n".join(body), runner.name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,25 +242,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=len(SETTING.seeds), help="reported seeds (0, 1, ...)")
     parser.add_argument("--jobs", type=int, default=1, help="processes training side by side (one per free core)")
     parser.add_argument("--from-cache", action="store_true", help="train nothing: write the tables of the stored runs")
-    parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: the pool and runs-window.jsonl")
+    parser.add_argument("--iterations", type=int, default=SETTING.iterations, help="T of claim (a)'s runs, per site")
+    parser.add_argument("--sites", type=int, default=HETEROGENEITY.sites, help="sites of the federation (8 to 16)")
+    parser.add_argument("--alpha", type=float, default=HETEROGENEITY.alpha,
+                        help="label skew: Dirichlet concentration of the positives over the sites (smaller: more skew)")
+    parser.add_argument("--acquisition", type=float, default=HETEROGENEITY.acquisition,
+                        help="feature skew: the spread of the sites' acquisition chains (0: none)")
+    parser.add_argument("--name", default=NAME, help="the run's markers in the doc, its figure and its runs file; "
+                                                     "a federation other than the reported one wants its own")
+    parser.add_argument("--work", type=Path, default=Path(".cache/claims"), help="cache: the pool and runs-<name>.jsonl")
     parser.add_argument("--doc", type=Path, default=REPO / "docs/claims.md",
                         help="markdown file with the run's markers; the figure goes beside it")
     args = parser.parse_args(argv)
-    setting = replace(SETTING, seeds=tuple(range(args.seeds)))
+    setting = replace(SETTING, seeds=tuple(range(args.seeds)), iterations=args.iterations)
+    skews = {"sites": args.sites, "alpha": args.alpha, "acquisition": args.acquisition}
     args.work.mkdir(parents=True, exist_ok=True)
     pool = build_pool(args.work, setting)
-    path = args.work / f"runs-{NAME}.jsonl"
-    runner = WindowRunner(pool, setting, path, args.doc.parent, NAME, cached_only=args.from_cache,
-                          heterogeneity=HETEROGENEITY)
-    b_runner = WindowRunner(pool, setting, path, args.doc.parent, NAME, cached_only=args.from_cache,
-                            heterogeneity=B_HETEROGENEITY)
+    path = args.work / f"runs-{args.name}.jsonl"
+    runner = WindowRunner(pool, setting, path, args.doc.parent, args.name, cached_only=args.from_cache,
+                          heterogeneity=replace(HETEROGENEITY, **skews))
+    b_runner = WindowRunner(pool, setting, path, args.doc.parent, args.name, cached_only=args.from_cache,
+                            heterogeneity=replace(B_HETEROGENEITY, **skews))
     b_runner.done = runner.done  # one file, one store: each sees what the other trains
     started = time.perf_counter()
     for step_runner, what, make in plan(runner, b_runner, args.parts):
-        calls = make()
-        if calls is None:
-            continue
-        step_runner.run_all(calls, args.jobs, lambda: write(runner, b_runner, args.parts, args.doc, args.jobs))
+        step_runner.run_all(make(), args.jobs, lambda: write(runner, b_runner, args.parts, args.doc, args.jobs))
         print(f"{what}: done after {time.perf_counter() - started:.0f} s", flush=True)
     write(runner, b_runner, args.parts, args.doc, args.jobs)
     return 0

@@ -170,8 +170,8 @@ def reported(runner: WindowRunner, algorithm: str, chosen: tuple[dict, float] | 
 
 
 def plan(runner: WindowRunner, b_runner: WindowRunner, parts: list[str]) -> list[tuple[WindowRunner, str, Callable]]:
-    """The steps of ``parts`` in order: (the runner, what, a function returning its runs' calls, or None while the
-    validation step it needs has not finished). A validation step comes before the reported seeds it chooses for;
+    """The steps of ``parts`` in order: (the runner, what, a function returning its runs' calls; a reported step's
+    are those whose validation choice is made). A validation step comes before the reported seeds it chooses for;
     within a step the runs go seed by seed, so that a stopped run leaves paired seeds for every I."""
     s = runner.setting
     steps: list[tuple[WindowRunner, str, Callable]] = []
