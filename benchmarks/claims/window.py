@@ -142,7 +142,8 @@ def premise_and_claim(runner: WindowRunner) -> tuple[list[str], dict[str, str]]:
                 verdicts[f"(a) CODASCA at I = {4 * I} vs CODA+ at I = {I}"] = v
             lines.append(f"| {label} | " + " | ".join(diff_cell(_paired(runs[other][1], base, m)) for m in METRICS)
                          + f" | {'**' + v + '**' if margin else v} |")
-    plot_window(runs, runner)
+    if any(records for _, records in runs.values()):
+        plot_window(runs, runner)
     return lines, verdicts
 
 
@@ -219,7 +220,8 @@ def write(runner: WindowRunner, b_runner: WindowRunner, parts: list[str], doc: P
     verdicts = {}
     if "premise" in parts or "claim" in parts:
         lines, verdicts = premise_and_claim(runner)
-        body += lines + ["", f"![{runner.figure('auc_vs_I').name}]({runner.figure('auc_vs_I').name})", ""]
+        figure = runner.figure("auc_vs_I")
+        body += lines + ["", f"![{figure.name}]({figure.name})" if figure.exists() else "", ""]
     if "b" in parts:
         lines, b_verdicts = claim_b(b_runner)
         verdicts |= b_verdicts
