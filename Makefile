@@ -48,7 +48,7 @@ demo: setup
 
 # Every benchmark's entry point, run as `python -m benchmarks.<name>` (tests/test_benchmark_imports.py checks the
 # list against benchmarks/); the modules they import are not run on their own.
-BENCHMARKS := claims claims.stagewise \
+BENCHMARKS := claims claims.stagewise claims.window \
 	studies.auc_methods studies.codasca_period studies.demo_difficulty studies.fedxl_pauc studies.near_duplicates \
 	studies.ood_demo studies.privacy studies.sigmoid_surrogate_temperature studies.sweep_rates \
 	throughput.cli_startup throughput.engine throughput.flare throughput.gpu throughput.networks_cpu \

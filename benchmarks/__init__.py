@@ -1,7 +1,8 @@
 """fedauc's benchmarks, one sub-package per family, each run from the repository's root with ``python -m``:
 
 - ``claims``: the README's claims on melanoma phantoms through the real pipeline (``python -m benchmarks.claims``;
-  the AUC-M schedule: ``python -m benchmarks.claims.stagewise``), written into docs/claims.md.
+  the AUC-M schedule: ``python -m benchmarks.claims.stagewise``; claim (a) on a heterogeneous federation:
+  ``python -m benchmarks.claims.window``), written into docs/claims.md.
 - ``studies``: the quality studies behind a default or a threshold (``python -m benchmarks.studies.<name>``).
 - ``throughput``: speed and memory of preprocessing, training, scoring and start-up
   (``python -m benchmarks.throughput.<name>``).
