@@ -27,7 +27,8 @@ differs between places:
 
 ``LAUNCHERS`` registers them by kind; its keys are ``federated.settings.LAUNCHER_KINDS``, the command line's
 ``--backend`` choices, which load no torch (tests/test_cli_startup.py checks they agree); tests/test_launch.py runs
-every registered launcher through the contract. Adding a launcher: README.md "Adding a launcher or a transport".
+every registered launcher through the contract. Adding a launcher: README.md "Adding a launcher, a transport, a
+result sink or an accountant".
 """
 
 from __future__ import annotations
