@@ -52,14 +52,16 @@ def test_every_round_record_times_every_site_and_names_the_slowest():
 
 
 def _site_processes(site: str) -> list[psutil.Process]:
-    """The simulator's worker process of ``site`` (``--client <site>``) and everything it started."""
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if "--client" in cmd and cmd[cmd.index("--client") + 1:][:1] == [site]:
-            try:
+    """This test's simulator worker process of ``site`` (``--client <site>``) and everything it started: among
+    this process's descendants only, since another test's simulator on the machine has a site of that name too
+    (one slowed there left this training's rounds unslowed)."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+            if "--client" in cmd and cmd[cmd.index("--client") + 1:][:1] == [site]:
                 return [proc, *proc.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return []
+        except psutil.NoSuchProcess:
+            continue
     return []
 
 
