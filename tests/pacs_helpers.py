@@ -45,7 +45,12 @@ def register_chest_model(store: Path, synthetic_sites: tuple[str, ...] = ()) -> 
 
 def radiograph(path: Path, study: str, patient: str, view: str, seed: int) -> Path:
     rng = np.random.default_rng(seed)
-    pixels = (rng.random((96, 80)) * 4000).astype(np.uint16)
+    return dx_dicom(path, (rng.random((96, 80)) * 4000).astype(np.uint16), 12, study, patient, view, seed)
+
+
+def dx_dicom(path: Path, pixels: np.ndarray, bits: int, study: str, patient: str, view: str,
+             instance: int) -> Path:
+    """A DX DICOM of ``pixels`` (MONOCHROME2, ``bits`` stored) in ``study``, as a hospital's PACS holds a film."""
     meta = pydicom.dataset.FileMetaDataset()
     meta.MediaStorageSOPClassUID = pydicom.uid.DigitalXRayImageStorageForPresentation
     meta.MediaStorageSOPInstanceUID = generate_uid()
@@ -54,9 +59,9 @@ def radiograph(path: Path, study: str, patient: str, view: str, seed: int) -> Pa
     ds.file_meta = meta
     ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
     ds.update(study_tags(study, patient))
-    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), 1, seed
+    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), 1, instance
     ds.Modality, ds.ViewPosition, ds.Manufacturer = "DX", view, "phantom"
-    ds.set_pixel_data(pixels, "MONOCHROME2", 12)
+    ds.set_pixel_data(pixels, "MONOCHROME2", bits)
     ds.save_as(path, enforce_file_format=True)
     return path
 

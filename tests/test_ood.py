@@ -270,24 +270,10 @@ def test_the_champions_evaluation_logs_its_reliability_diagram_on_the_pooled_tes
 
 def _as_dicom(jpeg, path, study: str, sop_seed: int):
     """A hospital's film as its PACS holds it: the phantom JPEG's pixels in a DX DICOM of ``study``."""
-    import pydicom
-    from pacs_helpers import study_tags
+    from pacs_helpers import dx_dicom
     from PIL import Image
-    from pydicom.uid import generate_uid
 
-    meta = pydicom.dataset.FileMetaDataset()
-    meta.MediaStorageSOPClassUID = pydicom.uid.DigitalXRayImageStorageForPresentation
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
-    ds = pydicom.Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.update(study_tags(study, "P1"))
-    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), 1, sop_seed
-    ds.Modality, ds.ViewPosition, ds.Manufacturer = "DX", "PA", "phantom"
-    ds.set_pixel_data(np.asarray(Image.open(jpeg).convert("L")), "MONOCHROME2", 8)
-    ds.save_as(path, enforce_file_format=True)
-    return path
+    return dx_dicom(path, np.asarray(Image.open(jpeg).convert("L")), 8, study, "P1", "PA", sop_seed)
 
 
 def test_the_pacs_job_states_and_refuses_with_the_hospitals_refit(store, tmp_path, monkeypatch):

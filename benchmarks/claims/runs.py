@@ -8,6 +8,7 @@ import json
 import math
 import multiprocessing
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,14 +157,16 @@ def train_record(pool: Pool, setting: Setting, spec: dict) -> dict:
 _worker_pool: Pool | None = None  # a run_many worker's copy of the pool, read once per process
 
 
-def _start_worker(cache: Path) -> None:
+def start_worker(cache: Path) -> None:
+    """A run_many worker's initializer: one torch thread, the pool read from its file."""
     global _worker_pool
     torch.set_num_threads(1)
     _worker_pool = load_pool(cache)
 
 
-def _train_in_worker(setting: Setting, spec: dict) -> dict:
-    return train_record(_worker_pool, setting, spec)
+def train_in_worker(train_run: Callable[[Pool, Setting, dict], dict], setting: Setting, spec: dict) -> dict:
+    """``train_run`` (a module-level function: the worker imports it by name) on the worker's pool."""
+    return train_run(_worker_pool, setting, spec)
 
 
 @dataclass
@@ -214,22 +217,27 @@ class Runner:
         """Train the runs ``calls`` (``run``'s arguments: (args, kwargs)) not stored yet on ``jobs`` processes
         of one torch thread each, storing each as it finishes; ``run`` then reads them back. The small
         network is latency-bound, so one process per core beats more threads in one process."""
-        specs = {}
-        for args, kw in calls:
-            spec = self.spec(*args, **kw)
-            if spec["key"] not in self.done:
-                specs[spec["key"]] = spec
+        specs = self.missing(calls)
         if self.cached_only or not specs:
             return
         if self.pool.cache is None:
             raise ValueError("run_many's processes read the pool from its file: build it with build_pool")
         context = multiprocessing.get_context("spawn")  # fork after torch has started threads can deadlock
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(self.pool.cache,)) as ex:
-            running = [ex.submit(_train_in_worker, self.setting, spec) for spec in specs.values()]
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker, initargs=(self.pool.cache,)) as ex:
+            running = [ex.submit(train_in_worker, train_record, self.setting, spec) for spec in specs.values()]
             for done in as_completed(running):
                 record = self._store(done.result())
                 print(f"  {record['algorithm']} lr {record['lr']} seed {record['seed']}: AUC {record['auc']:.3f} "
                       f"({record['seconds']:.0f} s)", flush=True)
+
+    def missing(self, calls: list[tuple[tuple, dict]]) -> dict[str, dict]:
+        """key -> spec of the runs ``calls`` (``spec``'s arguments: (args, kwargs)) not stored yet, once each."""
+        specs = {}
+        for args, kw in calls:
+            spec = self.spec(*args, **kw)
+            if spec["key"] not in self.done:
+                specs[spec["key"]] = spec
+        return specs
 
     def _store(self, record: dict) -> dict:
         with self.path.open("a") as f:

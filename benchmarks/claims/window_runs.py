@@ -16,13 +16,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import torch
 
 from benchmarks.claims.heterogeneous import Heterogeneity, heterogeneous_federation
-from benchmarks.claims.runs import VALIDATION_SEED, Pool, Runner, Setting, load_pool
+from benchmarks.claims.runs import VALIDATION_SEED, Pool, Runner, Setting, start_worker, train_in_worker
 from benchmarks.claims.stagewise import NEW as STAGEWISE
 from benchmarks.claims.stagewise import OLD as ONE_STAGE
 from federated import TrainConfig, train
@@ -60,19 +58,6 @@ def train_heterogeneous(pool: Pool, setting: Setting, spec: dict) -> dict:
             "cpu_seconds": time.process_time() - cpu}
 
 
-_worker_pool: Pool | None = None
-
-
-def _start_worker(cache: Path) -> None:
-    global _worker_pool
-    torch.set_num_threads(1)
-    _worker_pool = load_pool(cache)
-
-
-def _train_in_worker(setting: Setting, spec: dict) -> dict:
-    return train_heterogeneous(_worker_pool, setting, spec)
-
-
 @dataclass
 class WindowRunner(Runner):
     """The claims runner on heterogeneous federations: a run's key holds the federation's parameters and its
@@ -95,11 +80,7 @@ class WindowRunner(Runner):
     def run_all(self, calls: list[tuple[tuple, dict]], jobs: int, stored: Callable[[], None] = lambda: None) -> None:
         """Train the runs ``calls`` (``spec``'s arguments) not stored yet, on ``jobs`` processes of one torch thread,
         storing each as it finishes (a stopped run keeps every finished one) and calling ``stored`` after each."""
-        specs = {}
-        for args, kw in calls:
-            spec = self.spec(*args, **kw)
-            if spec["key"] not in self.done:
-                specs[spec["key"]] = spec
+        specs = self.missing(calls)
         if self.cached_only or not specs:
             return
         print(f"  {len(specs)} runs to train", flush=True)
@@ -109,8 +90,8 @@ class WindowRunner(Runner):
                 stored()
             return
         context = multiprocessing.get_context("spawn")  # fork after torch has started threads can deadlock
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(self.pool.cache,)) as ex:
-            running = [ex.submit(_train_in_worker, self.setting, spec) for spec in specs.values()]
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker, initargs=(self.pool.cache,)) as ex:
+            running = [ex.submit(train_in_worker, train_heterogeneous, self.setting, spec) for spec in specs.values()]
             for done in as_completed(running):
                 self._report(self._store(done.result()))
                 stored()
