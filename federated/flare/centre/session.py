@@ -1,10 +1,15 @@
 """The admin's session with a consortium's server, as NVIDIA FLARE's ``new_secure_session`` opens it, but quiet:
 NVFlare's admin client prints its progress ("Connecting to FLARE ...") on this process's stdout, which is
 fedauc's own (a command's output, what other threads print meanwhile). Its lines go to ``note`` instead (the
-job's log), or nowhere; the session object alone is changed, never ``sys.stdout``."""
+job's log), or nowhere; the session object alone is changed, never ``sys.stdout``.
+
+Its threads also log tracebacks of their own connection errors to the root logger (``secure_log_traceback()``
+with no logger), which a command with no logging set up prints on stderr: a stopping server's last replies
+did so after ``fedauc consortium stop-server`` had said it stopped. Those records, and only those, are dropped."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +19,7 @@ def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callab
     ``new_secure_session`` raises them)."""
     from nvflare.fuel.flare_api.flare_api import Session
 
+    _drop_nvflare_root_tracebacks()
     session = _quieted(Session(username=username, startup_path=str(kit), secure_mode=True), note)
     try:
         session.try_connect(timeout_s)
@@ -30,3 +36,20 @@ def _quieted(session, note: Callable[[str], None] | None):
     opens = session._new_poll_session
     session._new_poll_session = lambda: _quieted(opens(), note)
     return session
+
+
+class _NvflareRootRecords(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        import nvflare
+
+        self.package = str(Path(nvflare.__file__).parent)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package)
+
+
+def _drop_nvflare_root_tracebacks() -> None:
+    root = logging.getLogger()
+    if not any(isinstance(f, _NvflareRootRecords) for f in root.filters):
+        root.addFilter(_NvflareRootRecords())
