@@ -27,6 +27,10 @@ def prefect_env_defaults() -> dict[str, str]:
         "MLFLOW_DISABLE_TELEMETRY": "true",
         # The ephemeral server needs ~20 s to start on a loaded 2-core machine; the default gives up sooner.
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        # A SQLite Prefect server waits this long for a lock before it answers 500, which Prefect's clients do not
+        # retry: at its default (10 s) a loaded 2-core machine's worker crashed on reading its deployment while
+        # two other workers wrote.
+        "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
         # Task-level INFO lines would interleave with the progress bar; warnings and errors still show.
         "PREFECT_LOGGING_LEVEL": "WARNING",
         # ...but a flow's own progress and results go to the Prefect server's log of its run (the UI's Logs tab),
