@@ -37,13 +37,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-# Three workers on CI's two cores: with two, the cores stood idle 23 % of the time while tests waited (NVIDIA FLARE's
-# fixed waits, servers starting, polls); CONTRIBUTING.md "The suite's time". A module's tests stay together and
-# the NVIDIA FLARE consortium modules run one after another on one worker, first (tests/conftest.py:
-# CONSORTIUM_GROUP); the 25 slowest tests are printed at the end.
+# Two workers (three were tried: CONTRIBUTING.md "The suite's time"); a module's tests stay together and the NVIDIA
+# FLARE consortium modules run one after another on one worker, first (tests/conftest.py: CONSORTIUM_GROUP); the
+# 25 slowest tests are printed at the end.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 demo: setup
 	$(VENV)/bin/fedauc demo

@@ -145,7 +145,7 @@ def fresh_site_ledgers():
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
-    """`make test` runs three pytest-xdist workers on two cores: a second intra-op thread per worker only
+    """`make test` runs two pytest-xdist workers on two cores: a second intra-op thread per worker only
     contends (tiny models here are latency-bound; steps ran up to 8x slower with two threads each)."""
     import torch
 
