@@ -5,7 +5,8 @@ job's log), or nowhere; the session object alone is changed, never ``sys.stdout`
 
 Its threads also log tracebacks of their own connection errors to the root logger (``secure_log_traceback()``
 with no logger), which a command with no logging set up prints on stderr: a stopping server's last replies
-did so after ``fedauc consortium stop-server`` had said it stopped. Those records, and only those, are dropped."""
+did so after ``fedauc consortium stop-server`` had said it stopped. Those records, and only those, go to the
+``nvflare.admin`` logger at DEBUG instead: out of a command's output, still there for whoever logs at DEBUG."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ class _NvflareRootRecords(logging.Filter):
         self.package = str(Path(nvflare.__file__).parent)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.pathname.startswith(self.package)
+        if not record.pathname.startswith(self.package):
+            return True
+        logging.getLogger("nvflare.admin").debug(record.getMessage())
+        return False
 
 
 def _drop_nvflare_root_tracebacks() -> None:
