@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from stores import _migrated_store, migrated_mlflow_schema, new_mlflow_store  # noqa: F401 (tests/stores.py)
 
 from pipelines.prefect_env import PROJECT_ROOT, prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir

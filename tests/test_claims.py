@@ -162,7 +162,7 @@ def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr_and
     pool = runs.build_pool(work, tiny)
     runners = [runs.Runner(pool, dataclasses.replace(tiny, iterations=T), tmp_path / "runs.jsonl", tmp_path, "tiny")
                for T in (8, 16)]
-    body, verdicts = stagewise_defaults.measure(runners, jobs=2)
+    body, verdicts = stagewise_defaults.measure(runners, jobs=1)
     assert len(verdicts) == 2 * sum(len(case[3]) for case in stagewise_defaults.CASES)
     records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 2 * len(verdicts)  # both schedules, both seeds
@@ -173,7 +173,7 @@ def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr_and
     # The last column: how far the runs end below their best evaluation, never negative.
     assert all(float(x) >= 0 for row in rows for x in row.rstrip(" |").split(" | ")[-1].split(" / "))
     # The choice among schedules: every candidate on every validation seed, the new defaults among them.
-    choice = stagewise_defaults.choose(runners[1], jobs=2)
+    choice = stagewise_defaults.choose(runners[1], jobs=1)
     table = [line for line in choice if line.startswith("| ") and not line.startswith("| schedule")]
     assert len(table) == len(stagewise_defaults.candidates(16, 4)) and any("the new defaults" in r for r in table)
     chosen = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()][len(records):]
@@ -182,8 +182,8 @@ def test_the_stagewise_defaults_measurement_pairs_both_schedules_at_every_lr_and
 
 
 def test_runs_trained_side_by_side_store_what_one_process_trains(tmp_path, work):
-    """``--jobs``: run_many's worker processes give each run the record a sequential run gives (same
-    seed, same AUC and curve), each stored once, and a rerun trains nothing."""
+    """``--jobs``: run_many's worker processes give each run the record a sequential run (``--jobs 1``, in the
+    calling process) gives (same seed, same AUC and curve), each stored once, and a rerun trains nothing."""
     tiny = runs.Setting(pool=150, n_train=40, iterations=8, local_steps=4, seeds=(0, 1), eval_points=2,
                         score="macro_over_sites")
     pool = runs.build_pool(work, tiny)
@@ -194,8 +194,10 @@ def test_runs_trained_side_by_side_store_what_one_process_trains(tmp_path, work)
     stored = [json.loads(line) for line in (tmp_path / "parallel.jsonl").read_text().splitlines()]
     assert len(stored) == 3
     sequential = runs.Runner(pool, tiny, tmp_path / "sequential.jsonl", tmp_path, "s")
+    sequential.run_many(calls, jobs=1)  # one after another in this process, no worker
+    assert len((tmp_path / "sequential.jsonl").read_text().splitlines()) == 3
     for args, kw in calls:
-        expected = sequential.run(*args, **kw)
+        expected = sequential.run(*args, **kw)  # read back too
         got = parallel.run(*args, **kw)  # read back, not trained again
         assert got["key"] == expected["key"]
         assert got["auc"] == pytest.approx(expected["auc"], abs=1e-6)

@@ -80,9 +80,10 @@ def _steps(client: MlflowClient, run_id: str, metric: str) -> list[int]:
 
 
 def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(consortium, melanoma_shards, tmp_path,
-                                                                               monkeypatch, trainings):
+                                                                               monkeypatch, trainings,
+                                                                               new_mlflow_store):
     root, federation = melanoma_shards
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_mlflow_store(tmp_path / "mlruns.db"))
     empty = tmp_path / "no-shards-here"
     empty.mkdir()
     args = ["train", "--federation", str(federation), "--shards", str(empty), *TRAINING, "--checkpoint-dir",
@@ -162,14 +163,14 @@ def test_live_records_a_dead_site_named_and_resume_to_the_uninterrupted_model(co
 
 
 def test_over_poc_a_site_refuses_a_dp_job_over_its_budget_and_status_shows_each_sites_epsilon(
-        consortium, melanoma_shards, tmp_path, monkeypatch, trainings):
+        consortium, melanoma_shards, tmp_path, monkeypatch, trainings, new_mlflow_store):
     """Each hospital's fedauc reads its own ledger (its state directory), on its own machine: one over its budget
     refuses the job before any step, in one line the centre hears; after a DP training `fedauc consortium
     status` shows what each site's ledger has spent and has left."""
     root, federation = melanoma_shards
     ledgers = {site: ledger_path(root / "shards" / site) for site in SITES}
     budget = {"barcelona": 40.0, "new-york": 30.0, "vienna": 50.0}
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_mlflow_store(tmp_path / "mlruns.db"))
     empty = tmp_path / "no-shards-here"
     empty.mkdir()
     args = ["train", "--federation", str(federation), "--shards", str(empty), "--algorithm", "codasca", "-p", "T0=4",

@@ -89,14 +89,14 @@ def _registered_since(admin: Path, name: str) -> float:
 
 
 def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium, melanoma_shards, tmp_path,
-                                                                      monkeypatch, trainings):
+                                                                      monkeypatch, trainings, new_mlflow_store):
     _, federation = melanoma_shards
     kit = consortium.kits.sites["new-york"]
     consortium.kill("new-york")
     _until("the killed new-york's processes to end", lambda: not _of_site(kit), 30)
     started = _start_site(consortium, melanoma_shards, "new-york")
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_mlflow_store(tmp_path / "mlruns.db"))
     empty = tmp_path / "no-shards-here"
     empty.mkdir()
     args = ["train", "--federation", str(federation), "--shards", str(empty), "--algorithm", "codasca", "-p", "T0=4",
@@ -131,7 +131,7 @@ def test_sigkill_of_start_sites_process_group_ends_its_client_and_job(consortium
 
 
 def test_a_second_start_site_refuses_and_one_stopped_mid_training_leaves_named_at_once(
-        consortium, melanoma_shards, tmp_path, monkeypatch, trainings):
+        consortium, melanoma_shards, tmp_path, monkeypatch, trainings, new_mlflow_store):
     root, federation = melanoma_shards
     kit = consortium.kits.sites["new-york"]
     first = _start_site(consortium, melanoma_shards, "new-york")
@@ -142,7 +142,7 @@ def test_a_second_start_site_refuses_and_one_stopped_mid_training_leaves_named_a
                                       f"{first.pid}` or `systemctl stop fedauc-site`) before starting it again")
     assert (kit / "local" / "fedauc-site.pid").stat().st_mode & 0o077 == 0
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_mlflow_store(tmp_path / "mlruns.db"))
     empty = tmp_path / "no-shards-here"
     empty.mkdir()
     thread, outcome = trainings(["train", "--federation", str(federation), "--shards", str(empty), "--algorithm",

@@ -33,16 +33,15 @@ def walkthrough() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
 
 
-def _env(tmp_path):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}",
+def _env(tmp_path, store):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": store,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("FEDAUC_SHARDS", None)
     return env
 
 
 @pytest.mark.slow
-def test_the_readme_walkthrough_runs_as_written(tmp_path):
+def test_the_readme_walkthrough_runs_as_written(tmp_path, new_mlflow_store):
     commands = walkthrough()
     assert [c[:2] for c in commands] == [["fedauc", "sites"], ["fedauc", "sites"], ["fedauc", "sites"],
                                          ["fedauc", "preprocess"], ["fedauc", "federation"], ["fedauc", "train"]]
@@ -50,10 +49,10 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
     data_root = str(tmp_path / "data" / "CheXpert-v1.0-small")
     work = tmp_path / "checkout"
     work.mkdir()
-    outputs = []
+    outputs, env = [], _env(tmp_path, new_mlflow_store(tmp_path / "mlruns.db"))
     for command in commands:
         args = [data_root if arg == README_ROOT else arg for arg in command[1:]]
-        result = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=work, env=_env(tmp_path),
+        result = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=work, env=env,
                                 capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, f"{shlex.join(command)}:\n{result.stdout}\n{result.stderr}"
         outputs.append(result.stdout)

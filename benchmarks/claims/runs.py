@@ -220,15 +220,27 @@ class Runner:
         specs = self.missing(calls)
         if self.cached_only or not specs:
             return
+        if jobs == 1:  # one at a time needs no process of its own (starting one imports torch again)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # as a worker trains
+            try:
+                for spec in specs.values():
+                    self._report(self._store(train_record(self.pool, self.setting, spec)))
+            finally:
+                torch.set_num_threads(threads)
+            return
         if self.pool.cache is None:
             raise ValueError("run_many's processes read the pool from its file: build it with build_pool")
         context = multiprocessing.get_context("spawn")  # fork after torch has started threads can deadlock
         with ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker, initargs=(self.pool.cache,)) as ex:
             running = [ex.submit(train_in_worker, train_record, self.setting, spec) for spec in specs.values()]
             for done in as_completed(running):
-                record = self._store(done.result())
-                print(f"  {record['algorithm']} lr {record['lr']} seed {record['seed']}: AUC {record['auc']:.3f} "
-                      f"({record['seconds']:.0f} s)", flush=True)
+                self._report(self._store(done.result()))
+
+    @staticmethod
+    def _report(record: dict) -> None:
+        print(f"  {record['algorithm']} lr {record['lr']} seed {record['seed']}: AUC {record['auc']:.3f} "
+              f"({record['seconds']:.0f} s)", flush=True)
 
     def missing(self, calls: list[tuple[tuple, dict]]) -> dict[str, dict]:
         """key -> spec of the runs ``calls`` (``spec``'s arguments: (args, kwargs)) not stored yet, once each."""
