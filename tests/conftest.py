@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from stores import _migrated_store, migrated_mlflow_schema, new_mlflow_store  # noqa: F401 (tests/stores.py)
 
 from pipelines.prefect_env import PROJECT_ROOT, prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
+
+pytest_plugins = ["repeated_costs"]  # migrated MLflow stores and Prefect databases, flow runs without waits
 
 # Settings that would send a test's flow runs, models or shards to a real server or folder of the user's.
 _USER_VARIABLES = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "MLFLOW_REGISTRY_URI",
@@ -29,6 +30,10 @@ def pytest_configure(config):
     for name in _USER_VARIABLES:
         os.environ.pop(name, None)
     os.environ["PREFECT_HOME"] = os.path.join(state, "prefect")
+    if not hasattr(config, "workerinput"):  # the first process: its xdist workers, started after this, inherit it
+        from repeated_costs import start_migrated_prefect_db
+
+        start_migrated_prefect_db(state)
     # The product's Prefect defaults (logging at WARNING among them) whatever module imports Prefect first: a
     # test module that imports a flow module before configure_prefect_env() left Prefect at INFO, and its
     # "Stopping temporary server" line at exit went to the captured stderr pytest had closed by then, a
@@ -241,9 +246,12 @@ def generic_csv_site_yaml(name, root):
 def _start_prefect(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
     """``prefect server start`` with its own home and database on a free port, ``settings`` in its environment;
     the process and its API URL, once it answers."""
+    from repeated_costs import seed_prefect_home
+
     from pipelines.servers import free_port, start_server
 
     port = free_port()
+    seed_prefect_home(home)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", **settings}
     env.pop("PREFECT_API_URL", None)

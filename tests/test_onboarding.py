@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import write_generic_csv_site
+from repeated_costs import seed_prefect_home
 
 from common.errors import ConfigError
 from pipelines.onboarding import add_site, shards_root, site_template
@@ -50,6 +51,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path, new_mlflow_store):
     work = tmp_path / "checkout"
     work.mkdir()
     outputs, env = [], _env(tmp_path, new_mlflow_store(tmp_path / "mlruns.db"))
+    seed_prefect_home(tmp_path / "prefect")
     for command in commands:
         args = [data_root if arg == README_ROOT else arg for arg in command[1:]]
         result = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=work, env=env,
