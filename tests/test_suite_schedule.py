@@ -60,10 +60,14 @@ def make_test_options() -> list[str]:
     return shlex.split(re.search(r"-m pytest (.*)", recipe).group(1))
 
 
+CONFTEST = ("conftest.py", "repeated_costs.py")  # the suite's conftest and the plugin it takes
+
+
 def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_every_module_whole(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
-    shutil.copy(PROJECT_ROOT / "tests" / "conftest.py", suite / "conftest.py")
+    for conftest in CONFTEST:
+        shutil.copy(PROJECT_ROOT / "tests" / conftest, suite / conftest)
     (suite / "record.py").write_text(RECORD)
     # The two consortium modules have the most tests: xdist's loadfile would hand them to the two workers first.
     consortia = {"test_poc_one", "test_poc_two"}
@@ -103,6 +107,7 @@ def test_a_module_taking_the_consortium_slot_without_naming_it_is_refused_with_t
     conftest = (PROJECT_ROOT / "tests" / "conftest.py").read_text()
     (tmp_path / "conftest.py").write_text(
         f"{conftest}\n\n@pytest.fixture(scope='module')\ndef consortium({CONSORTIUM_FIXTURE}):\n    yield\n")
+    shutil.copy(PROJECT_ROOT / "tests" / CONFTEST[1], tmp_path / CONFTEST[1])
     (tmp_path / "test_indirect.py").write_text("def test_trains(consortium):\n    pass\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ,
