@@ -64,8 +64,19 @@ def seed_prefect_home(home: Path) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def migrated_prefect_home():
-    """The worker's own Prefect home, seeded before its first flow starts Prefect's server there."""
-    seed_prefect_home(Path(os.environ["PREFECT_HOME"]))
+    """The worker's own Prefect home, seeded when Prefect first starts its temporary server there (a module
+    that runs no flow waits for no migration)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    start = SubprocessASGIServer.start
+
+    def seeded_start(server, *args, **kwargs):
+        seed_prefect_home(Path(os.environ["PREFECT_HOME"]))
+        return start(server, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SubprocessASGIServer, "start", seeded_start)
+        yield
 
 
 @pytest.fixture(scope="session")
