@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -50,6 +51,8 @@ class Accountant:
         history = [(m.noise_multiplier, m.sample_rate, m.steps) for m in mechanisms if m.steps > 0]
         if not history:
             return 0.0
+        if self.name == "rdp":
+            return _rdp_epsilon(history, delta)
         acc = self._opacus()
         acc.history = history
         return float(acc.get_epsilon(delta))
@@ -60,6 +63,28 @@ class Accountant:
 
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
                                           steps=steps, accountant=self.name))
+
+
+def _rdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
+    """Opacus's ``RDPAccountant.get_epsilon`` of ``history``, the same sum of the same arrays: RDP composes by
+    adding (Mironov 2017, Proposition 1), so ``steps`` applications are ``steps`` times one application's RDP,
+    which is computed once per (sigma, q). Each is a series per fractional order, about 0.1 s; a ledger is
+    composed at every admission, with the same few mechanisms again and again."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    rdp = sum([_one_step_rdp(sigma, q) * steps for sigma, q, steps in history])
+    return float(get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)[0])
+
+
+@lru_cache(maxsize=1024)
+def _one_step_rdp(noise_multiplier: float, sample_rate: float):
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    rdp = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+    rdp.flags.writeable = False  # shared by every later call
+    return rdp
 
 
 RDP = Accountant("rdp")

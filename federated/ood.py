@@ -86,7 +86,7 @@ class Gaussian:
         for k, (mean, precision) in enumerate(zip(self.mean, self.precision)):
             centred = features - mean
             for part in member_slices(self.blocks):
-                square = np.einsum("nd,de,ne->n", centred[:, part], precision[part, part], centred[:, part])
+                square = quadratic_form(centred[:, part], precision[part, part])
                 out[:, k] = np.maximum(out[:, k], np.sqrt(np.maximum(square, 0.0) / (part.stop - part.start)))
         return out
 
@@ -103,6 +103,12 @@ class Gaussian:
         mean, precision = np.asarray(arrays["mean"]), np.asarray(arrays["precision"])
         return cls(mean.reshape(-1, mean.shape[-1]), precision.reshape(-1, *precision.shape[-2:]),
                    tuple(int(b) for b in np.asarray(arrays["blocks"])))
+
+
+def quadratic_form(centred: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """(N,): each row's x^T P x. Through a matrix product: ``einsum("nd,de,ne->n")`` runs as one loop without
+    BLAS, 20 times slower at d = 3,072 (a linear network's penultimate member on 32 px colour images)."""
+    return np.einsum("ne,ne->n", centred @ precision, centred)
 
 
 def member_slices(blocks) -> list[slice]:

@@ -3,10 +3,11 @@ and the registry is what a site's budget and a training's DP settings choose fro
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
-from common.accounting import ACCOUNTANTS, MECHANISMS
+from common.accounting import ACCOUNTANTS, MECHANISMS, SubsampledGaussian
 from common.privacy_budget import PrivacyBudget
 from federated.privacy.policy import DPConfig
 from preprocessing.sites import SiteConfigError, load_site
@@ -27,6 +28,21 @@ def test_every_registered_accountant_keeps_the_contract(name, mechanism):
     assert accountant.epsilon([mechanism(1.0, 0.01, 50)] * 2, DELTA) == pytest.approx(spent, rel=1e-3)
     sigma = accountant.noise_multiplier(2.0, DELTA, 0.01, 100)
     assert 1.9 < accountant.epsilon([mechanism(sigma, 0.01, 100)], DELTA) <= 2.0 + 1e-6  # the target, not over it
+
+
+def test_rdp_composes_a_ledger_as_opacus_accountant_does():
+    """The RDP accountant computes one step's RDP once per (sigma, q) and scales it: every ledger's epsilon is
+    still the one Opacus's own accountant gives for the same history."""
+    from opacus.accountants import RDPAccountant
+
+    rng = np.random.default_rng(7)
+    for _ in range(12):
+        history = [(float(rng.choice([0.6, 1.0, 2.5])), float(rng.choice([0.01, 0.242, 1.0])), int(rng.integers(1, 300)))
+                   for _ in range(int(rng.integers(1, 5)))]
+        opacus = RDPAccountant()
+        opacus.history = list(history)
+        composed = ACCOUNTANTS["rdp"].epsilon([SubsampledGaussian(*entry) for entry in history], DELTA)
+        assert composed == pytest.approx(float(opacus.get_epsilon(DELTA)), rel=1e-12), history
 
 
 @pytest.mark.parametrize("name", list(ACCOUNTANTS))

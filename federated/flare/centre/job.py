@@ -90,6 +90,10 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
 # fails the job. Under the simulator every site's process starts on this machine at once, each with about
 # SITE_START_CPU_S of imports (torch, NVIDIA FLARE, fedauc) before it answers: 64 sites took 90 s on 2 cores.
 SYNC_S = 60.0
+# How soon a site with no task asks the server again (NVIDIA FLARE's default: 2 s). A fedauc job's sites are
+# idle only between the sync and setup tasks (the rounds are calls, not polled tasks), where a 2 s wait sat on
+# every job's start; three sites asking twice a second cost the server nothing.
+TASK_POLL_S = 0.5
 SITE_START_CPU_S = 3.0
 
 
@@ -107,6 +111,7 @@ def recipe(job: FlareJob, name: str, server_files: Sequence[Path] = (), sync_s: 
                         server=SERVER_MODULE, client=SITE_MODULE, min_clients=len(job.sites),
                         sync_task_timeout=sync_s)
     r.set_server_prop(JOB_PROP, job.model_dump())
+    r.add_server_config({"server": {"task_request_interval": TASK_POLL_S}})
     for path in server_files:
         # The recipe's own add_server_file puts files in custom/, the code folder; the job's FedJob can put
         # them in config/. (Large values in the job's JSON instead make NVFlare's secret scan take minutes.)
@@ -209,7 +214,10 @@ _MONITOR_POLL_S = 1.0
 def _logged_sessions(exec_env, log: Path):
     """``exec_env``'s (NVFlare's ``ProdEnv``) admin sessions, with the lines NVFlare's own session manager
     prints on stdout (the job's id and meta, a dot per poll) written to ``log`` instead: this process's stdout
-    is fedauc's, and other threads print on it meanwhile."""
+    is fedauc's, and other threads print on it meanwhile. The submitting thread's calls (submit, wait and
+    download, status) share one session, which ``close()`` ends: NVIDIA FLARE's session manager logs in for
+    each, and every login costs its admin client a second's wait and both ends a TLS handshake and a signature
+    check. An abort comes from the live feed's thread, in a session of its own."""
     from nvflare.fuel.flare_api.api_spec import MonitorReturnCode
     from nvflare.fuel.utils.job_secret_scanner import warn_on_potential_secrets_in_job_dir
     from nvflare.recipe.session_mgr import SessionManager
@@ -219,20 +227,31 @@ def _logged_sessions(exec_env, log: Path):
             out.write(line + "\n")
 
     class LoggedSessions(SessionManager):
+        open_session = None
+
         def _get_session(self):
             return quiet_session(exec_env.username, exec_env.startup_kit_location, exec_env.login_timeout, note)
+
+        def _shared(self):
+            if self.open_session is None:
+                self.open_session = self._get_session()
+            return self.open_session
+
+        def close(self) -> None:
+            if self.open_session is not None:
+                self.open_session, session = None, self.open_session
+                session.close()
 
         def submit_job(self, job) -> str:
             with tempfile.TemporaryDirectory() as exported:
                 job.export_job(exported)
                 warn_on_potential_secrets_in_job_dir(exported, job_name=job.name)
-                session = self._get_session()
-                try:
-                    job_id = session.submit_job(str(Path(exported) / job.name))
-                finally:
-                    session.close()
+                job_id = self._shared().submit_job(str(Path(exported) / job.name))
             note(f"submitted job {job.name!r} with id {job_id}")
             return job_id
+
+        def get_job_status(self, job_id: str) -> str | None:
+            return self._shared().get_job_status(job_id)
 
         def abort_job(self, job_id: str) -> None:
             session = self._get_session()
@@ -242,19 +261,16 @@ def _logged_sessions(exec_env, log: Path):
                 session.close()
 
         def get_job_result(self, job_id: str, timeout: float = 0.0) -> str | None:
-            session = self._get_session()
-            try:
-                # A look a second (NVIDIA FLARE's default is two): one small admin command over the open
-                # session, and the result comes back as soon as the job ends.
-                returned = session.monitor_job(job_id, timeout=timeout, poll_interval=_MONITOR_POLL_S)
-                note(f"job {job_id}: monitor returned {returned}")
-                if returned == MonitorReturnCode.JOB_FINISHED:
-                    return session.download_job_result(job_id)
-                if returned in (MonitorReturnCode.TIMEOUT, MonitorReturnCode.ENDED_BY_CB):
-                    return None
-                raise RuntimeError(f"NVFlare's job monitor returned {returned}")
-            finally:
-                session.close()
+            session = self._shared()
+            # A look a second (NVIDIA FLARE's default is two): one small admin command over the open
+            # session, and the result comes back as soon as the job ends.
+            returned = session.monitor_job(job_id, timeout=timeout, poll_interval=_MONITOR_POLL_S)
+            note(f"job {job_id}: monitor returned {returned}")
+            if returned == MonitorReturnCode.JOB_FINISHED:
+                return session.download_job_result(job_id)
+            if returned in (MonitorReturnCode.TIMEOUT, MonitorReturnCode.ENDED_BY_CB):
+                return None
+            raise RuntimeError(f"NVFlare's job monitor returned {returned}")
 
     return LoggedSessions({})
 
@@ -269,22 +285,25 @@ def submit_to_consortium(job: FlareJob, exec_env, log: Path, name: str, server_f
     r = recipe(job, name, server_files)
     log.parent.mkdir(parents=True, exist_ok=True)
     feed = feed or LiveFeed()
-    exec_env._session_manager = _logged_sessions(exec_env, log)
+    sessions = exec_env._session_manager = _logged_sessions(exec_env, log)
     try:
-        run = r.run(exec_env)
-    except (RuntimeError, ValueError, ConnectionError) as err:
-        raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
-                             fix="check the admin kit and that the consortium's server runs") from None
-    job_id = run.get_job_id()
+        try:
+            run = r.run(exec_env)
+        except (RuntimeError, ValueError, ConnectionError) as err:
+            raise FlareJobFailed(f"could not submit the job to the consortium: {err}",
+                                 fix="check the admin kit and that the consortium's server runs") from None
+        job_id = run.get_job_id()
 
-    def stop(reason: str, site: str | None) -> None:  # the job cannot finish: say so now, end it
-        print(f"the NVFlare job {job_id} stops: {reason}", file=sys.stderr, flush=True)
-        exec_env.abort_job(job_id)
+        def stop(reason: str, site: str | None) -> None:  # the job cannot finish: say so now, end it
+            print(f"the NVFlare job {job_id} stops: {reason}", file=sys.stderr, flush=True)
+            exec_env.abort_job(job_id)
 
-    feed.on_failure = stop
-    with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
-        folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
-        status = run.get_status()
+        feed.on_failure = stop
+        with feed.reading(admin_reader(Path(exec_env.startup_kit_location), exec_env.username, job_id)):
+            folder = run.get_result(timeout=job_timeout_s + _RESULT_MARGIN_S)
+            status = run.get_status()
+    finally:
+        sessions.close()
     if feed.failure is not None:
         reason, site = feed.failure
         raise FlareJobFailed(f"the NVFlare job {job_id} failed: {reason}", site=site,
