@@ -33,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 import torch
 from torch import nn
 
@@ -84,8 +83,7 @@ def split_sides(fitted: Gaussian, features: np.ndarray) -> np.ndarray:
     first = member_slices(fitted.blocks)[0]
     side = np.zeros(len(features), dtype=np.int64)
     for k, (mean, precision) in enumerate(zip(fitted.mean, fitted.precision)):
-        # The precision's smallest eigenvector: the direction of largest variance. Only that pair is computed.
-        direction = scipy.linalg.eigh(precision[first, first], subset_by_index=[0, 0], driver="evr")[1][:, 0]
+        direction = np.linalg.eigh(precision[first, first])[1][:, 0]  # the precision's smallest: largest variance
         direction = direction * np.sign(direction[np.argmax(np.abs(direction))])
         rows = nearest == k
         side[rows] = (features[rows][:, first] - mean[first]) @ direction > 0

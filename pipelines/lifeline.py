@@ -53,7 +53,11 @@ def guard(parent: int) -> None:
         death = None
     known: dict[int, psutil.Process] = {}
     while alive(watched):
-        known = {member.pid: member for member in alive([*known.values(), *descendants([parent], exclude=me)])}
+        # descendants() checks what it finds; of the rest, only what has left the tree (a child whose parent
+        # ended) is checked again: every check reads /proc, twice a second, for as long as the parent lives.
+        found = {member.pid: member for member in descendants([parent], exclude=me)}
+        known = {**{member.pid: member for member in alive(m for pid, m in known.items() if pid not in found)},
+                 **found}
         if death is not None:
             select.select([death], [], [], _POLL_S)
         else:

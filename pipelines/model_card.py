@@ -255,7 +255,10 @@ def forest_png(rows: list, diseases: list[str], metrics: dict, title: str) -> by
 
 def render(task: str, version: str) -> tuple[str, str, bytes | None]:
     """The card as (Markdown, HTML, forest plot PNG or None when there is nothing to plot)."""
-    src = gather(task, version)
+    return _render(gather(task, version), task, version)
+
+
+def _render(src: Sources, task: str, version: str) -> tuple[str, str, bytes | None]:
     blocks, rows = compose(src)
     png = None
     if rows:
@@ -272,7 +275,7 @@ def write_card(task: str, version: str) -> str | None:
     run's id (None where the run is gone: the description alone is rewritten)."""
     client = MlflowClient()
     src = gather(task, version)
-    markdown, page, png = render(task, version)
+    markdown, page, png = _render(src, task, version)
     training = src.training
     links = []
     if training is not None:

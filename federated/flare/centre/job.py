@@ -90,11 +90,11 @@ def flare_job(config: TrainConfig, task: str, diseases: tuple[str, ...], job_tim
 # fails the job. Under the simulator every site's process starts on this machine at once, each with about
 # SITE_START_CPU_S of imports (torch, NVIDIA FLARE, fedauc) before it answers: 64 sites took 90 s on 2 cores.
 SYNC_S = 60.0
+SITE_START_CPU_S = 3.0
 # How soon a site with no task asks the server again (NVIDIA FLARE's default: 2 s). A fedauc job's sites are
 # idle only between the sync and setup tasks (the rounds are calls, not polled tasks), where a 2 s wait sat on
 # every job's start; three sites asking twice a second cost the server nothing.
 TASK_POLL_S = 0.5
-SITE_START_CPU_S = 3.0
 
 
 def simulated_sync_s(sites: int) -> float:
