@@ -49,10 +49,9 @@ class Accountant:
     def epsilon(self, mechanisms: Iterable[SubsampledGaussian], delta: float) -> float:
         """The epsilon at ``delta`` of ``mechanisms`` composed (0 for none)."""
         history = [(m.noise_multiplier, m.sample_rate, m.steps) for m in mechanisms if m.steps > 0]
-        if not history:
-            return 0.0
-        if self.name == "rdp":
-            return _rdp_epsilon(history, delta)
+        return self._composed(history, delta) if history else 0.0
+
+    def _composed(self, history: list[tuple[float, float, int]], delta: float) -> float:
         acc = self._opacus()
         acc.history = history
         return float(acc.get_epsilon(delta))
@@ -65,16 +64,19 @@ class Accountant:
                                           steps=steps, accountant=self.name))
 
 
-def _rdp_epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
-    """Opacus's ``RDPAccountant.get_epsilon`` of ``history``, the same sum of the same arrays: RDP composes by
-    adding (Mironov 2017, Proposition 1), so ``steps`` applications are ``steps`` times one application's RDP,
-    which is computed once per (sigma, q). Each is a series per fractional order, about 0.1 s; a ledger is
-    composed at every admission, with the same few mechanisms again and again."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis.rdp import get_privacy_spent
+@dataclass(frozen=True)
+class _CachedRdp(Accountant):
+    """Opacus's RDP accountant, the same sum of the same arrays: RDP composes by adding (Mironov 2017,
+    Proposition 1), so ``steps`` applications are ``steps`` times one application's RDP, which is computed once
+    per (sigma, q). Each is a series per fractional order, about 0.1 s; a ledger is composed at every admission,
+    with the same few mechanisms again and again."""
 
-    rdp = sum([_one_step_rdp(sigma, q) * steps for sigma, q, steps in history])
-    return float(get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)[0])
+    def _composed(self, history: list[tuple[float, float, int]], delta: float) -> float:
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis.rdp import get_privacy_spent
+
+        rdp = sum([_one_step_rdp(sigma, q) * steps for sigma, q, steps in history])
+        return float(get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)[0])
 
 
 @lru_cache(maxsize=1024)
@@ -87,7 +89,7 @@ def _one_step_rdp(noise_multiplier: float, sample_rate: float):
     return rdp
 
 
-RDP = Accountant("rdp")
+RDP = _CachedRdp("rdp")
 PRV = Accountant("prv")
 ACCOUNTANTS: dict[str, Accountant] = {}
 MECHANISMS: dict[str, type] = {"subsampled-gaussian": SubsampledGaussian}

@@ -183,17 +183,19 @@ def score_new_studies(task_name: str) -> str:
         shown[disease] = [f"{_probability(calibrated, p)} {'+' if d == 'True' else '-'}" if status == "scored" else ""
                           for p, calibrated, d, status in zip(table[f"p_{disease}"], table[f"calibrated_{disease}"],
                                                               table[disease].astype(str), table["status"])]
-    return (f"Model {scorer.name} v{scorer.version}: calibrated probabilities (raw scores in the p_ columns), "
-            "decisions (+/-) at the Youden point, both from the pooled validation histograms; all columns in "
-            f"{out.relative_to(fedauc_home())}.\n\n" + markdown_table(shown))
+    return (f"Model {scorer.name} v{scorer.version}: calibrated probabilities (raw scores in the p_ columns; a raw "
+            "score, marked raw, where the contract has no calibration), decisions (+/-) at the Youden point, both "
+            f"from the pooled validation histograms; all columns in {out.relative_to(fedauc_home())}.\n\n"
+            + markdown_table(shown))
 
 
 def _probability(calibrated, raw) -> str:
-    """The calibrated probability where the contract has one, else the raw score: an AUC-trained network's raw
-    scores at a rare disease's prevalence sit near 0 (the melanoma champion's new studies: 0.00006 to 0.002),
-    which two decimals would show as 0.00 for every study."""
-    value = float(calibrated) if str(calibrated) not in ("", "nan") else float(raw)
-    return f"{value:.3f}"
+    """The calibrated probability where the contract has one, else the raw score, said to be one: an AUC-trained
+    network's raw scores at a rare disease's prevalence sit near 0 (the melanoma champion's new studies: 0.00006
+    to 0.002), which two decimals showed as 0.00 for every study, and they are not probabilities."""
+    if str(calibrated) in ("", "nan"):
+        return f"raw {float(raw):.3f}"
+    return f"{float(calibrated):.3f}"
 
 
 @flow(name="demo", flow_run_name="demo scale {scale}", task_runner=ProcessPoolTaskRunner(max_workers=PROCESSES, initializer=_one_thread))

@@ -16,7 +16,7 @@ configure_prefect_env()  # before pipelines.demo imports Prefect, which reads it
 
 from federated.algorithms.fedavg import FedAvg  # noqa: E402
 from federated.registry import get_algorithm  # noqa: E402
-from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA  # noqa: E402
+from pipelines.demo import CHEST, DEMO_TRAININGS, MELANOMA, _probability  # noqa: E402
 from pipelines.schedule import Job, Stopwatch, profile_markdown, run_schedule  # noqa: E402
 from preprocessing.federation import load_federation  # noqa: E402
 from preprocessing.scan import scan_site  # noqa: E402
@@ -142,3 +142,10 @@ def test_prefect_logs_at_the_products_level():
     import logging
 
     assert logging.getLogger("prefect").getEffectiveLevel() == logging.WARNING
+
+
+def test_the_new_studies_table_shows_a_raw_score_as_one():
+    """The calibrated probability to three decimals (the melanoma champion's raw scores all read 0.00 at two); where
+    a contract has no calibration (an empty or NaN column), the raw score, never shown as a probability."""
+    assert _probability(0.0042, 5.7e-05) == "0.004"
+    assert _probability("", 0.11300522) == "raw 0.113" and _probability(float("nan"), 0.11300522) == "raw 0.113"

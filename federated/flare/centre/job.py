@@ -238,8 +238,8 @@ def _logged_sessions(exec_env, log: Path):
             return self.open_session
 
         def close(self) -> None:
-            if self.open_session is not None:
-                self.open_session, session = None, self.open_session
+            session, self.open_session = self.open_session, None
+            if session is not None:
                 session.close()
 
         def submit_job(self, job) -> str:
