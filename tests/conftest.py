@@ -261,6 +261,14 @@ def _start_prefect(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
     return process, f"http://127.0.0.1:{port}/api"
 
 
+# The services of a Prefect server that no test here relies on, each writing to the server's SQLite database on
+# a loop of its own: under CI's load their writes queued behind each other's locks (`database is locked` in the
+# log of a server that answered nothing for minutes, three scheduled runs never started). The scheduler, the
+# event persister and the task run recorder stay.
+QUIET_PREFECT_SERVICES = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
+    "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS")}
+
+
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """A Prefect server of its own (home, database, port), its scheduler looping every second; PREFECT_API_URL
@@ -271,7 +279,9 @@ def prefect_server(tmp_path_factory):
     from pipelines.servers import stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
-    process, api = _start_prefect(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1")
+    process, api = _start_prefect(home, **QUIET_PREFECT_SERVICES, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
+                                  PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
+                                  PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
     patch = pytest.MonkeyPatch()
     patch.setenv("PREFECT_API_URL", api)
     patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))

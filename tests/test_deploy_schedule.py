@@ -144,14 +144,16 @@ def workers(prefect_server, melanoma_shards, tmp_path_factory):
         onboarding = runs["onboarding"] = _schedule_onboarding(tmp_path_factory.mktemp("scheduled-onboarding"))
         worker = _worker(onboarding["folder"], "site-stanford", FEDAUC_SITES=str(onboarding["folder"]))
         stack.callback(stop_server, worker)
-        onboarding["awaited"] = Awaited(worker, partial(_wait_for_completed_run, onboarding["deployment"].id, log, 300))
+        onboarding["awaited"] = Awaited(worker, partial(_wait_for_completed_run, onboarding["deployment"].id, log,
+                                                             onboarding["folder"] / "worker.log", 300))
 
         training = runs["training"] = _start_training(tmp_path_factory.mktemp("consortium-training"),
                                                       melanoma_shards)
         worker = _worker(training["folder"], "fedauc-central", OMP_NUM_THREADS="1",
                          MLFLOW_TRACKING_URI=training["store"])
         stack.callback(stop_server, worker)
-        training["awaited"] = Awaited(worker, partial(_wait_for_final_state, training["flow_run"].id, 400))
+        training["awaited"] = Awaited(worker, partial(_wait_for_final_state, training["flow_run"].id, log,
+                                                          training["folder"] / "worker.log", 400))
 
         folder = tmp_path_factory.mktemp("pacs-scoring")
         try:
@@ -162,7 +164,8 @@ def workers(prefect_server, melanoma_shards, tmp_path_factory):
             scoring = runs["pacs"] = _schedule_pacs_scoring(folder, base)
             worker = _worker(folder, "site-hanoi", MLFLOW_TRACKING_URI=scoring["store"], HANOI_PACS_PASSWORD=PASSWORD)
             stack.callback(stop_server, worker)
-            scoring["awaited"] = Awaited(worker, partial(_wait_for_completed_run, scoring["deployment"].id, log, 300))
+            scoring["awaited"] = Awaited(worker, partial(_wait_for_completed_run, scoring["deployment"].id, log,
+                                                                    folder / "worker.log", 300))
         yield runs
         for run in runs.values():
             if "awaited" in run:
@@ -240,11 +243,7 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
     # The hospital's worker finds the site's YAML by its name (FEDAUC_SITES): no hospital path in what the
     # centre stores.
     run = _run_for(workers, "onboarding")
-    folder = run["folder"]
     completed = run["awaited"].result()
-    assert completed is not None, (
-        f"no completed scheduled run; server log:\n{prefect_server['log'].read_text()[-3000:]}\n"
-        f"worker log:\n{(folder / 'worker.log').read_text()[-3000:]}")
     assert completed.parameters == {"site": "stanford"}
     # Named from its own parameters, and its tasks from theirs, as a worker runs them (tests/test_run_names.py).
     assert completed.name == "onboard stanford"
@@ -253,31 +252,60 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
     assert "InvalidRequestError" not in prefect_server["log"].read_text()
 
 
-def _wait_for_completed_run(deployment_id, server_log, timeout_s):
-    deadline = time.monotonic() + timeout_s
+class _Polled:
+    """What a wait saw of the Prefect server, for its failure message: a server that stops answering makes every
+    wait of the module time out at once, and the runs' states alone would not say so."""
+
+    def __init__(self):
+        self.slowest_answer_s = 0.0
+        self.seen = "nothing yet"
+
+    def ask(self, read):
+        started = time.monotonic()
+        answer = read()
+        self.slowest_answer_s = max(self.slowest_answer_s, time.monotonic() - started)
+        return answer
+
+    def timed_out(self, what: str, timeout_s: float, logs: dict[str, Path]) -> AssertionError:
+        tails = "\n".join(f"{name} log:\n{_log_lines(path)}" for name, path in logs.items())
+        return AssertionError(f"{what} within {timeout_s:.0f} s; last seen: {self.seen}; the Prefect server's slowest "
+                              f"answer took {self.slowest_answer_s:.1f} s\n{tails}")
+
+
+def _log_lines(path: Path, lines: int = 40) -> str:
+    """A Prefect process's last log records (timestamped lines): its tracebacks at exit filled a plain tail."""
+    return "\n".join([line for line in path.read_text(errors="replace").splitlines()
+                      if line[:2].isdigit() and " | " in line][-lines:])
+
+
+def _wait_for_completed_run(deployment_id, server_log: Path, worker_log: Path, timeout_s: float):
+    deadline, polled = time.monotonic() + timeout_s, _Polled()
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             # SQLAlchemy 2.1 beside Prefect 3.8.8: the scheduler fails on every loop and never creates a run.
             assert "InvalidRequestError" not in server_log.read_text(errors="replace"), server_log.read_text()[-3000:]
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+            runs = polled.ask(partial(client.read_flow_runs, deployment_filter=DeploymentFilter(
+                id=DeploymentFilterId(any_=[deployment_id]))))
+            polled.seen = ", ".join(f"{r.state.name} since {r.state.timestamp:%H:%M:%S}" for r in runs if r.state) or "no run"
             done = [r for r in runs if r.state and r.state.is_completed()]
             if done:
                 return done[0]
             failed = [r for r in runs if r.state and r.state.is_final()]
             assert not failed, f"scheduled run ended {failed[0].state.type}: {failed[0].state.message}"
             time.sleep(2)
-    return None
+    raise polled.timed_out("no scheduled run completed", timeout_s, {"server": server_log, "worker": worker_log})
 
 
-def _wait_for_final_state(flow_run_id, timeout_s):
-    deadline = time.monotonic() + timeout_s
+def _wait_for_final_state(flow_run_id, server_log: Path, worker_log: Path, timeout_s: float):
+    deadline, polled = time.monotonic() + timeout_s, _Polled()
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            state = client.read_flow_run(flow_run_id).state
+            state = polled.ask(partial(client.read_flow_run, flow_run_id)).state
+            polled.seen = f"{state.name} since {state.timestamp:%H:%M:%S}" if state else "no state"
             if state is not None and state.is_final():
-                break
+                return state
             time.sleep(2)
-    return state
+    raise polled.timed_out("the run did not end", timeout_s, {"server": server_log, "worker": worker_log})
 
 
 def _start_training(folder: Path, melanoma_shards):
@@ -306,7 +334,7 @@ def test_a_consortium_training_deployment_triggered_by_hand_registers_a_model(wo
     assert declared["launcher"]["env"] == "prod" and declared["launcher"]["kit"].endswith("admin@fedauc.org")
     assert declared["config"]["timeout_s"] > 0 and deployment.schedules
     state = run["awaited"].result()
-    assert state is not None and state.is_completed(), (
+    assert state.is_completed(), (
         f"{state}\nworker log:\n{(folder / 'worker.log').read_text()[-4000:]}")
 
     from mlflow import MlflowClient
@@ -367,7 +395,6 @@ def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, worke
     deployment = run["deployment"]
     assert deployment.global_concurrency_limit.limit == 1  # one run at a time
     assert "PASSWORD" not in str(deployment.parameters).upper()
-    completed = run["awaited"].result()
-    assert completed is not None and completed.auto_scheduled, (run["folder"] / "worker.log").read_text()[-3000:]
+    assert run["awaited"].result().auto_scheduled
     assert DicomSrSink(pacs.Pacs(f"{run['base']}/dicom-web", (USER, PASSWORD))).latest(run["study"], "fedauc-chest-xray",
                                                                                           "1")
