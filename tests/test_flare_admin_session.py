@@ -1,7 +1,8 @@
 """The centre's admin sessions (federated/flare/centre/session.py) keep NVIDIA FLARE's own noise out of a
 command's output: its admin client's threads log their connection errors' tracebacks to the root logger, which a
 command with no logging set up prints on stderr (`fedauc consortium stop-server` once printed one after saying
-the server had stopped)."""
+the server had stopped), and its admin client and authenticator print some on stderr themselves.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ _SCRIPT = textwrap.dedent("""
         raise TypeError(f"expected a reply but got {type(None)}")
     except TypeError:
         secure_log_traceback()
+    # NVIDIA FLARE's login against a server halfway down: it answers with no payload.
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.apis.signal import Signal
+    from nvflare.fuel.f3.message import Message
+    from nvflare.private.fed.authenticator import Authenticator
+
+    class StoppingServer:
+        def send_request(self, **_):
+            return Message()
+
+    try:
+        Authenticator(StoppingServer(), "fedauc", "admin@centre.example", "admin", "server", False, None, None, None,
+                      msg_timeout=1, retry_interval=0.1, timeout=1).authenticate(FLContext(), Signal())
+    except Exception as err:
+        print("login refused:", err)
     import logging
     logging.getLogger("fedauc.flare").warning("fedauc's own warning")
     # Whoever logs at DEBUG still has it, under NVIDIA FLARE's name.
@@ -47,5 +63,8 @@ def test_nvflare_root_tracebacks_stay_out_of_stderr_once_a_session_is_opened(tmp
     before_debug = done.stderr.split("fedauc's own warning")[0]
     # Without a session NVIDIA FLARE's call prints, as it does: the test would see the leak.
     assert ("Traceback" in before_debug) == (mode == "without-session"), done.stderr
+    # NVIDIA FLARE's authenticator printed its own traceback before raising; the error itself is still raised.
+    assert ("expect payload to be dict" in before_debug) == (mode == "without-session"), done.stderr
+    assert "login refused: error:client_registration" in done.stdout
     kept = "nvflare.admin: Traceback" if mode == "with-session" else "root: Traceback"
     assert kept in done.stderr and "TypeError: a second reply lost" in done.stderr, done.stderr

@@ -6,11 +6,16 @@ job's log), or nowhere; the session object alone is changed, never ``sys.stdout`
 Its threads also log tracebacks of their own connection errors to the root logger (``secure_log_traceback()``
 with no logger), which a command with no logging set up prints on stderr: a stopping server's last replies
 did so after ``fedauc consortium stop-server`` had said it stopped. Those records, and only those, go to the
-``nvflare.admin`` logger at DEBUG instead: out of a command's output, still there for whoever logs at DEBUG."""
+``nvflare.admin`` logger at DEBUG instead: out of a command's output, still there for whoever logs at DEBUG.
+So do the tracebacks its admin client and authenticator print on stderr themselves (``traceback.print_exc()``)
+before they raise or report the same error: ``shutdown``'s poll logging in while the server went down printed
+one after `stop-server` had said the server stopped."""
 
 from __future__ import annotations
 
 import logging
+import traceback
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +26,7 @@ def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callab
     from nvflare.fuel.flare_api.flare_api import Session
 
     _drop_nvflare_root_tracebacks()
+    _nvflare_printed_tracebacks_to_debug()
     session = _quieted(Session(username=username, startup_path=str(kit), secure_mode=True), note)
     try:
         session.try_connect(timeout_s)
@@ -57,3 +63,16 @@ def _drop_nvflare_root_tracebacks() -> None:
     root = logging.getLogger()
     if not any(isinstance(f, _NvflareRootRecords) for f in root.filters):
         root.addFilter(_NvflareRootRecords())
+
+
+def _print_exc_to_debug(*_args, **_kwargs) -> None:
+    logging.getLogger("nvflare.admin").debug(traceback.format_exc())
+
+
+def _nvflare_printed_tracebacks_to_debug() -> None:
+    from nvflare.fuel.hci.client import api
+    from nvflare.private.fed import authenticator
+
+    quieted = types.SimpleNamespace(**{**vars(traceback), "print_exc": _print_exc_to_debug})
+    for module in (api, authenticator):
+        module.traceback = quieted
