@@ -16,14 +16,19 @@ def _bytes(tensor: torch.Tensor) -> int:
 
 
 def _fit(per_site: list[np.ndarray], blocks) -> ood.Gaussian:
-    """Steps 1-3 as the engine runs them, over an in-process transport that sums what each site sends."""
+    return _fit_and_sent(per_site, blocks)[0]
+
+
+def _fit_and_sent(per_site: list[np.ndarray], blocks) -> tuple[ood.Gaussian, list[int]]:
+    """Steps 1-3 as the engine runs them, over an in-process transport that sums what each site sends; and the
+    bytes each site sent for the mixture's steps."""
     transport = InProcessTransport(len(per_site))
     sums = [torch.from_numpy(ood.feature_sums(f, blocks)) for f in per_site]
     transport.mean_([[s] for s in sums], [1.0] * len(per_site))
     fitted, sent = ood_fit.fit_mixture(sums[0].numpy(), [f.astype(np.float32) for f in per_site], blocks, transport,
                                        torch.device("cpu"), _bytes)
     assert len(sent) == len(per_site)
-    return fitted
+    return fitted, sent
 
 
 def _sites(rng, n: int) -> dict[str, np.ndarray]:
@@ -68,7 +73,8 @@ def test_a_federation_too_small_for_two_components_keeps_one():
     rng = np.random.default_rng(1)
     blocks = (6,)
     per_site = [rng.normal(size=(10, 6)), rng.normal(size=(10, 6)) + 3]  # 20 images: under 2 x 6 per component
-    fitted = _fit(per_site, blocks)
+    fitted, sent = _fit_and_sent(per_site, blocks)
+    assert sent == [0, 0]  # no split tried: no site sends a component's sums
     single, _ = ood.gaussian(sum(ood.feature_sums(f, blocks) for f in per_site), blocks)
     assert fitted.mean.shape == (1, 6)
     np.testing.assert_allclose(fitted.precision, single.precision)
