@@ -111,6 +111,8 @@ class Engine:
         self.sites = [self._make_site(k, d, w, p) for k, d, w, p in
                       zip(transport.local_sites, self.datas, self.weights, local_priors)]
         privacy.attach(self.sites, self.privacy)
+        if config.ood_false_refusal > 0 and config.dp is None:
+            ood_fit.check_member_sizes(self.sites[0].model, self.sites)
         self.spec = {**model_state_spec(self.sites[0].model, config.bn_stats),
                      **self.algorithm.state_spec(self.sites[0])}
         for site in self.sites:

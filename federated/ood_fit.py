@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from federated.ood import (
     DISTANCE_BINS,
     TAIL_IMAGES,
@@ -215,6 +216,23 @@ def site_images_are_pictures(sites) -> bool:
     """Whether the federation's rows are images (uint8 (N, H, W[, 3])), not feature vectors: every site's shard
     has the same input shape, so every process decides alike."""
     return np.ndim(sites[0].data.train.images) >= 3 if sites else True
+
+
+# The largest member a site sums for the fit: its second moments are d x d float64 (8 d^2 bytes a site, sent at
+# every step) and the fit costs O(d^3). 8,192 values: 0.5 GB. The linear network's penultimate member is its input
+# itself: 150,528 values for a 224 px colour image, 181 GB, found only after the last round.
+MAX_MEMBER_DIM = 8192
+
+
+def check_member_sizes(model: nn.Module, sites) -> None:
+    """Refuse, before the first round, a refusal model the sites could not sum: one member over ``MAX_MEMBER_DIM``."""
+    too_large = {name: d for name, d in members(model, site_images_are_pictures(sites)).items() if d > MAX_MEMBER_DIM}
+    if too_large:
+        listed = ", ".join(f"{name}: {d:,} values" for name, d in too_large.items())
+        raise ConfigError(f"the out-of-distribution refusal model cannot be fitted for this network ({listed}; at most "
+                          f"{MAX_MEMBER_DIM:,}): its sums would be {8 * max(too_large.values()) ** 2 / 1e9:,.1f} GB a site",
+                          fix="train a network whose head sees learned features (small_resnet, densenet121), or train "
+                              "without a refusal model: --ood-false-refusal 0")
 
 
 def federated_statistics(model: nn.Module, sites, transport, device: torch.device, rate: float, source: str,

@@ -5,6 +5,7 @@ stated rate at every site (docs/algorithms.md section 15)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from federated import ood, ood_fit
@@ -103,3 +104,22 @@ def test_a_hospitals_refit_never_tightens_the_registered_threshold():
     wider = ood.distance_histogram(np.abs(rng.normal(1.2, 0.25, 40)))
     own, how = ood.site_threshold(wider, registered)
     assert own > threshold and how.startswith("the pooled threshold x 1.")
+
+
+def test_a_refusal_model_the_sites_could_not_sum_is_refused_before_the_first_round():
+    """The linear network's penultimate member is its input: 12,288 values for a 64 px colour image, whose second
+    moments (1.2 GB a site) were found too large only after the last round. Refused when the engine is built,
+    naming the member and the two ways out; without a refusal model the same training builds."""
+    from common.errors import ConfigError
+    from federated import SyntheticSite, TrainConfig
+    from federated.engine import Engine
+
+    sites = [SyntheticSite(n_train=16, shape=(3, 64, 64), num_classes=1, pos_rate=0.3, shift=k) for k in range(2)]
+    settings = dict(algorithm="fedavg", sites=sites, network="linear", rounds=1, local_steps=1, batch_size=8,
+                    progress=False, loader_workers=0)
+    with pytest.raises(ConfigError) as refused:
+        Engine(TrainConfig(**settings))
+    assert "penultimate: 12,288 values" in str(refused.value) and "--ood-false-refusal 0" in refused.value.fix
+    assert Engine(TrainConfig(**settings, ood_false_refusal=0)).sites
+    # Under differential privacy no refusal model is fitted: nothing to refuse either.
+    assert Engine(TrainConfig(**settings, dp={"noise_multiplier": 1.0, "max_grad_norm": 1.0})).sites
