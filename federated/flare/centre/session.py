@@ -27,6 +27,7 @@ def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callab
 
     _drop_nvflare_root_tracebacks()
     _nvflare_printed_tracebacks_to_debug()
+    _nvflare_config_from_the_kit(Path(kit))
     session = _quieted(Session(username=username, startup_path=str(kit), secure_mode=True), note)
     try:
         session.try_connect(timeout_s)
@@ -34,6 +35,19 @@ def quiet_session(username: str, kit: str | Path, timeout_s: float, note: Callab
         session.close()
         raise
     return session
+
+
+def _nvflare_config_from_the_kit(kit: Path) -> None:
+    """NVIDIA FLARE reads its communication settings (``comm_config.json``) from the kit's ``local`` and
+    ``startup`` folders, as its server and clients read theirs. Its admin client sets no such folders, and NVIDIA
+    FLARE then looked for the file in the working directory and every folder below it, once per config format:
+    about a second from this project's root, far longer from an operator's home or a network mount, and a
+    ``comm_config.json`` anywhere below the working directory set up the admin's connection."""
+    from nvflare.fuel.utils.config_service import ConfigService
+
+    folders = [str(kit / name) for name in ("local", "startup") if (kit / name).is_dir()]
+    if folders:
+        ConfigService.initialize(section_files={}, config_path=folders)
 
 
 def _quieted(session, note: Callable[[str], None] | None):
