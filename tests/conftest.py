@@ -22,6 +22,14 @@ _session_state: list[str] = []
 _session_tracking_uri: list[str] = []
 
 
+# The services of a Prefect server that no test here relies on, each writing to the server's SQLite database on
+# a loop of its own: under CI's load their writes queued behind each other's locks (`database is locked` in the
+# log of a server that answered nothing for minutes, three scheduled runs never started). The scheduler, the
+# event persister and the task run recorder stay.
+QUIET_PREFECT_SERVICES = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
+    "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS")}
+
+
 def pytest_configure(config):
     """Before any test module imports Prefect (which reads its settings at import): point Prefect's home
     and MLflow's store at a temporary folder for the whole session, in every xdist worker."""
@@ -40,6 +48,9 @@ def pytest_configure(config):
     # `--- Logging error ---` traceback per xdist worker at the end of `make test`.
     for name, value in prefect_env_defaults().items():
         os.environ.setdefault(name, value)
+    # Every Prefect server the tests' processes start (each worker's temporary one, those of the `fedauc` commands
+    # they run, the session's) without the services no test relies on: idle, each costs its server CPU all its life.
+    os.environ.update(QUIET_PREFECT_SERVICES)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.join(state, 'mlruns.db')}"
     _session_tracking_uri.append(os.environ["MLFLOW_TRACKING_URI"])
     # The sites' privacy ledgers (federated/privacy/ledger.py), never the user's; site processes inherit it.
@@ -261,14 +272,6 @@ def _start_prefect(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
     return process, f"http://127.0.0.1:{port}/api"
 
 
-# The services of a Prefect server that no test here relies on, each writing to the server's SQLite database on
-# a loop of its own: under CI's load their writes queued behind each other's locks (`database is locked` in the
-# log of a server that answered nothing for minutes, three scheduled runs never started). The scheduler, the
-# event persister and the task run recorder stay.
-QUIET_PREFECT_SERVICES = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
-    "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS")}
-
-
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """A Prefect server of its own (home, database, port), its scheduler looping every second; PREFECT_API_URL
@@ -279,7 +282,7 @@ def prefect_server(tmp_path_factory):
     from pipelines.servers import stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
-    process, api = _start_prefect(home, **QUIET_PREFECT_SERVICES, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
+    process, api = _start_prefect(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
                                   PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
                                   PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
     patch = pytest.MonkeyPatch()
