@@ -254,7 +254,7 @@ def generic_csv_site_yaml(name, root):
     }
 
 
-def _start_prefect(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
+def start_prefect_server(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
     """``prefect server start`` with its own home and database on a free port, ``settings`` in its environment;
     the process and its API URL, once it answers."""
     from repeated_costs import seed_prefect_home
@@ -282,7 +282,7 @@ def prefect_server(tmp_path_factory):
     from pipelines.servers import stop_server
 
     home = tmp_path_factory.mktemp("prefect-server")
-    process, api = _start_prefect(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
+    process, api = start_prefect_server(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
                                   PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
                                   PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
     patch = pytest.MonkeyPatch()
@@ -300,7 +300,7 @@ def _session_prefect(tmp_path_factory):
     by the first of them."""
     from pipelines.servers import stop_server
 
-    process, api = _start_prefect(tmp_path_factory.mktemp("session-prefect"))
+    process, api = start_prefect_server(tmp_path_factory.mktemp("session-prefect"))
     yield api
     stop_server(process)
 

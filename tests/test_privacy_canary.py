@@ -5,9 +5,9 @@ A tiny generic-CSV federation whose patient ids and file names are marker string
 run of them is recognisable as pixels in any encoding) is onboarded and preprocessed by a "site" process
 (with a third site whose onboarding fails: the failure's state and logs reach the centre too), then trained,
 registered and evaluated by a "centre" process (in-process, and at the sites as an NVIDIA FLARE
-simulator job), both against one temporary MLflow SQLite store and one isolated Prefect home (a real
-ephemeral Prefect server). Then every file of the MLflow store and its artifacts, of the Prefect home
-(database, results, logs), of the FLARE job's server side (logs, the sites' returned summaries) and the
+simulator job), both against one temporary MLflow SQLite store and the centre's Prefect server (a real one,
+its home in the centre's folder). Then every file of the MLflow store and its artifacts, of the Prefect home
+(database and its write-ahead log, results, the server's log), of the FLARE job's server side (logs, the sites' returned summaries) and the
 centre's captured console output is scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
 runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
 rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
@@ -205,8 +205,8 @@ def run_flare(root: Path) -> None:
                           launcher={"kind": "flare", "env": "poc", "workspace": str(root / "flare")})
 
 
-def run_role(role: str, root: Path, centre: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(centre / "prefect"),
+def run_role(role: str, root: Path, centre: Path, prefect_api: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(centre / "prefect"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": f"sqlite:///{centre / 'mlruns.db'}", "PREFECT_LOGGING_LEVEL": "INFO",
            "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
@@ -228,14 +228,27 @@ def source_chunks(root: Path) -> list[bytes]:
 
 # --- the test ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def canary(tmp_path_factory):
+def centre_prefect(tmp_path_factory):
+    """The canary's folder and the centre's Prefect server (its home, database and log in the centre's folder),
+    which every role's flow runs report to, as a consortium's do: its API URL."""
+    from conftest import start_prefect_server
+
+    from pipelines.servers import stop_server
+
     root = tmp_path_factory.mktemp("canary")
+    process, api = start_prefect_server(root / "centre" / "prefect")
+    yield root, api
+    stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def canary(centre_prefect):
+    root, api = centre_prefect
     centre = root / "centre"
-    centre.mkdir()
     build_federation(root)
-    run_role("site", root, centre)
-    console = run_role("centre", root, centre)
-    run_role("hospital", root, centre)  # its console is the hospital's, not scanned as the centre's
+    run_role("site", root, centre, api)
+    console = run_role("centre", root, centre, api)
+    run_role("hospital", root, centre, api)  # its console is the hospital's, not scanned as the centre's
     (root / "centre-console.txt").write_text(console.stdout + console.stderr)
     return root
 
@@ -302,8 +315,8 @@ def test_no_subgroup_cell_below_the_threshold_reaches_the_centre(canary):
 
 
 @pytest.fixture(scope="module")
-def flare_canary(poc_slot, canary):
-    console = run_role("flare", canary, canary / "centre")
+def flare_canary(poc_slot, canary, centre_prefect):
+    console = run_role("flare", canary, canary / "centre", centre_prefect[1])
     (canary / "flare-console.txt").write_text(console.stdout + console.stderr)
     return canary
 
