@@ -14,7 +14,7 @@ from browser import WAIT_S, chromium, needs_chromium
 from mlflow import MlflowClient
 
 from federated.schema import CHAMPION_ALIAS, HEADLINE_METRIC, ROLE_TAG, TRAINING_ROLE, registered_model_name
-from pipelines.servers import free_port, start_server, stop_server, ui_servers
+from pipelines.servers import UI_LOG_LIMIT, free_port, start_server, stop_server, ui_servers
 from pipelines.ui_views import task_links
 
 pytest.importorskip("selenium.webdriver")
@@ -41,9 +41,10 @@ def trained(evaluable_melanoma):
 def mlflow_ui(trained, tmp_path_factory):
     """The MLflow server exactly as `fedauc ui` starts it, and the links it prints."""
     port = free_port()
-    server = ui_servers(port, free_port())["MLflow"]
-    command, url = server.command, server.url
-    server = start_server("MLflow UI", command, url, port, tmp_path_factory.mktemp("logs") / "mlflow-ui.log")
+    ui = ui_servers(port, free_port())["MLflow"]
+    url = ui.url
+    server = start_server("MLflow UI", ui.command, url, port, tmp_path_factory.mktemp("logs") / "mlflow-ui.log",
+                          env=ui.env, log_limit=UI_LOG_LIMIT)
     try:
         (links,) = [link for link in task_links(url, "http://127.0.0.1:4200") if link.task == TASK]
         yield url, links
