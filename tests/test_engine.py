@@ -295,8 +295,10 @@ def test_compile_network_trains_through_a_compiled_graph_and_keeps_the_state():
     from torch._dynamo.utils import counters
 
     # A network without len(): an `or` on torch.compile's wrapper raised for it.
-    config = {"algorithm": "codasca", "params": {}, "network": "small_resnet", "rounds": 1, "local_steps": 2,
-              "sites": _sites(K=2, shape=(1, 8, 8))}
+    # One residual stage: each stage's shapes are kernels of their own for g++ to compile on CPU (the default
+    # three stages cost 10 CPU s more on a cold cache, which CI always has).
+    config = {"algorithm": "codasca", "params": {}, "network": "small_resnet", "network_kwargs": {"widths": [4, 8]},
+              "rounds": 1, "local_steps": 2, "sites": _sites(K=2, shape=(1, 8, 8))}
     eager = federated.train(_cfg(**config))
     torch._dynamo.reset()
     counters.clear()
