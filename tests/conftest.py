@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from repeated_costs import start_prefect_server
 
 from pipelines.prefect_env import PROJECT_ROOT, prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
@@ -252,24 +253,6 @@ def generic_csv_site_yaml(name, root):
                     "patient_column": "mrn_hash", "view_column": "projection",
                     "label_columns": {"Cardiomegaly": "cardiomegaly", "Pleural Effusion": "effusion"}},
     }
-
-
-def start_prefect_server(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
-    """``prefect server start`` with its own home and database on a free port, ``settings`` in its environment;
-    the process and its API URL, once it answers."""
-    from repeated_costs import seed_prefect_home
-
-    from pipelines.servers import free_port, start_server
-
-    port = free_port()
-    seed_prefect_home(home)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", **settings}
-    env.pop("PREFECT_API_URL", None)
-    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
-                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
-                           port, home / "server.log", env=env, timeout_s=180)
-    return process, f"http://127.0.0.1:{port}/api"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ it migrated itself.
 Prefect's server migrates a new database (PREFECT_HOME/prefect.db) at its start: about 5 CPU s on a quiet core,
 for each worker's own home, each module's Prefect server and each `fedauc` command given a home of its own.
 pytest's first process runs those migrations once, in the background while the workers start
-(``start_migrated_prefect_db``); ``seed_prefect_home`` puts a copy in a new home before its server starts."""
+(``start_migrated_prefect_db``); ``seed_prefect_home`` puts a copy in a new home before its server starts, and
+``start_prefect_server`` starts a server of the tests' own on such a home."""
 
 from __future__ import annotations
 
@@ -60,6 +61,22 @@ def seed_prefect_home(home: Path) -> None:
     if migrated.exists():
         home.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(migrated, home / "prefect.db")
+
+
+def start_prefect_server(home: Path, **settings: str) -> tuple[subprocess.Popen, str]:
+    """``prefect server start`` with its own home and database on a free port, ``settings`` in its environment;
+    the process and its API URL, once it answers."""
+    from pipelines.servers import free_port, start_server
+
+    port = free_port()
+    seed_prefect_home(home)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", **settings}
+    env.pop("PREFECT_API_URL", None)
+    process = start_server("Prefect", [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host",
+                                       "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}/api/health",
+                           port, home / "server.log", env=env, timeout_s=180)
+    return process, f"http://127.0.0.1:{port}/api"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -231,7 +231,7 @@ def source_chunks(root: Path) -> list[bytes]:
 def centre_prefect(tmp_path_factory):
     """The canary's folder and the centre's Prefect server (its home, database and log in the centre's folder),
     which every role's flow runs report to, as a consortium's do: its API URL."""
-    from conftest import start_prefect_server
+    from repeated_costs import start_prefect_server
 
     from pipelines.servers import stop_server
 
