@@ -266,8 +266,8 @@ def prefect_server(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("prefect-server")
     process, api = start_prefect_server(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
-                                  PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
-                                  PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
+                                        PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
+                                        PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
     patch = pytest.MonkeyPatch()
     patch.setenv("PREFECT_API_URL", api)
     patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))

@@ -69,6 +69,7 @@ def start_prefect_server(home: Path, **settings: str) -> tuple[subprocess.Popen,
     from pipelines.servers import free_port, start_server
 
     port = free_port()
+    home.mkdir(parents=True, exist_ok=True)  # its log goes there even where no migrated database is copied
     seed_prefect_home(home)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", **settings}

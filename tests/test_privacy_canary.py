@@ -7,8 +7,8 @@ run of them is recognisable as pixels in any encoding) is onboarded and preproce
 registered and evaluated by a "centre" process (in-process, and at the sites as an NVIDIA FLARE
 simulator job), both against one temporary MLflow SQLite store and the centre's Prefect server (a real one,
 its home in the centre's folder). Then every file of the MLflow store and its artifacts, of the Prefect home
-(database and its write-ahead log, results, the server's log), of the FLARE job's server side (logs, the sites' returned summaries) and the
-centre's captured console output is scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
+(database and its write-ahead log, results, the server's log), of the FLARE job's server side (logs, the sites'
+returned summaries) and the centre's captured console output is scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
 runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
 rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
 own output folder, where all of these must be found. The centre then trains once more over NVIDIA FLARE on
@@ -206,10 +206,10 @@ def run_flare(root: Path) -> None:
 
 
 def run_role(role: str, root: Path, centre: Path, prefect_api: str) -> subprocess.CompletedProcess:
+    # PREFECT_HOME: the results each role's flow runs persist go to the centre's folder too, and are scanned.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(centre / "prefect"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": f"sqlite:///{centre / 'mlruns.db'}", "PREFECT_LOGGING_LEVEL": "INFO",
-           "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+           "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true"}
     done = subprocess.run([sys.executable, __file__, role, str(root)], env=env, capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, f"{role} process failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
