@@ -110,9 +110,12 @@ def device_images(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     if images.dtype != torch.uint8:
         return images.to(device, dtype=torch.float32, non_blocking=True)
     x = images.to(device, non_blocking=True)
-    # (N, H, W) is single-channel, (N, H, W, 3) is RGB in channels-last order.
+    # (N, H, W) is single-channel, (N, H, W, 3) is RGB in channels-last order. The model's input is laid out
+    # channels first whatever the stored order (the engine alone chooses channels-last, on CUDA): torch 2.13's
+    # oneDNN on AVX2 CPUs corrupts the heap in the weight gradient of a 1x1 stride-2 convolution (small_resnet's
+    # shortcut) fed channels-last RGB, and the training dies of SIGABRT or SIGSEGV.
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    return x.float().div_(255.0)
+    return x.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
 
 
 def augment(x: torch.Tensor, flip: bool, max_shift: int) -> torch.Tensor:
