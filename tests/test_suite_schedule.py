@@ -63,12 +63,28 @@ def make_test_options() -> list[str]:
 CONFTEST = ("conftest.py", "repeated_costs.py")  # the suite's conftest and the plugin it takes
 
 
-def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_every_module_whole(tmp_path):
+def _small_suite(tmp_path):
+    """A folder ``suite`` under ``tmp_path`` with this suite's conftest and ``record.py``; pytest's ini file beside it."""
     suite = tmp_path / "suite"
     suite.mkdir()
     for conftest in CONFTEST:
         shutil.copy(PROJECT_ROOT / "tests" / conftest, suite / conftest)
     (suite / "record.py").write_text(RECORD)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    return suite
+
+
+def _make_test(tmp_path, record, timeout_s: float) -> subprocess.CompletedProcess:
+    """pytest with the Makefile's options on the small suite in ``tmp_path``."""
+    env = {**os.environ, "SCHEDULE_RECORD": str(record),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "pytest", *make_test_options(), "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "suite"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_every_module_whole(tmp_path):
+    suite = _small_suite(tmp_path)
     # The two consortium modules have the most tests: xdist's loadfile would hand them to the two workers first.
     consortia = {"test_poc_one", "test_poc_two"}
     for name in consortia:
@@ -76,13 +92,8 @@ def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_eve
     others = {f"test_other_{i}" for i in range(5)}
     for name in others:
         (suite / f"{name}.py").write_text(OTHER.format(n=3))
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     record = tmp_path / "record.txt"
-    env = {**os.environ, "SCHEDULE_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", *make_test_options(), "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "suite"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = _make_test(tmp_path, record, 600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "slowest 25 durations" in done.stdout
 
@@ -99,6 +110,22 @@ def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_eve
     assert set(order[consortium_worker][:2]) == consortia
     assert all(setups[module] == 1 for module in others)
     assert sum(what.startswith("test") for *_, what in lines) == 2 * 6 + 5 * 3
+
+
+def test_a_worker_that_dies_ends_make_test_at_once_naming_its_test(tmp_path):
+    """A native crash (here an abort, as the heap corruption of torch 2.13's oneDNN was) kills an xdist worker; the
+    run must end with the test named, not hang until CI's limit as xdist's replacement worker made it."""
+    suite = _small_suite(tmp_path)
+    (suite / "test_dies.py").write_text("import os\n\ndef test_aborts():\n    os.abort()\n")
+    for i in range(3):
+        (suite / f"test_other_{i}.py").write_text(OTHER.format(n=2))
+    try:
+        done = _make_test(tmp_path, tmp_path / "record.txt", 240)
+    except subprocess.TimeoutExpired as hung:
+        printed = (hung.stdout or b"").decode(errors="replace")
+        raise AssertionError(f"make test's pytest still ran 240 s after a worker died: {printed}") from None
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "crashed while running 'suite/test_dies.py::test_aborts'" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_module_taking_the_consortium_slot_without_naming_it_is_refused_with_the_fix(tmp_path):
