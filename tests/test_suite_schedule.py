@@ -112,11 +112,14 @@ def test_make_test_runs_the_consortium_modules_first_on_one_worker_and_keeps_eve
     assert sum(what.startswith("test") for *_, what in lines) == 2 * 6 + 5 * 3
 
 
+DYING = "test_dies.py"
+
+
 def test_a_worker_that_dies_ends_make_test_at_once_naming_its_test(tmp_path):
     """A native crash (here an abort, as the heap corruption of torch 2.13's oneDNN was) kills an xdist worker; the
     run must end with the test named, not hang until CI's limit as xdist's replacement worker made it."""
     suite = _small_suite(tmp_path)
-    (suite / "test_dies.py").write_text("import os\n\ndef test_aborts():\n    os.abort()\n")
+    (suite / DYING).write_text("import os\n\ndef test_aborts():\n    os.abort()\n")
     for i in range(3):
         (suite / f"test_other_{i}.py").write_text(OTHER.format(n=2))
     try:
@@ -125,7 +128,7 @@ def test_a_worker_that_dies_ends_make_test_at_once_naming_its_test(tmp_path):
         printed = (hung.stdout or b"").decode(errors="replace")
         raise AssertionError(f"make test's pytest still ran 240 s after a worker died: {printed}") from None
     assert done.returncode == 1, done.stdout[-3000:]
-    assert "crashed while running 'suite/test_dies.py::test_aborts'" in done.stdout, done.stdout[-3000:]
+    assert f"crashed while running 'suite/{DYING}::test_aborts'" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_module_taking_the_consortium_slot_without_naming_it_is_refused_with_the_fix(tmp_path):
