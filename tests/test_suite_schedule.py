@@ -2,7 +2,7 @@
 Makefile's own pytest options and this suite's conftest on a small suite of its own: the modules that start an
 NVIDIA FLARE consortium (their tests take the consortium slot) run one after another on one worker, before anything
 else there; every other module stays whole on one worker, its module fixture set up once; the slowest tests
-are printed."""
+are printed; a worker that dies ends the run, naming its test."""
 
 import os
 import re
