@@ -8,8 +8,8 @@ registered and evaluated by a "centre" process (in-process, and at the sites as 
 simulator job), both against one temporary MLflow SQLite store and the centre's Prefect server (a real one,
 its home in the centre's folder). Then every file of the MLflow store and its artifacts, of the Prefect home
 (database and its write-ahead log, results, the server's log), of the FLARE job's server side (logs, the sites'
-returned summaries) and the centre's captured console output is scanned for the markers (plain, UTF-16, base64; inside zip and gzip members too) and for image pixels:
-runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
+returned summaries) and the centre's captured console output is scanned for the markers (plain, UTF-16,
+base64; inside zip and gzip members too) and for image pixels: runs of planted levels as uint8 bytes, float32 / float64 values, numbers in text (JSON input examples),
 rendered PNGs, and image files (PNG/JPEG/DICOM bytes of the sources). A positive control scans the site's
 own output folder, where all of these must be found. The centre then trains once more over NVIDIA FLARE on
 a provisioned consortium on this machine, and the server's workspace (job store included), the admin's
