@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from repeated_costs import start_prefect_server
 
 from pipelines.prefect_env import PROJECT_ROOT, prefect_env_defaults
 from preprocessing.public_metadata import PublicMetadataUnavailable, public_metadata_dir
 
-pytest_plugins = ["repeated_costs"]  # migrated MLflow stores and Prefect databases, flow runs without waits
+# Migrated MLflow stores and Prefect databases, flow runs without waits; the tests' own Prefect servers.
+pytest_plugins = ["repeated_costs", "prefect_servers"]
 
 # Settings that would send a test's flow runs, models or shards to a real server or folder of the user's.
 _USER_VARIABLES = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "MLFLOW_REGISTRY_URI",
@@ -253,51 +253,6 @@ def generic_csv_site_yaml(name, root):
                     "patient_column": "mrn_hash", "view_column": "projection",
                     "label_columns": {"Cardiomegaly": "cardiomegaly", "Pleural Effusion": "effusion"}},
     }
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """A Prefect server of its own (home, database, port), its scheduler looping every second; PREFECT_API_URL
-    (and Prefect's settings in this process) name it for the module. A module that uses it calls
-    ``configure_prefect_env()`` before it imports Prefect."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from pipelines.servers import stop_server
-
-    home = tmp_path_factory.mktemp("prefect-server")
-    process, api = start_prefect_server(home, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="1",
-                                        PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS="3",
-                                        PREFECT_SERVER_SERVICES_SCHEDULER_MIN_SCHEDULED_TIME="PT1M")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("PREFECT_API_URL", api)
-    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
-    with temporary_settings({PREFECT_API_URL: api}):
-        yield {"api": api, "log": home / "server.log"}
-    patch.undo()
-    stop_server(process)
-
-
-@pytest.fixture(scope="session")
-def _session_prefect(tmp_path_factory):
-    """One Prefect server for the session's modules that run `fedauc train` many times (its API URL), started
-    by the first of them."""
-    from pipelines.servers import stop_server
-
-    process, api = start_prefect_server(tmp_path_factory.mktemp("session-prefect"))
-    yield api
-    stop_server(process)
-
-
-@pytest.fixture(scope="module")
-def shared_prefect(_session_prefect):
-    """PREFECT_API_URL (here and in the commands the module starts) names the session's Prefect server for the
-    module: each `fedauc train` then records its flow run there instead of starting Prefect's temporary server
-    of its own first (a process importing Prefect's server, about 7 CPU s, waited for by the training)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: _session_prefect}):
-        patch.setenv("PREFECT_API_URL", _session_prefect)
-        yield _session_prefect
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,8 @@ def start_prefect_server(home: Path, **settings: str) -> tuple[subprocess.Popen,
 
     port = free_port()
     home.mkdir(parents=True, exist_ok=True)  # its log goes there even where no migrated database is copied
-    seed_prefect_home(home)
+    if "PREFECT_API_DATABASE_CONNECTION_URL" not in settings:  # PostgreSQL's is migrated by the server itself
+        seed_prefect_home(home)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": "false", **settings}
     env.pop("PREFECT_API_URL", None)

@@ -1,4 +1,4 @@
-"""The consortium's scheduled work runs: a real Prefect server, infra/prefect.yaml deployed by
+"""The consortium's scheduled work runs: a real Prefect server on PostgreSQL, infra/prefect.yaml deployed by
 `fedauc deploy` (pools included, all or nothing), an interval schedule the scheduler turns into a flow run,
 and a worker of the site's pool that completes it."""
 
@@ -68,7 +68,7 @@ def _registered() -> tuple[set[str], dict]:
         return {p.name for p in client.read_work_pools()}, {d.name: d for d in client.read_deployments()}
 
 
-def test_deploy_registers_one_role_paused_then_every_deployment(prefect_server):
+def test_deploy_registers_one_role_paused_then_every_deployment(prefect_server_on_postgres):
     declared = yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
     # A hospital registers its own three, in its own pool, and nothing else.
     result = _deploy("--prefect-file", str(PREFECT_FILE), "--role", "hospital", "--site", "vienna")
@@ -106,7 +106,7 @@ def test_deploy_registers_one_role_paused_then_every_deployment(prefect_server):
     assert f"registered {len(declared)} deployments" in result.stdout
 
 
-def test_a_broken_file_deploys_nothing(prefect_server, tmp_path):
+def test_a_broken_file_deploys_nothing(prefect_server_on_postgres, tmp_path):
     """One bad entrypoint among many: refused before any pool or deployment is created."""
     declared = yaml.safe_load(PREFECT_FILE.read_text())
     declared["deployments"] = [{**d, "name": f"x-{d['name']}", "work_pool": {"name": f"x-{d['work_pool']['name']}"}}
@@ -126,7 +126,7 @@ def test_a_broken_file_deploys_nothing(prefect_server, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def workers(prefect_server, melanoma_shards, tmp_path_factory):
+def workers(prefect_server_on_postgres, melanoma_shards, tmp_path_factory):
     """The three runs a worker completes below, set up and started at once, and their workers started
     together, each run awaited in a thread of its own: one after another, the tests waited out three
     worker starts, three scheduler ticks and three flow-run starts in a row. Each run has its own pool,
@@ -138,7 +138,7 @@ def workers(prefect_server, melanoma_shards, tmp_path_factory):
     with get_client(sync_client=True) as client:
         if not client.read_deployments():
             assert _deploy("--prefect-file", str(PREFECT_FILE), "--role", "demo").exit_code == 0
-    log = prefect_server["log"]
+    log = prefect_server_on_postgres["log"]
     with contextlib.ExitStack() as stack:
         runs = {}
         onboarding = runs["onboarding"] = _schedule_onboarding(tmp_path_factory.mktemp("scheduled-onboarding"))
@@ -239,7 +239,7 @@ def _schedule_onboarding(folder: Path):
     return {"folder": folder, "deployment": deployment}
 
 
-def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_server, workers):
+def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_server_on_postgres, workers):
     # The hospital's worker finds the site's YAML by its name (FEDAUC_SITES): no hospital path in what the
     # centre stores.
     run = _run_for(workers, "onboarding")
@@ -249,7 +249,7 @@ def test_the_scheduler_creates_a_run_and_the_site_worker_completes_it(prefect_se
     assert completed.name == "onboard stanford"
     assert _task_run_names(completed.id) == {"validate stanford", "labels-report stanford"}
     assert completed.auto_scheduled  # made by the scheduler service, not by this test
-    assert "InvalidRequestError" not in prefect_server["log"].read_text()
+    assert "InvalidRequestError" not in prefect_server_on_postgres["log"].read_text()
 
 
 class _Polled:
@@ -383,7 +383,7 @@ def _schedule_pacs_scoring(folder: Path, base: str):
     return {"folder": folder, "deployment": deployment, "store": store, "base": base, "study": study}
 
 
-def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server, workers):
+def test_the_hospitals_pacs_scoring_runs_on_its_own_worker(prefect_server_on_postgres, workers):
     """pacs-scoring-hanoi on the pool site-hanoi: the scheduler makes a run, the hospital's worker scores the
     new study of a real Orthanc and stores its SR; the PACS password reaches the worker from its environment
     only (the deployment's parameters hold none)."""

