@@ -83,6 +83,6 @@ def renewed(melanoma_shards, folder, trainings) -> dict:
 
 
 def test_renewal_with_minute_long_certificates_keeps_the_consortium_training(poc_slot, melanoma_shards, tmp_path,
-                                                                             monkeypatch, trainings, renewal):
+                                                                             monkeypatch, trainings, renewal, shared_prefect):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     renewal.update(renewed(melanoma_shards, tmp_path, trainings))

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_renewed_consortium_trains_once_its_old_kits_have_expired(poc_slot, melanoma_shards, tmp_path,
-                                                                       monkeypatch, trainings, renewal):
+                                                                       monkeypatch, trainings, renewal, shared_prefect):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if not renewal:
         renewal.update(renewed(melanoma_shards, tmp_path, trainings))
