@@ -1,6 +1,7 @@
 """The tests' own Prefect servers, beside the temporary one Prefect starts for each worker: a module's server
-(``prefect_server``, its scheduler looping every second, for deployments and schedules), and one for the session's
-modules that run `fedauc train` many times (``shared_prefect``)."""
+(``prefect_server``, its scheduler looping every second, for deployments and schedules; on PostgreSQL,
+``prefect_server_on_postgres``), and one for the session's modules that run `fedauc train` many times
+(``shared_prefect``)."""
 
 import contextlib
 import os
