@@ -19,17 +19,25 @@ SCHEDULER_EVERY_SECOND = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
 
 
 @contextlib.contextmanager
+def prefect_api(api: str):
+    """Prefect's API is ``api`` until the block ends: in this process's settings and, through PREFECT_API_URL, in
+    every command it starts. Yields the block's MonkeyPatch, for more of the commands' environment."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: api}):
+        patch.setenv("PREFECT_API_URL", api)
+        yield patch
+
+
+@contextlib.contextmanager
 def module_prefect_server(home: Path, **settings: str):
     """A Prefect server of its own in ``home`` (``settings`` in its environment); PREFECT_API_URL (and Prefect's
     settings in this process) name it until the block ends, when it is stopped."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from pipelines.servers import stop_server
 
     process, api = start_prefect_server(home, **settings)
     try:
-        with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: api}):
-            patch.setenv("PREFECT_API_URL", api)
+        with prefect_api(api) as patch:
             patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
             yield {"api": api, "log": home / "server.log"}
     finally:
@@ -60,10 +68,7 @@ def shared_prefect(_session_prefect):
     """PREFECT_API_URL (here and in the commands the module starts) names the session's Prefect server for the
     module: each `fedauc train` then records its flow run there instead of starting Prefect's temporary server
     of its own first (a process importing Prefect's server, about 7 CPU s, waited for by the training)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with pytest.MonkeyPatch.context() as patch, temporary_settings({PREFECT_API_URL: _session_prefect}):
-        patch.setenv("PREFECT_API_URL", _session_prefect)
+    with prefect_api(_session_prefect):
         yield _session_prefect
 
 
